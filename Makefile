@@ -1,0 +1,44 @@
+# tandem: `make demo` and `make test` do all the set-up they need on a fresh machine.
+SHELL := /bin/bash
+export TANDEM_CACHE ?= $(HOME)/.cache/tandem
+PY := .venv/bin/python
+HOSTS ?= 2
+SUBNET ?= 10.77.0.0/24
+RATE ?= none
+LAB := $(PY) -m lab
+
+.PHONY: setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
+
+setup:  ## system packages + the virtualenv (idempotent, cached in $TANDEM_CACHE)
+	@bash lab/bootstrap.sh
+
+wheelhouse: setup  ## the offline wheelhouse provisioning installs from
+	@$(PY) -m train.wheelhouse
+
+lab-up: setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24)
+	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET)
+
+lab-down:  ## remove everything the lab made
+	@if [ -x $(PY) ]; then $(LAB) down; else bash lab/bootstrap.sh && $(LAB) down; fi
+
+lab-status: setup
+	@$(LAB) status
+
+lab-shape: setup  ## cap the link between the lab hosts: RATE=100mbit, RATE=none
+	@$(LAB) shape $(RATE)
+
+demo: setup  ## the main job end to end on the lab
+	@$(PY) -m demo
+
+lint: setup
+	@.venv/bin/ruff check lab train benchmarks tests fabfile.py demo.py
+	@.venv/bin/ansible-lint --offline --profile production provision.yml playbooks roles
+
+unit: setup
+	@.venv/bin/pytest -m "not lab"
+
+test: setup lint  ## everything, the lab included
+	@.venv/bin/pytest
+
+help:
+	@grep -E '^[a-z-]+:.*##' Makefile | sed 's/:.*## /\t/'

@@ -1,0 +1,234 @@
+"""`python -m lab up|down|status|shape`: the local lab behind `make lab-*`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from . import hosts, inventory, network, rootfs
+from .config import LabConfig
+from .shell import LabError, run
+
+console = Console(highlight=False)
+
+
+def step(text: str):
+    """A spinner while a step runs, then a line with how long it took."""
+
+    class _Step:
+        def __enter__(self):
+            self.start = time.monotonic()
+            self.status = console.status(text + " ...")
+            self.status.__enter__()
+
+        def __exit__(self, exc_type, *rest):
+            self.status.__exit__(exc_type, *rest)
+            mark = "[green]✓[/]" if exc_type is None else "[red]✗[/]"
+            console.print(f"{mark} {text} [dim]({time.monotonic() - self.start:.1f} s)[/]")
+
+    return _Step()
+
+
+def saved_config(prefix: str) -> LabConfig | None:
+    path = LabConfig(prefix=prefix).state / "lab.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return LabConfig(hosts=data["hosts"], subnet=data["subnet"], prefix=prefix,
+                     http_port=data.get("http_port", 8080))
+
+
+def server_pid(cfg: LabConfig) -> int | None:
+    try:
+        pid = int((cfg.state / "http.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"http.server" in cmdline and str(cfg.state).encode() in cmdline else None
+
+
+def healthy(cfg: LabConfig) -> bool:
+    return (
+        server_pid(cfg) is not None
+        and all(hosts.host_pid(cfg, n) and hosts.answers_ssh(cfg.host_ip(n)) for n in cfg.names)
+    )
+
+
+def up(cfg: LabConfig, inventory_path: Path) -> None:
+    running = saved_config(cfg.prefix)
+    if running is not None and healthy(running):
+        if (running.hosts, running.subnet) != (cfg.hosts, cfg.subnet):
+            raise LabError(
+                f"a lab of {running.hosts} hosts on {running.subnet} is running: "
+                f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
+            )
+        console.print(f"[green]✓[/] the lab is already up ({', '.join(cfg.names)}): nothing changed")
+        return
+    network.require_privileges()
+    if running is not None or network.existing_namespaces(cfg) or cfg.state.exists():
+        with step("clearing what a crashed or half-finished lab left"):
+            down(running or cfg, quiet=True)
+    network.require_free_subnet(cfg)
+    started = time.monotonic()
+
+    if not rootfs.is_built(cfg.cache):
+        with step("building the hosts' Debian root filesystem with mmdebstrap (once, cached)"):
+            rootfs.build(cfg.cache)
+    from train import wheelhouse
+
+    with step("the training wheelhouse the hosts install from (built once, cached)"):
+        wheels = wheelhouse.build()
+
+    cfg.state.mkdir(parents=True, exist_ok=True)
+    (cfg.state / "lab.json").write_text(json.dumps(
+        {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port}))
+    run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
+    public_key = cfg.key.with_suffix(".pub").read_text()
+
+    with step(f"bridge {cfg.bridge} on {cfg.subnet} (no route off this machine)"):
+        network.create_bridge(cfg)
+        www = cfg.state / "www"
+        www.mkdir()
+        (www / "apt").symlink_to(rootfs.repo_dir(cfg.cache))
+        (www / "wheels").symlink_to(wheels)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "--bind", cfg.bridge_ip, "--directory", str(www),
+             str(cfg.http_port)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        (cfg.state / "http.pid").write_text(str(server.pid))
+
+    known, devices = [], {}
+    for name in cfg.names:
+        with step(f"host {name} at {cfg.host_ip(name)}: namespace, overlay root, data disk, sshd"):
+            network.attach_host(cfg, name)
+            host_key = hosts.prepare_disk(cfg, name, public_key)
+            known.append(f"{name},{cfg.host_ip(name)} {host_key}\n")
+            devices[name] = hosts.attach_data_disk(cfg, name)
+            hosts.start(cfg, name)
+    cfg.known_hosts.write_text("".join(known))
+    with step("waiting for sshd on every host"):
+        for name in cfg.names:
+            hosts.wait_for_ssh(cfg, name)
+
+    inventory_path.parent.mkdir(parents=True, exist_ok=True)
+    inventory_path.write_text(inventory.render(cfg, devices))
+    (cfg.state / "inventory").write_text(str(inventory_path))
+    console.print(f"[bold green]lab up[/] in {time.monotonic() - started:.1f} s: "
+                  f"{', '.join(cfg.names)}; inventory {inventory_path}")
+
+
+def down(cfg: LabConfig, quiet: bool = False) -> None:
+    """Remove everything the lab made, whatever state it is in."""
+    removed: list[str] = []
+    pid = server_pid(cfg)
+    if pid is not None:
+        hosts._kill_and_wait(pid)
+        removed.append(f"repository server (pid {pid})")
+    for name in _known_host_names(cfg):
+        removed += hosts.stop(cfg, name)
+    removed += network.remove(cfg)
+    removed += [f"loop device {d}" for d in hosts.detach_data_disks(cfg)]
+    for mount in _mounts_under(cfg.state):
+        run("umount", "-l", mount, check=False)
+        removed.append(f"mount {mount}")
+    if cfg.state.exists():
+        try:
+            inventory_file = Path((cfg.state / "inventory").read_text())
+            inventory_file.unlink(missing_ok=True)
+        except OSError:
+            pass
+        shutil.rmtree(cfg.state)
+        removed.append(f"state {cfg.state}")
+    if not quiet:
+        console.print("[green]✓[/] lab down: " + ("; ".join(removed) if removed else "nothing was running"))
+
+
+def _known_host_names(cfg: LabConfig) -> list[str]:
+    names = set(cfg.names)
+    if (cfg.state / "hosts").exists():
+        names |= {p.name for p in (cfg.state / "hosts").iterdir()}
+    return sorted(names)
+
+
+def _mounts_under(path: Path) -> list[str]:
+    out = run("findmnt", "-rn", "-o", "TARGET", check=False).stdout.splitlines()
+    return sorted((m for m in out if m.startswith(str(path) + "/")), key=len, reverse=True)
+
+
+def status(cfg: LabConfig) -> int:
+    running = saved_config(cfg.prefix)
+    if running is None:
+        console.print("the lab is down")
+        return 1
+    caps = network.current_caps(running) if network.existing_namespaces(running) else {}
+    table = Table(title=f"tandem lab on {running.subnet}")
+    for column in ("host", "address", "pid", "ssh", "link cap"):
+        table.add_column(column)
+    for name in running.names:
+        pid = hosts.host_pid(running, name)
+        ssh = hosts.answers_ssh(running.host_ip(name))
+        table.add_row(name, running.host_ip(name), str(pid or "-"),
+                      "[green]up[/]" if ssh else "[red]down[/]", caps.get(name) or "none")
+    console.print(table)
+    ok = healthy(running)
+    console.print("repository server: " + ("up" if server_pid(running) else "[red]down[/]"))
+    return 0 if ok else 1
+
+
+def shape(cfg: LabConfig, rate: str) -> None:
+    running = saved_config(cfg.prefix)
+    if running is None:
+        raise LabError("the lab is down: `make lab-up` first")
+    if rate.lower() in ("none", "off", ""):
+        network.shape(running, None)
+        console.print("[green]✓[/] bandwidth cap lifted on " + ", ".join(running.names))
+    else:
+        network.rate_bits(rate)
+        network.shape(running, rate)
+        console.print(f"[green]✓[/] {rate} cap (tc tbf, egress of eth0) on " + ", ".join(running.names))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
+    parser.add_argument("--prefix", default=os.environ.get("LAB_PREFIX", "tandem"),
+                        help="names this lab's namespaces and links (default tandem)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start the lab (does nothing if it runs)")
+    p_up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
+    p_up.add_argument("--subnet", default="10.77.0.0/24")
+    p_up.add_argument("--inventory", type=Path, help="where to write the inventory")
+    sub.add_parser("down", help="remove everything the lab made")
+    sub.add_parser("status", help="show the hosts and caps")
+    p_shape = sub.add_parser("shape", help="cap the link between hosts (tc tbf), or RATE=none")
+    p_shape.add_argument("rate", help="e.g. 100mbit, 1gbit, none")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix)
+            up(cfg, args.inventory or cfg.default_inventory)
+        elif args.command == "down":
+            down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))
+        elif args.command == "status":
+            return status(LabConfig(prefix=args.prefix))
+        elif args.command == "shape":
+            shape(LabConfig(prefix=args.prefix), args.rate)
+    except (LabError, ValueError) as err:
+        console.print(f"[red]lab {args.command} failed:[/] {err}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

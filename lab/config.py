@@ -1,0 +1,90 @@
+"""What a lab is: its hosts, addresses and where its files live. Pure data."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
+
+
+def host_names(count: int) -> list[str]:
+    """v100a, v100b, ... : the lab's hosts are named like the field reports' VMs."""
+    if not 1 <= count <= 26:
+        raise ValueError(f"a lab has 1 to 26 hosts, not {count}")
+    return [f"v100{letter}" for letter in string.ascii_lowercase[:count]]
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    hosts: int = 2
+    subnet: str = "10.77.0.0/24"
+    # Names the namespaces, bridge and links, so two labs can live side by side.
+    prefix: str = "tandem"
+    cache: Path = field(default_factory=default_cache)
+    state_root: Path = Path("/var/lib/tandem-lab")
+    http_port: int = 8080
+    data_disk_gb: int = 4
+
+    def __post_init__(self) -> None:
+        if len(self.prefix) > 8 or not self.prefix.isalnum():
+            raise ValueError(f"lab prefix must be 1-8 letters or digits, got {self.prefix!r}")
+        net = ipaddress.ip_network(self.subnet)
+        if net.num_addresses < 16 + self.hosts:
+            raise ValueError(f"subnet {self.subnet} is too small for {self.hosts} hosts")
+        host_names(self.hosts)
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.ip_network(self.subnet)
+
+    @property
+    def names(self) -> list[str]:
+        return host_names(self.hosts)
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}-br"
+
+    @property
+    def bridge_ip(self) -> str:
+        return str(self.network[1])
+
+    def host_ip(self, name: str) -> str:
+        return str(self.network[11 + self.names.index(name)])
+
+    def netns(self, name: str) -> str:
+        return f"{self.prefix}-{name}"
+
+    def veth(self, name: str) -> str:
+        """The host's link as seen from the controller (the host itself sees eth0)."""
+        return f"{self.prefix}-{name}"
+
+    @property
+    def state(self) -> Path:
+        return self.state_root / self.prefix
+
+    def host_dir(self, name: str) -> Path:
+        return self.state / "hosts" / name
+
+    @property
+    def key(self) -> Path:
+        return self.state / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state / "known_hosts"
+
+    @property
+    def repo_url(self) -> str:
+        return f"http://{self.bridge_ip}:{self.http_port}"
+
+    @property
+    def default_inventory(self) -> Path:
+        name = "lab.yml" if self.prefix == "tandem" else f"lab-{self.prefix}.yml"
+        return Path(__file__).resolve().parent.parent / "inventory" / name

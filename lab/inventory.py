@@ -1,0 +1,41 @@
+"""The lab's Ansible inventory: the same shape a real cluster's inventory has."""
+
+from __future__ import annotations
+
+import yaml
+
+from .config import LabConfig
+
+
+def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
+    ssh_args = f"-o UserKnownHostsFile={cfg.known_hosts} -o StrictHostKeyChecking=yes"
+    hosts = {
+        name: {
+            "ansible_host": cfg.host_ip(name),
+            "gpus": 0,
+            "cluster_nic": "eth0",
+            "data_device": data_devices[name],
+        }
+        for name in cfg.names
+    }
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(cfg.key),
+                "ansible_ssh_common_args": ssh_args,
+                "tandem_known_hosts_file": str(cfg.known_hosts),
+                # A veth pair between namespaces: no physical NIC speed to expect.
+                "network_expected_mbps": 1000,
+                # The hosts have no route off this machine: packages come from the lab.
+                "train_env_wheelhouse_url": f"{cfg.repo_url}/wheels/",
+                "tandem_lab": True,
+            },
+            "children": {"cluster": {"hosts": hosts}},
+        }
+    }
+    header = (
+        f"# The tandem lab ({cfg.hosts} hosts on {cfg.subnet}), written by `make lab-up`.\n"
+        "# It describes the lab exactly as a real cluster's inventory would: see inventory/hosts.yml.\n"
+    )
+    return header + yaml.safe_dump(inventory, sort_keys=False)

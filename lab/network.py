@@ -1,0 +1,136 @@
+"""The lab's bridge, the hosts' links, and the checks that keep the lab off real networks."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from pathlib import Path
+
+from .config import LabConfig
+from .shell import LabError, in_netns, ok, run
+
+
+def preflight(cfg: LabConfig) -> None:
+    """Fail at once, saying what to do, when this machine cannot hold the lab."""
+    require_privileges()
+    require_free_subnet(cfg)
+
+
+def require_privileges() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, mounts, loop devices): run `sudo make lab-up`")
+    if not Path("/proc/self/ns/net").exists() or not ok("unshare", "--net", "true"):
+        raise LabError(
+            "this kernel or container does not allow network namespaces (`unshare --net true` failed): "
+            "run the lab on a VM or a privileged container"
+        )
+
+
+def require_free_subnet(cfg: LabConfig) -> None:
+    busy = subnet_users(cfg)
+    if busy:
+        raise LabError(
+            f"subnet {cfg.subnet} is already used on this machine by {', '.join(busy)}: "
+            f"pick a free one, e.g. `make lab-up SUBNET=10.78.0.0/24`"
+        )
+
+
+def subnet_users(cfg: LabConfig) -> list[str]:
+    """Interfaces and routes outside this lab that overlap its subnet."""
+    ours = {cfg.bridge}
+    users = []
+    for link in json.loads(run("ip", "-j", "addr", "show").stdout or "[]"):
+        for addr in link.get("addr_info", []):
+            if addr.get("family") != "inet" or link["ifname"] in ours:
+                continue
+            net = ipaddress.ip_interface(f"{addr['local']}/{addr['prefixlen']}").network
+            if net.overlaps(cfg.network):
+                users.append(f"{link['ifname']} ({addr['local']}/{addr['prefixlen']})")
+    for route in json.loads(run("ip", "-j", "route", "show").stdout or "[]"):
+        dst = route.get("dst")
+        if dst in (None, "default") or route.get("dev") in ours:
+            continue
+        if ipaddress.ip_network(dst, strict=False).overlaps(cfg.network):
+            users.append(f"route {dst} via {route.get('dev')}")
+    return users
+
+
+def create_bridge(cfg: LabConfig) -> None:
+    run("ip", "link", "add", cfg.bridge, "type", "bridge")
+    run("ip", "addr", "add", f"{cfg.bridge_ip}/{cfg.network.prefixlen}", "dev", cfg.bridge)
+    run("ip", "link", "set", cfg.bridge, "up")
+
+
+def attach_host(cfg: LabConfig, name: str) -> None:
+    """A namespace for the host and a veth into it: eth0 inside, on the bridge outside.
+    No default route: the host can reach its peers and the bridge, nothing else."""
+    ns, outside = cfg.netns(name), cfg.veth(name)
+    run("ip", "netns", "add", ns)
+    run("ip", "link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    run("ip", "link", "set", outside, "master", cfg.bridge, "up")
+    in_netns(ns, "ip", "link", "set", "lo", "up")
+    in_netns(ns, "ip", "addr", "add", f"{cfg.host_ip(name)}/{cfg.network.prefixlen}", "dev", "eth0")
+    in_netns(ns, "ip", "link", "set", "eth0", "up")
+
+
+def shape(cfg: LabConfig, rate: str | None) -> None:
+    """Cap every host's egress on its cluster NIC with tc tbf; rate None lifts the cap."""
+    for name in cfg.names:
+        ns = cfg.netns(name)
+        if rate is None:
+            in_netns(ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        else:
+            in_netns(ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                     "rate", rate, "burst", tbf_burst(rate), "latency", "50ms")
+
+
+def current_caps(cfg: LabConfig) -> dict[str, str | None]:
+    caps = {}
+    for name in cfg.names:
+        out = in_netns(cfg.netns(name), "tc", "qdisc", "show", "dev", "eth0", check=False).stdout
+        caps[name] = next((line.split(" rate ")[1].split()[0] for line in out.splitlines()
+                           if " tbf " in line and " rate " in line), None)
+    return caps
+
+
+def rate_bits(rate: str) -> int:
+    """'100mbit' -> 100_000_000 (tc's units, decimal)."""
+    units = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+    text = rate.strip().lower()
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            number = text[: -len(unit)]
+            try:
+                value = float(number)
+            except ValueError:
+                break
+            if value > 0:
+                return int(value * factor)
+    raise LabError(f"rate {rate!r} is not a tc rate like 10mbit, 100mbit or 1gbit")
+
+
+def tbf_burst(rate: str) -> str:
+    """A bucket of 5 ms of traffic, at least 16 kB: enough to reach the rate without
+    letting bursts through (64kb at 100mbit, ~600kb at 1gbit)."""
+    return f"{max(rate_bits(rate) // 8 // 200, 16 * 1024)}b"
+
+
+def existing_namespaces(cfg: LabConfig) -> list[str]:
+    out = run("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"{cfg.prefix}-")]
+
+
+def remove(cfg: LabConfig) -> list[str]:
+    """Delete this lab's namespaces, links and bridge; returns what was removed."""
+    removed = []
+    for ns in existing_namespaces(cfg):
+        run("ip", "netns", "del", ns, check=False)
+        removed.append(f"netns {ns}")
+    links = json.loads(run("ip", "-j", "link", "show").stdout or "[]")
+    for link in links:
+        name = link["ifname"]
+        if name == cfg.bridge or name.startswith(f"{cfg.prefix}-"):
+            run("ip", "link", "del", name, check=False)
+            removed.append(f"link {name}")
+    return removed

@@ -1,0 +1,78 @@
+"""The hosts' Debian root filesystem and the apt repository they install from.
+
+Built once with mmdebstrap and cached; every host mounts it read-only as the lower layer
+of its own overlay. A host is a fresh VM: sshd, python3 and little else. Whatever
+provisioning installs (iperf3, ethtool, chrony, ...) comes from an apt repository the lab
+serves on the bridge, because the hosts have no route off this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+from .shell import LabError, run
+
+SUITE = "bookworm"
+# What a freshly rented Debian VM has.
+BASE_PACKAGES = [
+    "openssh-server", "python3", "python3-apt", "iproute2", "sudo", "tini",
+    "ca-certificates", "procps",
+]
+# What provisioning may install; served to the hosts by the lab's apt repository.
+REPO_PACKAGES = [
+    "iperf3", "ethtool", "python3-venv", "rsync", "chrony", "acl", "e2fsprogs",
+    "nftables", "pciutils", "kmod",
+]
+
+
+def _key() -> str:
+    text = " ".join([SUITE, *BASE_PACKAGES, "|", *REPO_PACKAGES, "v2"])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def rootfs_dir(cache: Path) -> Path:
+    return cache / "lab" / f"rootfs-{_key()}"
+
+
+def repo_dir(cache: Path) -> Path:
+    return cache / "lab" / f"apt-{_key()}"
+
+
+def is_built(cache: Path) -> bool:
+    return (rootfs_dir(cache) / ".complete").exists() and (repo_dir(cache) / "Packages").exists()
+
+
+def build(cache: Path) -> None:
+    """Build the root filesystem and the apt repository (about 40 s, once)."""
+    root, repo = rootfs_dir(cache), repo_dir(cache)
+    tmp_root, tmp_repo = root.with_name(root.name + ".tmp"), repo.with_name(repo.name + ".tmp")
+    for path in (tmp_root, tmp_repo):
+        shutil.rmtree(path, ignore_errors=True)
+    tmp_repo.mkdir(parents=True)
+    if not shutil.which("mmdebstrap"):
+        raise LabError("mmdebstrap is not installed: run `make setup` (or apt-get install mmdebstrap)")
+    run(
+        "mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
+        # Download (not install) what provisioning may ask for, with its dependencies.
+        "--customize-hook=chroot \"$1\" apt-get install -y --download-only " + " ".join(REPO_PACKAGES),
+        f"--customize-hook=cp \"$1\"/var/cache/apt/archives/*.deb {tmp_repo}/",
+        # Each host gets its own host keys at lab-up.
+        "--customize-hook=rm -f \"$1\"/etc/ssh/ssh_host_*",
+        SUITE, str(tmp_root),
+    )
+    (tmp_repo / "Packages").write_text(_ftparchive(tmp_repo))
+    (tmp_root / ".complete").touch()
+    for tmp, final in ((tmp_root, root), (tmp_repo, repo)):
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+
+
+def _ftparchive(repo: Path) -> str:
+    # Paths in the index are relative to the working directory: run it in the repository.
+    proc = subprocess.run(["apt-ftparchive", "packages", "."], cwd=repo, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LabError(f"apt-ftparchive failed in {repo}: {proc.stderr.strip()}")
+    return proc.stdout

@@ -1,0 +1,1 @@
+"""tandem's per-run jobs: data, launch, monitoring, report (driven by fabfile.py)."""
