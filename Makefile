@@ -7,7 +7,7 @@ SUBNET ?= 10.77.0.0/24
 RATE ?= none
 LAB := $(PY) -m lab
 
-.PHONY: setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
+.PHONY: require-root setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
 
 setup:  ## system packages + the virtualenv (idempotent, cached in $TANDEM_CACHE)
 	@bash lab/bootstrap.sh
@@ -15,7 +15,10 @@ setup:  ## system packages + the virtualenv (idempotent, cached in $TANDEM_CACHE
 wheelhouse: setup  ## the offline wheelhouse provisioning installs from
 	@$(PY) -m train.wheelhouse
 
-lab-up: setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24)
+require-root:
+	@[ "$$(id -u)" -eq 0 ] || { echo "the lab needs root (network namespaces, mounts, loop devices): run sudo make $(MAKECMDGOALS)" >&2; exit 2; }
+
+lab-up: require-root setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24)
 	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET)
 
 lab-down:  ## remove everything the lab made
@@ -28,10 +31,10 @@ lab-shape: setup  ## cap the link between the lab hosts: RATE=100mbit, RATE=none
 	@$(LAB) shape $(RATE)
 
 demo: setup  ## the main job end to end on the lab
-	@$(PY) -m demo
+	@$(PY) -m lab.demo
 
 lint: setup
-	@.venv/bin/ruff check lab train benchmarks tests fabfile.py demo.py
+	@.venv/bin/ruff check lab train benchmarks tests fabfile.py
 	@.venv/bin/ansible-lint --offline --profile production provision.yml playbooks roles
 
 unit: setup

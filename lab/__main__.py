@@ -19,7 +19,7 @@ from . import hosts, inventory, network, rootfs
 from .config import LabConfig
 from .shell import LabError, run
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def step(text: str):

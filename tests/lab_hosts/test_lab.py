@@ -1,0 +1,167 @@
+"""The lab behaves like a small cluster of real machines, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+from labtools import TOP, lab_cli, ssh
+
+from lab import hosts as lab_hosts
+from lab.config import LabConfig
+from train.cluster import load_hosts, run_all
+
+
+def test_each_host_answers_ssh_with_its_own_name_and_host_key(lab):
+    names = [ssh(lab, name, "hostname").stdout.strip() for name in lab.names]
+    assert names == lab.names
+    keys = lab.known_hosts.read_text().splitlines()
+    assert len({line.split()[2] for line in keys}) == len(lab.names), "hosts share a host key"
+
+
+def test_hosts_have_their_own_filesystems(lab):
+    a, b = lab.names[:2]
+    assert ssh(lab, a, "echo from-a > /root/marker && cat /root/marker").stdout.strip() == "from-a"
+    assert ssh(lab, b, "test -e /root/marker").returncode == 1
+    ssh(lab, a, "rm /root/marker")
+
+
+def test_hosts_have_no_route_off_this_machine(lab):
+    for name in lab.names:
+        route = ssh(lab, name, "ip route get 192.0.2.1")
+        assert route.returncode != 0 and "unreachable" in route.stderr.lower()
+
+
+def test_fabric_runs_on_every_host_in_parallel(lab):
+    hosts = load_hosts(lab.default_inventory)
+    assert [h.name for h in hosts] == lab.names
+    started = time.monotonic()
+    results = run_all(hosts, "date +%s.%N; sleep 2; hostname")
+    assert all(hasattr(r, "stdout") for r in results.values()), results
+    elapsed = time.monotonic() - started
+    assert [results[h.name].stdout.split()[1] for h in hosts] == lab.names
+    starts = [float(results[h.name].stdout.split()[0]) for h in hosts]
+    assert max(starts) - min(starts) < 1.5, "hosts started their command one after another"
+    assert elapsed < 2 * len(hosts), f"{elapsed:.1f} s for {len(hosts)} x 2 s: not parallel"
+
+
+def test_lab_up_on_a_running_lab_changes_nothing(lab):
+    pids = [lab_hosts.host_pid(lab, name) for name in lab.names]
+    out = lab_cli("up", "--subnet", lab.subnet, prefix=lab.prefix).stdout
+    assert "nothing changed" in out
+    assert [lab_hosts.host_pid(lab, name) for name in lab.names] == pids
+
+
+def iperf_mbps(cfg: LabConfig, server: str, client: str, seconds: int = 3) -> float:
+    """Mbit/s received, iperf3 between the two hosts' network stacks."""
+    srv = subprocess.Popen(["ip", "netns", "exec", cfg.netns(server), "iperf3", "-s", "-1"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(
+            ["ip", "netns", "exec", cfg.netns(client), "iperf3", "-c", cfg.host_ip(server),
+             "-t", str(seconds), "-J"], capture_output=True, text=True, timeout=60, check=True).stdout
+        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+@pytest.fixture
+def capped(lab):
+    def cap(rate: str) -> None:
+        lab_cli("shape", rate, prefix=lab.prefix)
+
+    try:
+        yield cap
+    finally:
+        lab_cli("shape", "none", prefix=lab.prefix)
+
+
+def test_a_100mbit_cap_reads_100mbit_on_iperf3_and_lifting_it_restores_the_link(lab, capped):
+    a, b = lab.names[:2]
+    capped("100mbit")
+    assert "100Mbit" in lab_cli("status", prefix=lab.prefix).stdout
+    slow = iperf_mbps(lab, b, a)
+    assert 85 <= slow <= 105, f"{slow:.1f} Mbit/s under a 100mbit cap"
+    capped("none")
+    fast = iperf_mbps(lab, b, a)
+    assert fast > 10 * slow, f"uncapped link only {fast:.0f} Mbit/s"
+
+
+def test_lab_shape_rejects_a_rate_tc_would_not_understand(lab):
+    proc = lab_cli("shape", "fast", prefix=lab.prefix, check=False)
+    assert proc.returncode == 2 and "not a tc rate" in proc.stdout
+
+
+def test_a_busy_subnet_is_refused_with_what_to_do(lab):
+    proc = lab_cli("up", "--subnet", lab.subnet, prefix="tdmbusy", check=False)
+    assert proc.returncode == 2
+    assert f"subnet {lab.subnet} is already used" in proc.stdout and lab.bridge in proc.stdout
+    assert "make lab-up SUBNET=" in proc.stdout
+
+
+def test_make_lab_up_as_a_normal_user_says_it_needs_root():
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           "make", "-s", "lab-up"], cwd=TOP, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    assert proc.returncode == 2 and "needs root" in proc.stderr and "sudo make lab-up" in proc.stderr
+
+
+def leftovers(cfg: LabConfig) -> list[str]:
+    """Anything of this lab still on the machine."""
+    found = []
+    found += [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+              .stdout.split() if n.startswith(cfg.prefix + "-")]
+    links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)
+    found += [link["ifname"] for link in links if link["ifname"].startswith(cfg.prefix + "-")]
+    mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout
+    found += [m for m in mounts.split() if m.startswith(str(cfg.state))]
+    loops = subprocess.run(["losetup", "-l", "-n", "-O", "BACK-FILE"], capture_output=True, text=True)
+    found += [f for f in loops.stdout.split() if f.startswith(str(cfg.state))]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    found += [p for p in ps.splitlines() if str(cfg.state) in p]
+    if cfg.state.exists():
+        found.append(str(cfg.state))
+    return found
+
+
+@pytest.fixture
+def spare_lab():
+    """A second, short-lived lab beside the session's, on its own subnet."""
+    cfg = LabConfig(hosts=3, prefix="tdmspare", subnet="10.79.0.0/24")
+    try:
+        yield cfg
+    finally:
+        lab_cli("down", prefix=cfg.prefix, check=False)
+
+
+def test_three_hosts_and_lab_down_leaves_nothing_behind(spare_lab):
+    cfg = spare_lab
+    lab_cli("up", "--hosts", "3", "--subnet", cfg.subnet, prefix=cfg.prefix)
+    assert [ssh(cfg, name, "hostname").stdout.strip() for name in cfg.names] == ["v100a", "v100b", "v100c"]
+    assert ssh(cfg, "v100a", f"ping -c1 -W2 {cfg.host_ip('v100c')} >/dev/null || "
+                             f"bash -c 'echo > /dev/tcp/{cfg.host_ip('v100c')}/22'").returncode == 0
+    lab_cli("shape", "10mbit", prefix=cfg.prefix)
+    assert leftovers(cfg), "the lab should exist before lab-down"
+    lab_cli("down", prefix=cfg.prefix)
+    assert leftovers(cfg) == []
+
+
+def test_lab_down_cleans_up_after_a_crash(spare_lab):
+    cfg = spare_lab
+    lab_cli("up", "--hosts", "3", "--subnet", cfg.subnet, prefix=cfg.prefix)
+    # A host's launcher dies, as if the machine's OOM killer took it.
+    subprocess.run(["kill", "-9", str(lab_hosts.host_pid(cfg, "v100b"))], check=True)
+    assert lab_cli("status", prefix=cfg.prefix, check=False).returncode == 1
+    lab_cli("down", prefix=cfg.prefix)
+    assert leftovers(cfg) == []
+
+
+def test_lab_up_recovers_from_a_half_finished_lab(spare_lab):
+    cfg = spare_lab
+    subprocess.run(["ip", "netns", "add", cfg.netns("v100a")], check=True)  # what a crash leaves
+    lab_cli("up", "--hosts", "3", "--subnet", cfg.subnet, prefix=cfg.prefix)
+    assert ssh(cfg, "v100a", "hostname").stdout.strip() == "v100a"

@@ -1,0 +1,81 @@
+"""The lab's pure parts: names, addresses, rates, the inventory it writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab import inventory, network
+from lab.config import LabConfig, host_names
+from lab.shell import LabError
+from train.cluster import ClusterError, load_hosts, select
+
+
+def test_hosts_are_named_like_the_field_reports_vms():
+    assert host_names(2) == ["v100a", "v100b"]
+    assert host_names(4)[-1] == "v100d"
+    with pytest.raises(ValueError, match="1 to 26 hosts"):
+        host_names(0)
+
+
+def test_addresses_and_names_fit_linux_limits():
+    cfg = LabConfig(hosts=4, prefix="tdmspare", subnet="10.79.0.0/24")
+    assert cfg.bridge_ip == "10.79.0.1"
+    assert [cfg.host_ip(n) for n in cfg.names] == ["10.79.0.11", "10.79.0.12", "10.79.0.13", "10.79.0.14"]
+    assert all(len(name) <= 15 for name in [cfg.bridge, *map(cfg.veth, cfg.names)])
+
+
+def test_bad_lab_settings_are_refused():
+    with pytest.raises(ValueError, match="too small"):
+        LabConfig(hosts=4, subnet="10.77.0.0/29")
+    with pytest.raises(ValueError, match="prefix"):
+        LabConfig(prefix="a-much-too-long-prefix")
+
+
+@pytest.mark.parametrize("rate, bits, burst", [
+    ("100mbit", 100_000_000, "62500b"),
+    ("1gbit", 1_000_000_000, "625000b"),
+    ("10mbit", 10_000_000, "16384b"),   # never less than 16 kB: more than a jumbo frame
+])
+def test_tc_rates_and_buckets(rate, bits, burst):
+    assert network.rate_bits(rate) == bits
+    assert network.tbf_burst(rate) == burst
+
+
+@pytest.mark.parametrize("rate", ["fast", "100", "-5mbit", "0mbit"])
+def test_a_rate_tc_would_not_understand_is_refused(rate):
+    with pytest.raises(LabError, match="not a tc rate"):
+        network.rate_bits(rate)
+
+
+def test_the_inventory_the_lab_writes_resolves_through_ansible(tmp_path):
+    cfg = LabConfig(hosts=3)
+    path = tmp_path / "lab.yml"
+    path.write_text(inventory.render(cfg, {n: f"/dev/loop{i}" for i, n in enumerate(cfg.names)}))
+    hosts = load_hosts(path)
+    assert [(h.name, h.address, h.gpus, h.nic) for h in hosts] == [
+        ("v100a", "10.77.0.11", 0, "eth0"), ("v100b", "10.77.0.12", 0, "eth0"), ("v100c", "10.77.0.13", 0, "eth0")]
+    assert hosts[1].data_device == "/dev/loop1"
+    assert hosts[0].key == str(cfg.key) and hosts[0].known_hosts == str(cfg.known_hosts)
+
+
+def test_an_unknown_host_is_named_with_the_hosts_that_exist(tmp_path):
+    cfg = LabConfig()
+    path = tmp_path / "lab.yml"
+    path.write_text(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))
+    hosts = load_hosts(path)
+    assert [h.name for h in select(hosts, ["v100b", "v100a"])] == ["v100b", "v100a"]
+    with pytest.raises(ClusterError, match="unknown host v100z: the inventory has v100a, v100b"):
+        select(hosts, ["v100a", "v100z"])
+
+
+def test_a_missing_inventory_says_how_to_make_one(tmp_path):
+    with pytest.raises(ClusterError, match="make lab-up"):
+        load_hosts(tmp_path / "nope.yml")
+
+
+def test_without_network_namespaces_the_lab_says_what_to_do(monkeypatch):
+    # A kernel without namespaces cannot exist on this machine: stand in for its answer.
+    monkeypatch.setattr(network.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(network, "ok", lambda *args: False)
+    with pytest.raises(LabError, match="does not allow network namespaces"):
+        network.require_privileges()

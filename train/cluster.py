@@ -1,0 +1,124 @@
+"""The cluster as Fabric sees it: hosts resolved through the Ansible inventory.
+
+The inventory is the one source of truth (address, user, key, known_hosts, GPUs, NIC,
+data device). Which inventory: `FABRIC_INVENTORY`, else `inventory:` in fabric.yaml,
+else inventory/hosts.yml.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+from fabric import Config, Connection, ThreadingGroup
+from fabric.exceptions import GroupException
+
+TOP = Path(__file__).resolve().parent.parent
+CLUSTER_GROUP = "cluster"
+
+
+class ClusterError(RuntimeError):
+    """A problem with the cluster the user must fix; the message names host and cause."""
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    user: str = "root"
+    port: int = 22
+    key: str | None = None
+    known_hosts: str | None = None
+    gpus: int = 0
+    nic: str | None = None
+    data_device: str | None = None
+    vars: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+def inventory_path(configured: str | None = None) -> Path:
+    path = Path(os.environ.get("FABRIC_INVENTORY") or configured or "inventory/hosts.yml")
+    return path if path.is_absolute() else TOP / path
+
+
+def load_hosts(path: Path) -> list[Host]:
+    """Every host of the inventory's `cluster` group, in inventory order (= node rank)."""
+    if not path.exists():
+        raise ClusterError(f"inventory {path} does not exist (lab: `make lab-up` writes inventory/lab.yml)")
+    # Ansible's own parser: group_vars, host_vars and every inventory format just work.
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    manager = InventoryManager(loader=loader, sources=[str(path)])
+    variables = VariableManager(loader=loader, inventory=manager)
+    group = manager.groups.get(CLUSTER_GROUP)
+    members = group.get_hosts() if group else manager.get_hosts()
+    if not members:
+        raise ClusterError(f"inventory {path} lists no hosts (expected a `{CLUSTER_GROUP}` group)")
+    return [_host(h.name, variables.get_vars(host=h)) for h in members]
+
+
+def _host(name: str, hostvars: dict) -> Host:
+    return Host(
+        name=name,
+        address=str(hostvars.get("ansible_host", name)),
+        user=str(hostvars.get("ansible_user", os.environ.get("USER", "root"))),
+        port=int(hostvars.get("ansible_port", 22)),
+        key=hostvars.get("ansible_ssh_private_key_file"),
+        known_hosts=hostvars.get("tandem_known_hosts_file"),
+        gpus=int(hostvars.get("gpus", 0)),
+        nic=hostvars.get("cluster_nic"),
+        data_device=hostvars.get("data_device"),
+        vars=dict(hostvars),
+    )
+
+
+def select(hosts: list[Host], names: list[str] | None) -> list[Host]:
+    """The named hosts, in the order asked; all of them when no names are given."""
+    if not names:
+        return hosts
+    by_name = {h.name: h for h in hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ClusterError(
+            f"unknown host {', '.join(unknown)}: the inventory has {', '.join(by_name)}"
+        )
+    return [by_name[n] for n in names]
+
+
+def connect(host: Host, timeout: float = 10) -> Connection:
+    """A Fabric connection with host key checking on, against the inventory's known_hosts."""
+    connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
+    if host.key:
+        connect_kwargs["key_filename"] = os.path.expanduser(host.key)
+    config = Config(overrides={"load_ssh_configs": False})
+    conn = Connection(host.address, user=host.user, port=host.port, config=config,
+                      connect_kwargs=connect_kwargs, connect_timeout=timeout)
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    known = os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
+    if os.path.exists(known):
+        conn.client.load_host_keys(known)
+    conn.tandem_host = host  # the inventory name, for messages
+    return conn
+
+
+def group(hosts: list[Host]) -> ThreadingGroup:
+    """All hosts at once: commands run in parallel, failures come back per host."""
+    return ThreadingGroup.from_connections([connect(h) for h in hosts])
+
+
+def run_all(hosts: list[Host], command: str, **kwargs) -> dict[str, object]:
+    """Run one command on every host in parallel: {host name: Result or the exception}.
+    Unreachable hosts and failing commands are results, not a crash, so callers can
+    name the host and the cause."""
+    kwargs.setdefault("hide", True)
+    kwargs.setdefault("warn", True)
+    kwargs.setdefault("in_stream", False)  # never wait on our stdin
+    try:
+        results = group(hosts).run(command, **kwargs)
+    except GroupException as err:
+        results = err.result
+    return {conn.tandem_host.name: result for conn, result in results.items()}
