@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console

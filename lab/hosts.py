@@ -8,6 +8,7 @@ mounts and overlay go with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -95,13 +96,13 @@ def start(cfg: LabConfig, name: str) -> int:
         f"hostname {name}",
         f"exec chroot {root} /usr/bin/tini -s -- /usr/sbin/sshd -D -e",
     ])
-    log = open(host / "console.log", "ab")
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", cfg.netns(name),
-         "unshare", "--mount", "--pid", "--uts", "--fork", "--kill-child", "--propagation", "private",
-         "sh", "-c", boot],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-    )
+    with open(host / "console.log", "ab") as log:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", cfg.netns(name),
+             "unshare", "--mount", "--pid", "--uts", "--fork", "--kill-child", "--propagation", "private",
+             "sh", "-c", boot],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )
     (host / "pid").write_text(str(proc.pid))
     return proc.pid
 
@@ -161,10 +162,8 @@ def _kill_and_wait(pid: int, timeout: float = 10) -> None:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _alive(pid):
-        try:  # reap it if it is our own child
+        with contextlib.suppress(ChildProcessError):  # reap it if it is our own child
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         time.sleep(0.05)
 
 
