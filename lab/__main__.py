@@ -44,7 +44,8 @@ def saved_config(prefix: str) -> LabConfig | None:
         return None
     data = json.loads(path.read_text())
     return LabConfig(hosts=data["hosts"], subnet=data["subnet"], prefix=prefix,
-                     http_port=data.get("http_port", 8080))
+                     http_port=data.get("http_port", 8080),
+                     slow_nic_hosts=tuple(data.get("slow_nic_hosts", ())))
 
 
 def server_pid(cfg: LabConfig) -> int | None:
@@ -66,7 +67,7 @@ def healthy(cfg: LabConfig) -> bool:
 def up(cfg: LabConfig, inventory_path: Path) -> None:
     running = saved_config(cfg.prefix)
     if running is not None and healthy(running):
-        if (running.hosts, running.subnet) != (cfg.hosts, cfg.subnet):
+        if (running.hosts, running.subnet, running.slow_nic_hosts) != (cfg.hosts, cfg.subnet, cfg.slow_nic_hosts):
             raise LabError(
                 f"a lab of {running.hosts} hosts on {running.subnet} is running: "
                 f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
@@ -90,7 +91,8 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
 
     cfg.state.mkdir(parents=True, exist_ok=True)
     (cfg.state / "lab.json").write_text(json.dumps(
-        {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port}))
+        {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
+         "slow_nic_hosts": list(cfg.slow_nic_hosts)}))
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
     public_key = cfg.key.with_suffix(".pub").read_text()
 
@@ -112,6 +114,8 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     for name in cfg.names:
         with step(f"host {name} at {cfg.host_ip(name)}: namespace, overlay root, data disk, sshd"):
             network.attach_host(cfg, name)
+            if name in cfg.slow_nic_hosts:
+                network.attach_slow_nic(cfg, name)
             host_key = hosts.prepare_disk(cfg, name, public_key)
             known.append(f"{name},{cfg.host_ip(name)} {host_key}\n")
             devices[name] = hosts.attach_data_disk(cfg, name)
@@ -208,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
     p_up.add_argument("--subnet", default="10.77.0.0/24")
     p_up.add_argument("--inventory", type=Path, help="where to write the inventory")
+    p_up.add_argument("--slow-nic", default="", help="hosts (comma-separated) that also get eth1, "
+                      "a NIC reporting 100 Mb/s to ethtool")
     sub.add_parser("down", help="remove everything the lab made")
     sub.add_parser("status", help="show the hosts and caps")
     p_shape = sub.add_parser("shape", help="cap the link between hosts (tc tbf), or RATE=none")
@@ -215,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix)
+            slow = tuple(h for h in args.slow_nic.split(",") if h)
+            cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow)
             up(cfg, args.inventory or cfg.default_inventory)
         elif args.command == "down":
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))

@@ -30,6 +30,8 @@ class LabConfig:
     state_root: Path = Path("/var/lib/tandem-lab")
     http_port: int = 8080
     data_disk_gb: int = 4
+    # Hosts that also get eth1, a NIC that reports 100 Mb/s to ethtool.
+    slow_nic_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.prefix) > 8 or not self.prefix.isalnum():
@@ -37,7 +39,10 @@ class LabConfig:
         net = ipaddress.ip_network(self.subnet)
         if net.num_addresses < 16 + self.hosts:
             raise ValueError(f"subnet {self.subnet} is too small for {self.hosts} hosts")
-        host_names(self.hosts)
+        unknown = set(self.slow_nic_hosts) - set(host_names(self.hosts))
+        if unknown:
+            raise ValueError(f"slow NIC for unknown host {', '.join(sorted(unknown))}: the lab has "
+                             f"{', '.join(host_names(self.hosts))}")
 
     @property
     def network(self) -> ipaddress.IPv4Network:

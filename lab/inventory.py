@@ -18,6 +18,8 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
         }
         for name in cfg.names
     }
+    for name in cfg.slow_nic_hosts:
+        hosts[name]["lab_slow_nic"] = "eth1"  # reports 100 Mb/s, carries no traffic
     inventory = {
         "all": {
             "vars": {

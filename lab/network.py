@@ -74,6 +74,23 @@ def attach_host(cfg: LabConfig, name: str) -> None:
     in_netns(ns, "ip", "link", "set", "eth0", "up")
 
 
+def attach_slow_nic(cfg: LabConfig, name: str, mbps: int = 100) -> str:
+    """A second NIC, eth1, that reports `mbps` to ethtool: the field reports' port trap.
+
+    A veth's speed cannot be set (it always says 10000Mb/s); a tap's can, and a macvlan on
+    it reports the same. It carries no traffic: it exists for the link-speed checks
+    (point them at it with `-e cluster_nic=eth1`)."""
+    tap = f"{cfg.prefix}-{name}s"
+    run("ip", "tuntap", "add", "dev", tap, "mode", "tap")
+    run("ethtool", "-s", tap, "speed", str(mbps), "duplex", "full", "autoneg", "off")
+    run("ip", "link", "set", tap, "up")
+    # Created under its final name straight inside the host's namespace.
+    run("ip", "link", "add", "link", tap, "name", "eth1", "netns", cfg.netns(name), "type", "macvlan",
+        "mode", "bridge")
+    in_netns(cfg.netns(name), "ip", "link", "set", "eth1", "up")
+    return "eth1"
+
+
 def shape(cfg: LabConfig, rate: str | None) -> None:
     """Cap every host's egress on its cluster NIC with tc tbf; rate None lifts the cap."""
     for name in cfg.names:

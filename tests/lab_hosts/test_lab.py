@@ -140,7 +140,10 @@ def spare_lab():
 
 def test_three_hosts_and_lab_down_leaves_nothing_behind(spare_lab):
     cfg = spare_lab
-    lab_cli("up", "--hosts", "3", "--subnet", cfg.subnet, prefix=cfg.prefix)
+    lab_cli("up", "--hosts", "3", "--subnet", cfg.subnet, "--slow-nic", "v100b", prefix=cfg.prefix)
+    # The field reports' trap: a port that reports 100 Mb/s.
+    assert "Speed: 100Mb/s" in subprocess.run(["ip", "netns", "exec", cfg.netns("v100b"), "ethtool", "eth1"],
+                                              capture_output=True, text=True).stdout
     assert [ssh(cfg, name, "hostname").stdout.strip() for name in cfg.names] == ["v100a", "v100b", "v100c"]
     assert ssh(cfg, "v100a", f"ping -c1 -W2 {cfg.host_ip('v100c')} >/dev/null || "
                              f"bash -c 'echo > /dev/tcp/{cfg.host_ip('v100c')}/22'").returncode == 0
