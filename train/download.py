@@ -1,0 +1,95 @@
+"""Downloading corpora: resumable, checksummed, with a progress bar.
+
+`fetch(url, dest, sha256)` keeps a `.part` file and continues it with an HTTP Range
+request after an interruption; the finished file is checked against its SHA-256 before
+it takes its final name, so a corrupt download never looks like a good one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+CHUNK = 1 << 20
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Source:
+    url: str
+    sha256: str | None  # None: print the checksum after the first download, to pin it
+    members: tuple[str, ...] = ()  # files to take from the archive
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(url: str, dest: Path, sha256: str | None = None, quiet: bool = False, timeout: float = 60) -> Path:
+    """Download `url` to `dest` (resuming a partial download), verify, and return `dest`."""
+    if dest.exists() and (sha256 is None or sha256_of(dest) == sha256):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        if err.code == 416 and have:  # the part file is already complete
+            response = None
+        else:
+            raise DownloadError(f"{url}: HTTP {err.code} {err.reason}") from err
+    except OSError as err:
+        raise DownloadError(f"{url}: {err}") from err
+    if response is not None:
+        with response:
+            resumed = response.status == 206
+            if not resumed:
+                have = 0  # the server ignored Range: start over
+            length = response.headers.get("Content-Length")
+            total = have + int(length) if length else None
+            with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                          TransferSpeedColumn(), TimeRemainingColumn(), disable=quiet) as bar:
+                task = bar.add_task(dest.name + (" (resumed)" if resumed else ""), total=total, completed=have)
+                with open(part, "ab" if resumed else "wb") as out:
+                    for block in iter(lambda: response.read(CHUNK), b""):
+                        out.write(block)
+                        bar.advance(task, len(block))
+    got = sha256_of(part)
+    if sha256 is not None and got != sha256:
+        part.unlink()
+        raise DownloadError(f"{url}: checksum mismatch, expected sha256 {sha256}, got {got}; deleted, retry")
+    part.rename(dest)
+    return dest
+
+
+def extract(archive: Path, members: tuple[str, ...], dest: Path) -> list[Path]:
+    """Take the named files (matched by their base name) out of a tarball, flat into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = {Path(m).name for m in members}
+    found = []
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            name = Path(member.name).name
+            if member.isfile() and (not wanted or name in wanted):
+                source = tar.extractfile(member)
+                assert source is not None
+                (dest / name).write_bytes(source.read())
+                found.append(dest / name)
+    missing = wanted - {p.name for p in found}
+    if missing:
+        raise DownloadError(f"{archive}: missing {', '.join(sorted(missing))}")
+    return found
