@@ -193,7 +193,7 @@ def prepare(name: str, work: Path, source: Path | None = None, wmt16: bool = Fal
     shutil.copy2(model, bin_dir / "spm.model")
     shutil.copy2(text_dir / "test.de", bin_dir / "test.ref.de")  # BLEU's reference, untokenized
     train_bytes = sum((text_dir / f"train.{lang}").stat().st_size for lang in LANGS)
-    vocab = sum(1 for _ in open(bin_dir / "dict.en.txt", encoding="utf-8"))
+    vocab = len((bin_dir / "dict.en.txt").read_text(encoding="utf-8").splitlines())
     corpus = Corpus(name=name, bin_dir=str(bin_dir), train_lines=lines["train"],
                     train_mb=round(train_bytes / 1e6, 2), vocab_size=vocab,
                     files=len(list(bin_dir.iterdir())) + 1)
