@@ -1,0 +1,324 @@
+"""Runs on the cluster: preflight, start, follow, status, stop, resume.
+
+A run has an id. On every host its files live in /data/tandem/runs/<id>/ (train.log,
+train.pid, checkpoints/, tensorboard/); on the controller in reports/<id>/ (run.json, the
+off-host copy of the last and best checkpoints, collected logs). `train.command` builds
+each host's command; this module only moves it, and files, between machines.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from . import command, logparse, presets
+from .cluster import TOP, ClusterError, Host, connect, run_all
+
+DATA_ROOT = "/data/tandem/datasets"
+RUNS_ROOT = "/data/tandem/runs"
+REPORTS = TOP / "reports"
+DEFAULT_VENV = "/opt/tandem/venv"
+
+
+def venv_of(host: Host) -> str:
+    return str(host.vars.get("train_env_venv", DEFAULT_VENV))
+
+
+@dataclass
+class Run:
+    """What the controller remembers of a run (reports/<id>/run.json)."""
+
+    run_id: str
+    hosts: list[str]
+    preset: str
+    overrides: list[str]
+    dataset: str
+    master_port: int = 29500
+    update_freq: int = 1
+    precision: str = "fp32"
+    created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+    @property
+    def remote_dir(self) -> str:
+        return f"{RUNS_ROOT}/{self.run_id}"
+
+    @property
+    def data_dir(self) -> str:
+        return f"{DATA_ROOT}/{self.dataset}"
+
+    @property
+    def local_dir(self) -> Path:
+        return REPORTS / self.run_id
+
+    def resolved_preset(self) -> presets.Preset:
+        return presets.resolve(self.preset, self.overrides)
+
+    @property
+    def max_update(self) -> int | None:
+        value = self.resolved_preset().options.get("max_update")
+        return int(value) if value else None
+
+    def save(self) -> None:
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        (self.local_dir / "run.json").write_text(json.dumps(asdict(self), indent=2))
+        latest = REPORTS / "latest"
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(self.run_id)
+
+    @classmethod
+    def load(cls, run_id: str | None) -> Run:
+        path = REPORTS / (run_id or "latest") / "run.json"
+        if not path.exists():
+            raise ClusterError(f"no run {run_id or '(latest)'} on this controller: start one with `fab train`")
+        return cls(**json.loads(path.read_text()))
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("run-%Y%m%d-%H%M%S")
+
+
+def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
+    return command.launches(
+        run.run_id,
+        [{"address": h.address, "gpus": h.gpus, "nic": h.nic or ""} for h in hosts],
+        master_port=run.master_port, data_dir=run.data_dir, run_dir=run.remote_dir,
+        venv=venv_of(hosts[0]), update_freq=run.update_freq, precision=run.precision,
+    )
+
+
+def host_commands(run: Run, hosts: list[Host]) -> dict[str, str]:
+    """Each host's exact training command: what `--dry-run` prints and `start` runs."""
+    preset = run.resolved_preset()
+    return {h.name: command.training_command(preset, launch) for h, launch in zip(hosts, launches_for(run, hosts), strict=False)}
+
+
+# What preflight asks each host, in one round trip. Prints one JSON object.
+PROBE = r"""
+import json, os, shutil, socket, sys, hashlib
+out = {"python": sys.version.split()[0]}
+try:
+    import torch, fairseq
+    out["torch"] = torch.__version__
+    out["fairseq"] = fairseq.__version__
+    out["cuda_devices"] = torch.cuda.device_count()
+except Exception as err:
+    out["import_error"] = repr(err)
+manifest = os.path.join(DATA, "MANIFEST.sha256")
+out["data"] = hashlib.sha256(open(manifest, "rb").read()).hexdigest() if os.path.exists(manifest) else None
+out["free_gb"] = round(shutil.disk_usage("/data" if os.path.isdir("/data") else "/").free / 1e9, 1)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", PORT)); out["port_free"] = True
+except OSError as err:
+    out["port_free"] = False; out["port_error"] = str(err)
+finally:
+    s.close()
+pid = 0
+try:
+    pid = int(open(os.path.join(RUN, "train.pid")).read())
+    os.kill(pid, 0); out["running"] = pid
+except Exception:
+    out["running"] = None
+print(json.dumps(out))
+"""
+
+
+def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
+    """Every host's answers to PROBE; an unreachable host raises, naming it and why."""
+    script = (PROBE.replace("DATA", repr(run.data_dir)).replace("PORT", str(run.master_port))
+              .replace("RUN", repr(run.remote_dir)))
+    results = run_all(hosts, f"{venv_of(hosts[0])}/bin/python - <<'EOF'\n{script}\nEOF")
+    answers, problems = {}, []
+    for host in hosts:
+        result = results[host.name]
+        if isinstance(result, Exception):
+            problems.append(f"{host.name} ({host.address}): unreachable: {result}")
+        elif result.exited != 0:
+            problems.append(f"{host.name}: the training environment did not answer "
+                            f"({venv_of(host)}/bin/python: {result.stderr.strip()[-300:]}); provision it first")
+        else:
+            answers[host.name] = json.loads(result.stdout.strip().splitlines()[-1])
+    if problems:
+        raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
+    return answers
+
+
+def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: float = 1.0) -> list[str]:
+    """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out."""
+    problems = []
+    first = hosts[0].name
+    for host in hosts:
+        a = answers[host.name]
+        if "import_error" in a:
+            problems.append(f"{host.name}: torch/fairseq do not import: {a['import_error']}")
+            continue
+        for key in ("torch", "fairseq", "python"):
+            if a.get(key) != answers[first].get(key):
+                problems.append(f"{host.name}: {key} {a.get(key)} but {first} has {answers[first].get(key)}: "
+                                "mismatched versions break distributed init; re-run provision.yml")
+        if a.get("cuda_devices", 0) != host.gpus and host.gpus > 0:
+            problems.append(f"{host.name}: expected {host.gpus} GPUs, torch sees {a.get('cuda_devices')}")
+        if a.get("data") is None:
+            problems.append(f"{host.name}: no dataset at {run.data_dir}: run `fab prepare-data`")
+        elif a["data"] != answers[first].get("data"):
+            problems.append(f"{host.name}: dataset {run.data_dir} differs from {first}'s (checksums): "
+                            "run `fab prepare-data` again")
+        if a.get("free_gb", 0) < min_free_gb:
+            problems.append(f"{host.name}: {a.get('free_gb')} GB free on /data, need {min_free_gb} GB")
+        if a.get("running"):
+            problems.append(f"{host.name}: run {run.run_id} is already training there (pid {a['running']}): "
+                            "`fab stop` first, or `fab status`")
+        elif host.name == first and not a.get("port_free"):
+            problems.append(f"{host.name}: rendezvous port {run.master_port} is in use ({a.get('port_error')}): "
+                            "stop what holds it or pick another with --port")
+    return problems
+
+
+def on_each(hosts: list[Host], work) -> dict[str, object]:
+    """work(host, connection) on every host at once: {name: result or exception}."""
+
+    def one(host: Host):
+        try:
+            with connect(host) as conn:
+                return work(host, conn)
+        except Exception as err:  # reported per host by the caller
+            return err
+
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=False))
+
+
+def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
+    """Make rank 0's checkpoint_last.pt (and best) available on every host and on the
+    controller: fairseq saves on rank 0 only, and at a resume a rank that finds no
+    checkpoint skips the broadcast and deadlocks. Returns the controller's copy of the last."""
+    save_dir = f"{run.remote_dir}/checkpoints"
+    local = run.local_dir / "checkpoints"
+    local.mkdir(parents=True, exist_ok=True)
+    have = run_all(hosts, f"ls {save_dir}/checkpoint_last.pt 2>/dev/null")
+    source = next((h for h in hosts if not isinstance(have[h.name], Exception) and have[h.name].ok
+                   and have[h.name].stdout.strip()), None)
+    names = ["checkpoint_last.pt", "checkpoint_best.pt"]
+    if source is None:
+        backups = [n for n in names if (local / n).exists()]
+        if not backups:
+            return None
+    else:
+        with connect(source) as conn:
+            for name in names:
+                if conn.run(f"test -e {save_dir}/{name}", warn=True, hide=True, in_stream=False).ok:
+                    conn.get(f"{save_dir}/{name}", str(local / name))
+        backups = [n for n in names if (local / n).exists()]
+
+    def upload(host: Host, conn) -> None:
+        conn.run(f"mkdir -p {save_dir}", hide=True, in_stream=False)
+        for name in backups:
+            conn.put(str(local / name), f"{save_dir}/{name}")
+
+    failed = {n: r for n, r in on_each([h for h in hosts if h is not source], upload).items()
+              if isinstance(r, Exception)}
+    if failed:
+        raise ClusterError("could not share the checkpoint: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+    return local / "checkpoint_last.pt"
+
+
+def checkpoint_update(path: Path) -> int | None:
+    import os
+
+    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    return int(state.get("optimizer_history", [{}])[-1].get("num_updates", 0))
+
+
+def start(run: Run, hosts: list[Host]) -> None:
+    commands = host_commands(run, hosts)
+    results = on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, in_stream=False, warn=True))
+    problems = [f"{n}: {r}" if isinstance(r, Exception) else f"{n}: {r.stderr.strip()}"
+                for n, r in results.items() if isinstance(r, Exception) or not r.ok]
+    if problems:
+        stop(run, hosts)
+        raise ClusterError("could not start every rank (the others were stopped):\n  " + "\n  ".join(problems))
+
+
+def read_log(host: Host, run: Run, lines: int = 5000) -> str:
+    with connect(host) as conn:
+        result = conn.run(f"tail -n {lines} {run.remote_dir}/train.log 2>/dev/null", hide=True, warn=True,
+                          in_stream=False)
+    return result.stdout
+
+
+@dataclass
+class HostState:
+    name: str
+    running: bool
+    reachable: bool
+    progress: logparse.Progress | None
+    tail: list[str]
+    error: str | None = None
+
+
+STATE = r"""
+pid=$(cat RUN/train.pid 2>/dev/null)
+if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo running; else echo stopped; fi
+tail -n 400 RUN/train.log 2>/dev/null
+"""
+
+
+def states(run: Run, hosts: list[Host]) -> list[HostState]:
+    results = run_all(hosts, STATE.replace("RUN", shlex.quote(run.remote_dir)))
+    out = []
+    for host in hosts:
+        result = results[host.name]
+        if isinstance(result, Exception):
+            out.append(HostState(host.name, False, False, None, [], error=str(result)))
+            continue
+        first, *log = result.stdout.splitlines()
+        prog = logparse.progress(logparse.parse_log(log), run.max_update) if log else None
+        out.append(HostState(host.name, first == "running", True, prog, log[-8:]))
+    return out
+
+
+STOP = r"""
+pid=$(cat RUN/train.pid 2>/dev/null) || { echo none; exit 0; }
+kill -TERM -- -"$pid" 2>/dev/null
+for i in $(seq 1 WAIT); do kill -0 -- -"$pid" 2>/dev/null || { echo stopped; exit 0; }; sleep 0.5; done
+kill -KILL -- -"$pid" 2>/dev/null; sleep 1
+kill -0 -- -"$pid" 2>/dev/null && { echo alive; exit 1; }
+echo killed
+"""
+
+
+def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
+    """Stop every rank on every host (the whole process group torchrun leads); confirm none is left.
+    Returns {host: stopped|killed|none}; raises naming the hosts that could not be reached or stopped."""
+    script = STOP.replace("RUN", shlex.quote(run.remote_dir)).replace("WAIT", str(int(wait_s * 2)))
+    results = run_all(hosts, script)
+    outcome, problems = {}, []
+    for host in hosts:
+        result = results[host.name]
+        if isinstance(result, Exception):
+            problems.append(f"{host.name}: unreachable ({result}); its rank may still run")
+        elif not result.ok:
+            problems.append(f"{host.name}: training process group still alive after SIGKILL")
+        else:
+            outcome[host.name] = result.stdout.strip()
+    if problems:
+        raise ClusterError("stop incomplete:\n  " + "\n  ".join(problems))
+    return outcome
+
+
+def wait_until(predicate, timeout: float, interval: float = 1.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
