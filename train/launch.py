@@ -94,7 +94,8 @@ def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
 def host_commands(run: Run, hosts: list[Host]) -> dict[str, str]:
     """Each host's exact training command: what `--dry-run` prints and `start` runs."""
     preset = run.resolved_preset()
-    return {h.name: command.training_command(preset, launch) for h, launch in zip(hosts, launches_for(run, hosts), strict=False)}
+    pairs = zip(hosts, launches_for(run, hosts), strict=True)
+    return {h.name: command.training_command(preset, launch) for h, launch in pairs}
 
 
 # What preflight asks each host, in one round trip. Prints one JSON object.
