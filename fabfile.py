@@ -12,7 +12,7 @@ from pathlib import Path
 from fabric import task
 from rich.table import Table
 
-from train import data, distribute, launch
+from train import data, distribute, launch, presets
 from train.cluster import ClusterError, run_all
 from train.follow import describe, follow
 from train.tasks import cluster_task, console
@@ -71,6 +71,10 @@ def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq,
             if existing.hosts != [h.name for h in hosts]:
                 raise ClusterError(f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
                                    f"{', '.join(h.name for h in hosts)}: pass the same --hosts, or --new")
+            extra = [o for o in (overrides or "").split(",") if o]
+            if extra:  # e.g. a higher max_update to train on
+                existing.overrides = [*existing.overrides, *extra]
+                existing.resolved_preset()
             return existing, True
         except ClusterError:
             if run_id:
@@ -80,7 +84,10 @@ def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq,
     overrides_list = [o for o in (overrides or "").split(",") if o]
     run = launch.Run(run_id=run_id, hosts=[h.name for h in hosts], preset=preset, overrides=overrides_list,
                      dataset=dataset, master_port=int(port), update_freq=int(update_freq), precision=precision)
-    run.resolved_preset()  # rejects unknown or mistyped overrides now
+    try:
+        run.resolved_preset()  # rejects unknown or mistyped overrides now
+    except presets.OverrideError as err:
+        raise ClusterError(str(err)) from err
     return run, False
 
 
@@ -151,8 +158,9 @@ def status(c, hosts, run=None):
     rank0 = states[0].progress
     if rank0:
         console.print(f"{the_run.run_id}: update {rank0.update}/{rank0.max_update}, {describe(rank0)}")
+    finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
     for s in states:
-        if s.reachable and not s.running and s.tail and not (s.progress and s.progress.finished):
+        if s.reachable and not s.running and s.tail and not finished:
             console.print(f"[red]{s.name} stopped[/]; its last log lines:")
             for line in s.tail:
                 console.print(f"  {line}")

@@ -1,0 +1,1 @@
+"""Benchmarks before training: bandwidth, step time against bandwidth, and the cost model."""

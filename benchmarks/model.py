@@ -1,0 +1,325 @@
+"""The cost model: will the network dominate each step, and how long will the run take?
+
+    python -m benchmarks.model --preset transformer_wmt_en_de --vocab 32000 --ranks 2 \\
+        --link-mbit 100 --compute-s 0.6 --max-update 300000 [--json]
+
+Inputs: the gradient size S (parameters × bytes per element: 4 in fp32, 2 when fairseq
+trains in fp16/bf16 and all-reduces half-precision gradients), the number of ranks n, the
+hosts' link bandwidth B (measured: iperf3 between the hosts), and a measured compute-only
+step time C (one rank, no communication).
+
+- Communication per update: a ring all-reduce moves 2(n−1)/n × S bytes in and out of
+  every rank; across hosts every host's NIC carries that much, so comm = 2(n−1)/n × S / B.
+  On one host (no NIC crossing) it is 0 unless an intra-host bandwidth is given.
+- Overlap: DDP all-reduces gradient buckets while the backward pass still runs, hiding
+  part of the communication. Modelled as `hidden = min(comm, overlap × C)`: `overlap` is
+  the fraction of one micro-batch's compute time that communication can hide behind. It is
+  0 for fairseq's `legacy_ddp` (all-reduce after the backward pass: what the CPU/gloo runs
+  use) and at most ≈0.6 for c10d DDP on GPUs (the backward pass is about two thirds of a
+  step and the last bucket cannot overlap). Measure it: it is the one free parameter.
+- `--update-freq K` (gradient accumulation) runs K micro-batches per update but
+  all-reduces once; only the last micro-batch's backward overlaps, so
+  step(K) = K × C + comm − hidden.
+- Scaling efficiency = K × C / step(K) (the time without communication over the time with
+  it); the smallest K with efficiency ≥ 90% is K = ⌈9 × exposed / C⌉.
+- Network-bound: the exposed communication (comm − hidden) is more than half of the step.
+- The run: max_update × step(K) seconds.
+
+The field reports' numbers come out of it (tests/unit/test_model.py): Transformer base ≈
+61M parameters = 244 MB of fp32 gradients; two ranks over 100 Mb/s (12.5 MB/s) spend
+19.5 s per update communicating, four ranks (2 hosts × 2 GPUs) 29 s: "20–30 s/step".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+# Dimensions the fairseq architectures set (fairseq/models/transformer/transformer_legacy.py)
+ARCH_DIMS: dict[str, dict[str, int | bool]] = {
+    "transformer": {"embed_dim": 512, "ffn_dim": 2048, "encoder_layers": 6, "decoder_layers": 6},
+    "transformer_wmt_en_de": {"embed_dim": 512, "ffn_dim": 2048, "encoder_layers": 6, "decoder_layers": 6},
+    "transformer_iwslt_de_en": {"embed_dim": 512, "ffn_dim": 1024, "encoder_layers": 6, "decoder_layers": 6},
+    "transformer_vaswani_wmt_en_de_big": {
+        "embed_dim": 1024,
+        "ffn_dim": 4096,
+        "encoder_layers": 6,
+        "decoder_layers": 6,
+    },
+    "transformer_wmt_en_de_big": {"embed_dim": 1024, "ffn_dim": 4096, "encoder_layers": 6, "decoder_layers": 6},
+}
+
+BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def mbit_to_bytes_per_s(mbit_per_s: float) -> float:
+    """Link rate in Mbit/s (as iperf3 and NIC specs give it) → bytes per second."""
+    return mbit_per_s * 1e6 / 8
+
+
+def transformer_params(
+    vocab: int,
+    embed_dim: int,
+    ffn_dim: int,
+    encoder_layers: int,
+    decoder_layers: int,
+    *,
+    share_all_embeddings: bool = True,
+    share_decoder_input_output_embed: bool = False,
+    target_vocab: int | None = None,
+    normalize_before: bool = False,
+    learned_positions: bool = False,
+    max_positions: int = 1024,
+) -> int:
+    """Parameters of a fairseq `TransformerModel`, counted from its dimensions (no torch).
+
+    Embeddings V×d (one matrix when all embeddings are shared, else source, target and,
+    unless tied, the output projection); per encoder layer self-attention 4d²+4d (q, k, v,
+    out with biases), FFN 2·d·f+f+d, two LayerNorms 4d; per decoder layer the same plus
+    encoder attention 4d²+4d and a third LayerNorm. Sinusoidal positions have no parameters.
+    """
+    d, f = embed_dim, ffn_dim
+    target_vocab = vocab if target_vocab is None else target_vocab
+    attention = 4 * d * d + 4 * d
+    ffn = 2 * d * f + f + d
+    encoder_layer = attention + ffn + 2 * 2 * d
+    decoder_layer = 2 * attention + ffn + 3 * 2 * d
+    if share_all_embeddings:
+        embeddings = vocab * d
+    else:
+        embeddings = vocab * d + target_vocab * d
+        if not share_decoder_input_output_embed:
+            embeddings += target_vocab * d
+    total = embeddings + encoder_layers * encoder_layer + decoder_layers * decoder_layer
+    if normalize_before:
+        total += 2 * 2 * d  # final LayerNorm of encoder and decoder
+    if learned_positions:
+        total += 2 * (max_positions + 2) * d
+    return total
+
+
+def preset_params(options: Mapping[str, object], vocab: int) -> int:
+    """Parameters of the model a preset's options describe (explicit dims win over the arch's)."""
+    arch = str(options.get("arch", "transformer"))
+    if arch not in ARCH_DIMS:
+        raise ValueError(f"no dimensions known for arch {arch!r} (known: {', '.join(ARCH_DIMS)})")
+    dims = ARCH_DIMS[arch]
+
+    def pick(key: str, default: object) -> int:
+        value = options.get(key)
+        return int(value if value is not None else default)  # type: ignore[call-overload]
+
+    return transformer_params(
+        vocab,
+        embed_dim=pick("encoder_embed_dim", dims["embed_dim"]),
+        ffn_dim=pick("encoder_ffn_embed_dim", dims["ffn_dim"]),
+        encoder_layers=pick("encoder_layers", dims["encoder_layers"]),
+        decoder_layers=pick("decoder_layers", dims["decoder_layers"]),
+        share_all_embeddings=bool(options.get("share_all_embeddings", False)),
+        share_decoder_input_output_embed=bool(options.get("share_decoder_input_output_embed", False)),
+        normalize_before=bool(options.get("encoder_normalize_before", False)),
+    )
+
+
+def gradient_bytes(params: int, precision: str = "fp32") -> int:
+    """Bytes all-reduced per update: parameters × bytes per element of the gradients."""
+    return params * BYTES_PER_ELEMENT[precision]
+
+
+def allreduce_bytes_per_rank(size_bytes: float, ranks: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce of `size_bytes`: 2(n−1)/n × S."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, not {ranks}")
+    return 2 * (ranks - 1) / ranks * size_bytes
+
+
+def bus_bandwidth(alg_bandwidth: float, ranks: int) -> float:
+    """nccl-tests' busbw = algbw × 2(n−1)/n (comparable with the link rate)."""
+    return alg_bandwidth * 2 * (ranks - 1) / ranks
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of one update (seconds) and of the run."""
+
+    params: int
+    ranks: int
+    hosts: int
+    gradient_bytes: int
+    link_bytes_per_s: float
+    compute_s: float  # one micro-batch, measured without communication
+    update_freq: int
+    overlap: float
+    comm_s: float  # all-reduce time if nothing hid it
+    hidden_s: float  # part of it hidden behind the backward pass
+    step_s: float  # predicted seconds per update
+    max_update: int | None
+    update_freq_for_90: int  # the --update-freq that brings efficiency to 90%
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.comm_s - self.hidden_s
+
+    @property
+    def comm_share(self) -> float:
+        """Fraction of the step spent waiting on the network."""
+        return self.exposed_comm_s / self.step_s if self.step_s else 0.0
+
+    @property
+    def network_bound(self) -> bool:
+        return self.comm_share > 0.5
+
+    @property
+    def efficiency(self) -> float:
+        """Scaling efficiency: compute time over step time (1.0 = the network costs nothing)."""
+        return self.update_freq * self.compute_s / self.step_s if self.step_s else 1.0
+
+    @property
+    def run_hours(self) -> float | None:
+        return None if self.max_update is None else self.max_update * self.step_s / 3600
+
+    def as_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        for name in ("exposed_comm_s", "comm_share", "network_bound", "efficiency", "run_hours"):
+            out[name] = getattr(self, name)
+        return out
+
+
+def update_freq_for_efficiency(compute_s: float, exposed_comm_s: float, target: float = 0.9) -> int:
+    """Smallest K with K·C / (K·C + exposed) ≥ target (exposed does not shrink with K)."""
+    if not 0 < target < 1:
+        raise ValueError(f"target efficiency must be between 0 and 1, not {target}")
+    if exposed_comm_s <= 0:
+        return 1
+    if compute_s <= 0:
+        raise ValueError("compute_s must be positive to reach an efficiency target")
+    k = math.ceil(target / (1 - target) * exposed_comm_s / compute_s - 1e-9)
+    return max(k, 1)
+
+
+def predict(
+    params: int,
+    ranks: int,
+    link_bytes_per_s: float,
+    compute_s: float,
+    *,
+    hosts: int | None = None,
+    precision: str = "fp32",
+    overlap: float = 0.0,
+    update_freq: int = 1,
+    max_update: int | None = None,
+    intra_host_bytes_per_s: float | None = None,
+    target_efficiency: float = 0.9,
+) -> Prediction:
+    """Predict seconds per update (and the run's hours) for `ranks` ranks on `hosts` hosts.
+
+    `hosts` defaults to `ranks` (one rank per host). With one host the all-reduce never
+    crosses a NIC: it costs 0 unless `intra_host_bytes_per_s` is given.
+    """
+    hosts = ranks if hosts is None else hosts
+    if not 1 <= hosts <= ranks:
+        raise ValueError(f"hosts must be between 1 and ranks ({ranks}), not {hosts}")
+    if not 0 <= overlap <= 1:
+        raise ValueError(f"overlap is a fraction between 0 and 1, not {overlap}")
+    if update_freq < 1:
+        raise ValueError(f"update_freq must be at least 1, not {update_freq}")
+    size = gradient_bytes(params, precision)
+    per_rank = allreduce_bytes_per_rank(size, ranks)
+    if hosts > 1:
+        if link_bytes_per_s <= 0:
+            raise ValueError("link bandwidth must be positive")
+        comm = per_rank / link_bytes_per_s
+    elif ranks > 1 and intra_host_bytes_per_s:
+        comm = per_rank / intra_host_bytes_per_s
+    else:
+        comm = 0.0
+    hidden = min(comm, overlap * compute_s)
+    step = update_freq * compute_s + comm - hidden
+    return Prediction(
+        params=params,
+        ranks=ranks,
+        hosts=hosts,
+        gradient_bytes=size,
+        link_bytes_per_s=link_bytes_per_s,
+        compute_s=compute_s,
+        update_freq=update_freq,
+        overlap=overlap,
+        comm_s=comm,
+        hidden_s=hidden,
+        step_s=step,
+        max_update=max_update,
+        update_freq_for_90=update_freq_for_efficiency(compute_s, comm - hidden, target_efficiency),
+    )
+
+
+def sweep(params: int, ranks: int, compute_s: float, rates_mbit: Iterable[float], **kwargs: object) -> list[Prediction]:
+    """Predictions at several link rates (Mbit/s): the model's curve for the bench-step plot."""
+    return [
+        predict(params, ranks, mbit_to_bytes_per_s(rate), compute_s, **kwargs)  # type: ignore[arg-type]
+        for rate in rates_mbit
+    ]
+
+
+def explain(p: Prediction) -> str:
+    """A few lines a user can act on: the numbers behind the verdict."""
+    mb = p.gradient_bytes / 1e6
+    lines = [
+        f"model: {p.params / 1e6:.1f}M parameters → {mb:.0f} MB of gradients per update",
+        f"ring all-reduce over {p.ranks} ranks on {p.hosts} hosts: "
+        f"{allreduce_bytes_per_rank(p.gradient_bytes, p.ranks) / 1e6:.0f} MB per rank"
+        + (f" at {p.link_bytes_per_s * 8 / 1e6:.0f} Mbit/s" if p.hosts > 1 else ""),
+        f"per update: compute {p.update_freq} × {p.compute_s:.3f} s + communication {p.comm_s:.2f} s"
+        f" − hidden {p.hidden_s:.2f} s = {p.step_s:.2f} s",
+        f"network share of the step {p.comm_share:.0%}, scaling efficiency {p.efficiency:.0%}"
+        + (" — NETWORK-BOUND" if p.network_bound else ""),
+    ]
+    if p.run_hours is not None:
+        lines.append(f"{p.max_update} updates ≈ {p.run_hours:.1f} h")
+    if p.update_freq_for_90 > p.update_freq:
+        lines.append(f"--update-freq {p.update_freq_for_90} would bring scaling efficiency to 90%")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the prediction (or its JSON); exit 3 when the run would be network-bound."""
+    parser = argparse.ArgumentParser(description="Predict seconds per update and the run's hours.")
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=float, help="parameters, e.g. 61e6")
+    size.add_argument("--preset", help="a train.presets preset (with --vocab)")
+    parser.add_argument("--vocab", type=int, default=32000, help="joint dictionary size (with --preset)")
+    parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--hosts", type=int, help="default: one rank per host")
+    parser.add_argument("--link-mbit", type=float, required=True, help="measured host-to-host Mbit/s")
+    parser.add_argument("--compute-s", type=float, required=True, help="measured compute-only s/update")
+    parser.add_argument("--precision", choices=sorted(BYTES_PER_ELEMENT), default="fp32")
+    parser.add_argument("--overlap", type=float, default=0.0)
+    parser.add_argument("--update-freq", type=int, default=1)
+    parser.add_argument("--max-update", type=int)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.preset:
+        from train.presets import resolve
+
+        params = preset_params(resolve(args.preset).options, args.vocab)
+    else:
+        params = int(args.params)
+    p = predict(
+        params,
+        args.ranks,
+        mbit_to_bytes_per_s(args.link_mbit),
+        args.compute_s,
+        hosts=args.hosts,
+        precision=args.precision,
+        overlap=args.overlap,
+        update_freq=args.update_freq,
+        max_update=args.max_update,
+    )
+    print(json.dumps(p.as_dict(), indent=1) if args.json else explain(p))
+    return 3 if p.network_bound else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

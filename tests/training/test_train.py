@@ -1,0 +1,176 @@
+"""`fab train` on the provisioned lab, for real: CPU, gloo, the tiny preset, synthetic data."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from labtools import TOP, ssh
+
+FAB = str(Path(sys.executable).parent / "fab")
+RUNS = "/data/tandem/runs"
+
+
+def fab(provisioned, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FABRIC_INVENTORY": str(provisioned.inventory), "COLUMNS": "200"}
+    proc = subprocess.run([FAB, *args], cwd=TOP, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def training_processes(cfg, name: str) -> list[str]:
+    out = ssh(cfg, name, "pgrep -af 'fairseq-train|torchrun' || true").stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def log_of(cfg, name: str, run_id: str) -> str:
+    return ssh(cfg, name, f"cat {RUNS}/{run_id}/train.log").stdout
+
+
+def inner_records(log: str) -> list[dict]:
+    return [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+
+
+def latest_run_id() -> str:
+    return json.loads((TOP / "reports" / "latest" / "run.json").read_text())["run_id"]
+
+
+def wait_for_update(cfg, run_id: str, update: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = inner_records(log_of(cfg, cfg.names[0], run_id))
+        if records and int(records[-1]["num_updates"]) >= update:
+            return
+        time.sleep(2)
+    raise AssertionError(f"{run_id} did not reach update {update} in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def data_ready(provisioned):
+    out = fab(provisioned, "prepare-data").stdout
+    assert "identical on every host" in out
+    return provisioned
+
+
+@pytest.fixture(scope="module")
+def one_host_run(data_ready):
+    """The same model on one host for a few updates: the baseline for tokens per batch, and an
+    (almost) untrained model for BLEU."""
+    fab(data_ready, "--hosts", "v100a", "train", "--new", "--set", "max_update=3,save_interval_updates=3")
+    run_id = latest_run_id()
+    out = fab(data_ready, "--hosts", "v100a", "evaluate", "--checkpoint", "checkpoint_last.pt").stdout
+    return run_id, float(re.search(r"SacreBLEU ([0-9.]+)", out).group(1))
+
+
+@pytest.fixture(scope="module")
+def two_host_run(data_ready, one_host_run):
+    out = fab(data_ready, "train", "--new", "--set", "max_update=60").stdout
+    return latest_run_id(), out
+
+
+def test_both_ranks_train_together(data_ready, two_host_run, one_host_run):
+    cfg = data_ready.cfg
+    run_id, out = two_host_run
+    log = log_of(cfg, "v100a", run_id)
+    assert "training on 2 devices" in log
+    assert "60/60" in out
+    updates = [int(r["num_updates"]) for r in inner_records(log)]
+    assert updates[-1] >= 50
+    two = sum(float(r["wpb"]) for r in inner_records(log)) / len(inner_records(log))
+    one = inner_records(log_of(cfg, "v100a", one_host_run[0]))
+    one_wpb = sum(float(r["wpb"]) for r in one) / len(one) if one else None
+    if one_wpb:  # tokens per batch double with a second host
+        assert 1.6 < two / one_wpb < 2.4, (two, one_wpb)
+    listing = ssh(cfg, "v100a", f"ls {RUNS}/{run_id}/checkpoints").stdout.split()
+    assert "checkpoint_last.pt" in listing and "checkpoint_best.pt" in listing
+    # the off-host copy: the last checkpoint also lives on v100b and on the controller
+    assert ssh(cfg, "v100b", f"test -s {RUNS}/{run_id}/checkpoints/checkpoint_last.pt").returncode == 0
+    assert (TOP / "reports" / run_id / "checkpoints" / "checkpoint_last.pt").exists()
+    assert training_processes(cfg, "v100a") == [] and training_processes(cfg, "v100b") == []
+
+
+def test_evaluate_scores_the_trained_model_above_an_untrained_one(data_ready, two_host_run, one_host_run):
+    out = fab(data_ready, "evaluate").stdout
+    bleu = float(re.search(r"SacreBLEU ([0-9.]+)", out).group(1))
+    assert bleu > one_host_run[1], (bleu, one_host_run[1])
+
+
+def test_stop_then_resume_continues_from_the_saved_update_on_both_hosts(data_ready):
+    cfg = data_ready.cfg
+    fab(data_ready, "train", "--new", "--detach", "--set", "max_update=40,save_interval_updates=10")
+    run_id = latest_run_id()
+    wait_for_update(cfg, run_id, 20)
+    out = fab(data_ready, "stop").stdout
+    assert "no training process left" in out
+    for name in cfg.names:
+        assert training_processes(cfg, name) == [], f"{name} still trains after fab stop"
+    out = fab(data_ready, "train").stdout  # the latest run, resumed
+    assert f"resuming {run_id} from update" in out
+    for name in cfg.names:
+        resumed = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log_of(cfg, name, run_id))
+        assert resumed and int(resumed[-1]) >= 10, f"{name} did not resume: {resumed}"
+    assert "40/40" in out
+
+
+def test_killing_one_rank_stops_the_other_within_a_minute(data_ready):
+    cfg = data_ready.cfg
+    fab(data_ready, "train", "--new", "--detach", "--set", "max_update=100000")
+    run_id = latest_run_id()
+    wait_for_update(cfg, run_id, 10)
+    ssh(cfg, "v100b", f"kill -9 -- -$(cat {RUNS}/{run_id}/train.pid)")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and training_processes(cfg, "v100a"):
+        time.sleep(2)
+    left = training_processes(cfg, "v100a")
+    fab(data_ready, "stop", check=False)
+    assert left == [], f"v100a still trains a minute after v100b's rank died: {left}"
+    status = fab(data_ready, "status", check=False).stdout
+    assert "v100b stopped" in status or "stopped early" in status
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hosts", "v100a,v100z", "train", "--new"], "unknown host v100z: the inventory has v100a, v100b"),
+    (["train", "--new", "--dataset", "nothing-here"], "v100a: no dataset at /data/tandem/datasets/nothing-here"),
+    (["train", "--new", "--set", "max_updates=5"], "max_updates"),
+])
+def test_bad_input_fails_before_launching_anything(data_ready, args, message):
+    proc = fab(data_ready, *args, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+    for name in data_ready.cfg.names:
+        assert training_processes(data_ready.cfg, name) == []
+
+
+def test_a_busy_rendezvous_port_is_named(data_ready):
+    cfg = data_ready.cfg
+    holder = subprocess.Popen(
+        ["ssh", "-i", str(cfg.key), "-o", f"UserKnownHostsFile={cfg.known_hosts}", f"root@{cfg.host_ip('v100a')}",
+         "python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", 29500)); s.listen(); time.sleep(60)'"])
+    try:
+        time.sleep(2)
+        proc = fab(data_ready, "train", "--new", check=False)
+        assert proc.returncode != 0
+        assert "v100a: rendezvous port 29500 is in use" in proc.stdout
+    finally:
+        holder.kill()
+        ssh(cfg, "v100a", "pkill -f 'socket.socket(); s.bind' || true")
+
+
+def test_mismatched_versions_are_named_before_launch(data_ready):
+    cfg = data_ready.cfg
+    version_file = "$(/opt/tandem/venv/bin/python -c 'import fairseq,os; print(os.path.dirname(fairseq.__file__))')/version.txt"
+    original = ssh(cfg, "v100b", f"cat {version_file}").stdout.strip()
+    ssh(cfg, "v100b", f"echo 0.12.0 > {version_file}")
+    try:
+        proc = fab(data_ready, "train", "--new", check=False)
+    finally:
+        ssh(cfg, "v100b", f"echo {original} > {version_file}")
+    assert proc.returncode != 0
+    assert f"v100b: fairseq 0.12.0 but v100a has {original}" in proc.stdout

@@ -1,0 +1,134 @@
+"""The cost model against the field reports' numbers (CONTEXT.md) and fairseq itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.model import (
+    allreduce_bytes_per_rank,
+    bus_bandwidth,
+    gradient_bytes,
+    mbit_to_bytes_per_s,
+    predict,
+    preset_params,
+    sweep,
+    transformer_params,
+    update_freq_for_efficiency,
+)
+from train.presets import PRESETS
+
+BASE = 61_000_000
+MB = 1e6
+
+
+def test_transformer_base_is_61m_parameters_and_244_mb():
+    params = preset_params(PRESETS["transformer_wmt_en_de"], vocab=32_000)
+    assert 60e6 < params < 62e6
+    assert gradient_bytes(BASE) / MB == pytest.approx(244, abs=1)
+    assert gradient_bytes(BASE, "fp16") / MB == pytest.approx(122, abs=1)
+    # checkpoints: weights + two Adam moments = 744 MB in the reports (732 MB by this count)
+    assert 3 * gradient_bytes(BASE) / MB == pytest.approx(744, rel=0.02)
+
+
+def test_big_is_about_three_and_a_half_times_base():
+    base = preset_params(PRESETS["transformer_wmt_en_de"], vocab=32_000)
+    big = preset_params(PRESETS["transformer_vaswani_wmt_en_de_big"], vocab=32_000)
+    assert 200e6 < big < 215e6 and 3.3 < big / base < 3.6
+
+
+def test_ring_allreduce_bytes():
+    assert allreduce_bytes_per_rank(100, 1) == 0
+    assert allreduce_bytes_per_rank(100, 2) == 100
+    assert allreduce_bytes_per_rank(100, 4) == 150
+    assert bus_bandwidth(1.0, 2) == 1.0
+
+
+@pytest.mark.parametrize(("ranks", "low", "high"), [(2, 19, 21), (4, 28, 31)])
+def test_100_mbit_gives_the_observed_20_to_30_s_per_step(ranks, low, high):
+    """2 VMs with 1 or 2 V100s each, ports capped at 100 Mb/s: 20–30 s/step observed."""
+    p = predict(BASE, ranks, mbit_to_bytes_per_s(100), compute_s=0.6, hosts=2)
+    assert low <= p.step_s <= high
+    assert p.network_bound and p.comm_share > 0.9
+
+
+def test_1_gbit_gives_1_to_3_s_and_15x_less_than_100_mbit():
+    link = 117 * MB  # ≈ what 1 Gb/s gives in practice
+    fp32 = predict(BASE, 2, link, compute_s=0.6)
+    fp16 = predict(BASE, 2, link, compute_s=0.6, precision="fp16")
+    assert 1 <= fp16.comm_s < fp32.comm_s <= 3
+    slow = predict(BASE, 2, mbit_to_bytes_per_s(100), compute_s=0.6)
+    assert slow.step_s / fp32.step_s > 7
+
+
+def test_one_host_has_no_network_cost():
+    p = predict(BASE, 8, mbit_to_bytes_per_s(100), compute_s=0.5, hosts=1)
+    assert p.comm_s == 0 and p.step_s == 0.5 and not p.network_bound and p.update_freq_for_90 == 1
+
+
+def test_overlap_hides_at_most_the_compute_it_overlaps():
+    none = predict(BASE, 2, 117 * MB, compute_s=1.0)
+    half = predict(BASE, 2, 117 * MB, compute_s=1.0, overlap=0.5)
+    assert half.hidden_s == pytest.approx(0.5) and half.step_s == pytest.approx(none.step_s - 0.5)
+    tiny = predict(1000, 2, 117 * MB, compute_s=1.0, overlap=0.5)
+    assert tiny.hidden_s == tiny.comm_s and tiny.step_s == pytest.approx(1.0)
+
+
+def test_update_freq_brings_efficiency_to_90_percent():
+    p = predict(BASE, 2, 117 * MB, compute_s=0.6)
+    k = p.update_freq_for_90
+    assert predict(BASE, 2, 117 * MB, compute_s=0.6, update_freq=k).efficiency >= 0.9
+    assert predict(BASE, 2, 117 * MB, compute_s=0.6, update_freq=k - 1).efficiency < 0.9
+    assert update_freq_for_efficiency(1.0, 0.0) == 1
+    assert update_freq_for_efficiency(1.0, 1.0) == 9
+
+
+def test_run_hours():
+    p = predict(BASE, 2, mbit_to_bytes_per_s(100), compute_s=0.6, max_update=300_000)
+    assert p.run_hours == pytest.approx(300_000 * p.step_s / 3600)
+    assert p.run_hours > 1000  # the capped port: months, not the 70 hours the course expected
+
+
+def test_sweep_step_time_falls_with_bandwidth():
+    steps = [p.step_s for p in sweep(BASE, 2, 0.6, [10, 100, 1000, 10000])]
+    assert steps == sorted(steps, reverse=True)
+
+
+def test_parameter_count_matches_fairseq():
+    """The count from dimensions equals what fairseq builds (tiny, and base with 32k vocab)."""
+    pytest.importorskip("fairseq")
+    import argparse
+
+    from fairseq.data import Dictionary
+    from fairseq.models.transformer import TransformerModel
+
+    for preset, vocab in (("tiny", 984), ("transformer_wmt_en_de", 32_000)):
+        dictionary = Dictionary()
+        for i in range(vocab - len(dictionary)):
+            dictionary.add_symbol(f"w{i}")
+        options = PRESETS[preset]
+        args = argparse.Namespace(**{k: v for k, v in options.items() if k.endswith(("_dim", "_layers", "_heads"))})
+        args.share_all_embeddings = True
+        args.arch = options["arch"]
+        from fairseq.models import ARCH_CONFIG_REGISTRY
+
+        ARCH_CONFIG_REGISTRY[args.arch](args)
+        task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+        model = TransformerModel.build_model(args, task)
+        built = sum(p.numel() for p in model.parameters())
+        assert preset_params(options, vocab) == built, preset
+
+
+def test_tiny_matches_the_count_fairseq_logged():
+    # "num. shared model params: 296,448" in the tiny preset's training log (984-type dictionary)
+    assert preset_params(PRESETS["tiny"], 984) == 296_448
+    assert transformer_params(984, 64, 256, 2, 2) == 296_448
+
+
+def test_cli_exits_non_zero_when_network_bound(capsys):
+    from benchmarks.model import main
+
+    slow = ["--params", "61e6", "--ranks", "2", "--link-mbit", "100", "--compute-s", "0.6"]
+    assert main(slow + ["--max-update", "300000"]) == 3
+    assert "NETWORK-BOUND" in capsys.readouterr().out
+    fast = ["--preset", "tiny", "--vocab", "984", "--ranks", "2", "--link-mbit", "1000", "--compute-s", "0.2"]
+    assert main(fast) == 0

@@ -1,0 +1,294 @@
+"""The one place that builds a host's training command (and the evaluation command).
+
+`training_command(...)` returns the exact shell line a host runs; `fab train --dry-run`
+prints it. For rank 1 of two CPU hosts (tiny preset) it reads:
+
+    mkdir -p /data/runs/r1/checkpoints && cd /data/runs/r1 && \\
+    { TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0 \\
+    setsid nohup /opt/tandem/venv/bin/torchrun --nnodes 2 --node_rank 1 \\
+      --master_addr 10.77.0.11 --master_port 29500 --nproc_per_node 1 \\
+      /opt/tandem/venv/bin/fairseq-train /data/synthetic/bin --save-dir /data/runs/r1/checkpoints \\
+      --task translation ... --arch transformer ... --max-update 300 ... \\
+      --distributed-world-size 2 --distributed-init-method env:// --distributed-no-spawn \\
+      --cpu --distributed-backend gloo --ddp-backend legacy_ddp --distributed-rank 1 \\
+      >> /data/runs/r1/train.log 2>&1 < /dev/null & echo $! > /data/runs/r1/train.pid; }
+
+(one line in reality). Ranks: host i of N (`node_rank` i, in inventory order) runs
+`nproc_per_node = max(gpus, 1)` processes; world size = N × max(gpus, 1); the master is
+the first host. fairseq with `--distributed-init-method env://` takes its rank from
+`--distributed-rank` (default 0 for everyone, which hangs the rendezvous), so:
+- one process per host (CPU, or one GPU): `--distributed-rank <node_rank>`;
+- several GPUs per host: torchrun starts `bash -c '... --distributed-rank "$RANK" --device-id
+  "$LOCAL_RANK"'` (torchrun --no-python), so each process passes the global rank and local GPU
+  torchrun gave it. (Checked on CPU with 2 processes on one host: ranks 0 and 1, "training
+  on 2 devices"; not yet on a multi-GPU host.)
+
+`setsid nohup ... &` detaches the job from the SSH session; the pid file holds the
+session leader's pid, so `kill -- -PID` stops torchrun and every rank it started.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from train.presets import Preset, Value, to_args
+
+ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one host needs to know to start its part of a run."""
+
+    run_id: str
+    node_rank: int
+    nnodes: int
+    gpus_per_host: int  # 0 = CPU
+    master_addr: str
+    master_port: int
+    data_dir: str
+    save_dir: str
+    log_path: str
+    nic: str
+    venv: str
+    update_freq: int = 1
+    precision: str = "fp32"  # fp32, fp16, bf16 (the last two on GPUs only)
+    omp_threads: int | None = None
+    pid_path: str | None = None  # default: beside the log, <log stem>.pid
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be at least 1, not {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is outside 0..{self.nnodes - 1}")
+        if self.gpus_per_host < 0:
+            raise ValueError(f"gpus_per_host must be 0 (CPU) or more, not {self.gpus_per_host}")
+        if self.update_freq < 1:
+            raise ValueError(f"update_freq must be at least 1, not {self.update_freq}")
+        if self.precision not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"precision is fp32, fp16 or bf16, not {self.precision!r}")
+        if self.precision != "fp32" and self.gpus_per_host == 0:
+            raise ValueError(f"{self.precision} needs GPUs; this host has none (use fp32 on CPU)")
+        if not 1 <= self.master_port <= 65535:
+            raise ValueError(f"master_port {self.master_port} is not a TCP port")
+
+    @property
+    def nproc_per_node(self) -> int:
+        return max(self.gpus_per_host, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def cpu(self) -> bool:
+        return self.gpus_per_host == 0
+
+    @property
+    def pid_file(self) -> str:
+        if self.pid_path:
+            return self.pid_path
+        log = PurePosixPath(self.log_path)
+        return str(log.with_suffix(".pid"))
+
+    @property
+    def log_dir(self) -> str:
+        return str(PurePosixPath(self.log_path).parent)
+
+
+def _fill(options: Mapping[str, Value], launch: Launch) -> dict[str, Value]:
+    names = {"log_dir": launch.log_dir, "save_dir": launch.save_dir, "run_id": launch.run_id}
+    return {k: v.format(**names) if isinstance(v, str) else v for k, v in options.items()}
+
+
+def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
+    """fairseq-train's arguments for this host (data dir first), unquoted."""
+    args = [launch.data_dir, "--save-dir", launch.save_dir]
+    args += to_args(_fill(preset.options, launch))
+    if launch.update_freq > 1:
+        args += ["--update-freq", str(launch.update_freq)]
+    if launch.precision != "fp32":
+        args.append(f"--{launch.precision}")
+    args += [
+        "--distributed-world-size",
+        str(launch.world_size),
+        "--distributed-init-method",
+        "env://",
+        "--distributed-no-spawn",
+    ]
+    if launch.cpu:
+        args += ["--cpu", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    if launch.nproc_per_node == 1:
+        args += ["--distributed-rank", str(launch.node_rank)]
+    return args
+
+
+def environment(launch: Launch) -> dict[str, str]:
+    """The variables set for the training processes."""
+    env = dict(ENV_ALWAYS)
+    if launch.nic:
+        env["GLOO_SOCKET_IFNAME"] = launch.nic
+        env["NCCL_SOCKET_IFNAME"] = launch.nic
+    if launch.omp_threads:
+        env["OMP_NUM_THREADS"] = str(launch.omp_threads)
+    return env
+
+
+def foreground_command(preset: Preset, launch: Launch) -> list[str]:
+    """The torchrun argv (no environment, no detaching): what runs on the host."""
+    venv = launch.venv.rstrip("/")
+    head = [
+        f"{venv}/bin/torchrun",
+        "--nnodes",
+        str(launch.nnodes),
+        "--node_rank",
+        str(launch.node_rank),
+        "--master_addr",
+        launch.master_addr,
+        "--master_port",
+        str(launch.master_port),
+        "--nproc_per_node",
+        str(launch.nproc_per_node),
+    ]
+    train = [f"{venv}/bin/fairseq-train", *fairseq_train_args(preset, launch)]
+    if launch.nproc_per_node == 1:
+        return head + train
+    # several processes per host: each passes the global rank torchrun gives it
+    inner = f'exec {shlex.join(train)} --distributed-rank "$RANK" --device-id "$LOCAL_RANK"'
+    return head + ["--no-python", "bash", "-c", inner]
+
+
+def training_command(preset: Preset, launch: Launch) -> str:
+    """The full shell line that starts this host's ranks, detached, logging to `log_path`.
+
+    It creates the save and log directories, sets the environment, starts torchrun under
+    `setsid nohup` with stdin closed, and writes the session leader's pid to the pid file.
+    The log is appended to: a resumed run keeps its whole history in one file.
+    """
+    dirs = sorted({launch.save_dir, launch.log_dir})
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in environment(launch).items())
+    return (
+        f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)} && cd {shlex.quote(launch.log_dir)} && "
+        f"{{ {env} setsid nohup {shlex.join(foreground_command(preset, launch))} "
+        f">> {shlex.quote(launch.log_path)} 2>&1 < /dev/null & echo $! > {shlex.quote(launch.pid_file)}; }}"
+    )
+
+
+def launches(
+    run_id: str,
+    hosts: Sequence[Mapping[str, object]],
+    *,
+    master_port: int,
+    data_dir: str,
+    run_dir: str,
+    venv: str,
+    update_freq: int = 1,
+    precision: str = "fp32",
+    omp_threads: int | None = None,
+) -> list[Launch]:
+    """One Launch per host, in order (rank 0 first, the master): hosts are mappings with
+    `address`, `gpus` and `nic` (as the inventory gives them). All hosts must promise the
+    same number of GPUs: torchrun starts the same number of processes everywhere."""
+    if not hosts:
+        raise ValueError("no hosts to launch on")
+    gpus = {int(h.get("gpus", 0) or 0) for h in hosts}  # type: ignore[arg-type]
+    if len(gpus) > 1:
+        raise ValueError(f"hosts promise different GPU counts {sorted(gpus)}; tandem needs them equal")
+    run = PurePosixPath(run_dir)
+    return [
+        Launch(
+            run_id=run_id,
+            node_rank=i,
+            nnodes=len(hosts),
+            gpus_per_host=int(h.get("gpus", 0) or 0),  # type: ignore[arg-type]
+            master_addr=str(hosts[0]["address"]),
+            master_port=master_port,
+            data_dir=data_dir,
+            save_dir=str(run / "checkpoints"),
+            log_path=str(run / "train.log"),
+            nic=str(h.get("nic", "") or ""),
+            venv=venv,
+            update_freq=update_freq,
+            precision=precision,
+            omp_threads=omp_threads,
+        )
+        for i, h in enumerate(hosts)
+    ]
+
+
+def evaluation_command(
+    *,
+    data_dir: str,
+    checkpoint: str,
+    reference: str,
+    out_dir: str,
+    venv: str,
+    subset: str = "test",
+    beam: int = 5,
+    batch_size: int = 128,
+    cpu: bool = True,
+    bpe: str = "sentencepiece",
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+) -> str:
+    """The single-host evaluation: translate `subset` with `checkpoint`, score with SacreBLEU.
+
+    Writes OUT/generate.txt (fairseq-generate's output), OUT/hyp.txt (detokenised
+    hypotheses in test-set order) and OUT/bleu.json (sacrebleu's JSON; `parse_bleu` reads it).
+    `reference` is the raw (not subword-split) target side of the subset. Hypotheses are
+    capped at max_len_a × source length + max_len_b tokens, so that an untrained model that
+    never emits end-of-sentence does not take minutes to score.
+    """
+    venv = venv.rstrip("/")
+    out = PurePosixPath(out_dir)
+    q = shlex.quote
+    generate = [
+        f"{venv}/bin/fairseq-generate",
+        data_dir,
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        subset,
+        "--beam",
+        str(beam),
+        "--batch-size",
+        str(batch_size),
+        "--required-batch-size-multiple",
+        "1",
+        "--remove-bpe",
+        bpe,
+        "--max-len-a",
+        str(max_len_a),
+        "--max-len-b",
+        str(max_len_b),
+    ]
+    if cpu:
+        generate.append("--cpu")
+    gen, hyp, bleu = out / "generate.txt", out / "hyp.txt", out / "bleu.json"
+    env = " ".join(f"{k}={q(v)}" for k, v in ENV_ALWAYS.items())
+    return (
+        f"mkdir -p {q(str(out))} && {env} {shlex.join(generate)} > {q(str(gen))} && "
+        f"grep -P '^H-\\d+\\t' {q(str(gen))} | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > {q(str(hyp))} && "
+        f"{venv}/bin/sacrebleu {q(reference)} -i {q(str(hyp))} -m bleu -w 2 > {q(str(bleu))} && "
+        f"cat {q(str(bleu))}"
+    )
+
+
+def parse_bleu(text: str) -> float:
+    """The BLEU score from sacrebleu's output (its JSON, or the `BLEU = 12.34 ...` line)."""
+    import json
+    import re
+
+    try:
+        data = json.loads(text)
+        if isinstance(data, list):
+            data = data[0]
+        return float(data["score"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        match = re.search(r"BLEU\S*\s*=\s*([0-9.]+)", text)
+        if not match:
+            raise ValueError(f"no BLEU score in {text[:200]!r}") from None
+        return float(match.group(1))

@@ -1,0 +1,268 @@
+"""Training presets: named sets of fairseq-train options, and type-checked overrides.
+
+A preset maps fairseq option names (underscores, as in `--set max_update=300000`) to
+values; `train.command` turns them into `--max-update 300000`. Values are typed: an
+override must parse as the preset value's type (bool options are flags).
+
+    >>> p = resolve("tiny", ["max_update=200", "lr=0.002"])
+    >>> p.options["max_update"], p.options["lr"]
+    (200, 0.002)
+
+Presets:
+- `tiny`: 64-dim, 2+2 layers, 0.3M parameters; learns the synthetic corpus (train.synthetic,
+  1000-piece joint sentencepiece vocabulary) on CPU. Two processes on a shared 2-core
+  machine: 300 updates in ≈3 min (0.35–0.5 s/update), BLEU 0 untrained → 0.4 at 100
+  updates → 50 at 200 → 74 at 300 (→ 92 at 600).
+- `transformer_wmt_en_de`: Transformer base (Vaswani et al. 2017), ≈61M parameters
+  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates, 4096 tokens per GPU.
+- `transformer_vaswani_wmt_en_de_big`: Transformer big as in fairseq's "Scaling NMT"
+  recipe (Ott et al. 2018): lr 5e-4, dropout 0.3, 3584 tokens per GPU; their 8-GPU run
+  used `--update-freq 16` to simulate 128 GPUs.
+
+Every preset: Adam (0.9, 0.98), inverse-sqrt schedule with linear warmup, label-smoothed
+cross entropy (0.1), shared embeddings (joint dictionary), the 5 best checkpoints by
+validation loss kept plus the last, JSON logs, TensorBoard logs. `{log_dir}` and
+`{save_dir}` in a value are filled in by the command builder.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+Value = bool | int | float | str | None
+
+COMMON: dict[str, Value] = {
+    "task": "translation",
+    "source_lang": "en",
+    "target_lang": "de",
+    "share_all_embeddings": True,
+    "optimizer": "adam",
+    "adam_betas": "(0.9, 0.98)",
+    "clip_norm": 0.0,
+    "weight_decay": 0.0,
+    "lr_scheduler": "inverse_sqrt",
+    "warmup_init_lr": 1e-07,
+    "criterion": "label_smoothed_cross_entropy",
+    "label_smoothing": 0.1,
+    "keep_best_checkpoints": 5,
+    "best_checkpoint_metric": "loss",
+    "keep_interval_updates": 1,
+    "no_epoch_checkpoints": True,
+    "log_format": "json",
+    "tensorboard_logdir": "{log_dir}/tensorboard",
+    "seed": 1,
+    # A rank whose peer died waits in all_reduce for gloo's 30 min: fairseq's heartbeat
+    # kills a rank that makes no progress for this long instead.
+    "heartbeat_timeout": 45,
+}
+
+PRESETS: dict[str, dict[str, Value]] = {
+    "tiny": {
+        **COMMON,
+        "arch": "transformer",
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_embed_dim": 64,
+        "decoder_embed_dim": 64,
+        "encoder_ffn_embed_dim": 256,
+        "decoder_ffn_embed_dim": 256,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "dropout": 0.1,
+        "lr": 0.007,
+        "warmup_updates": 100,
+        "max_tokens": 2048,
+        "max_update": 300,
+        "save_interval_updates": 50,
+        "log_interval": 10,
+        "num_workers": 0,
+    },
+    "transformer_wmt_en_de": {
+        **COMMON,
+        "arch": "transformer_wmt_en_de",
+        "dropout": 0.1,
+        "lr": 0.0007,
+        "warmup_updates": 4000,
+        "max_tokens": 4096,
+        "max_update": 100000,
+        "save_interval_updates": 2000,
+        "log_interval": 100,
+        "num_workers": 1,
+    },
+    "transformer_vaswani_wmt_en_de_big": {
+        **COMMON,
+        "arch": "transformer_vaswani_wmt_en_de_big",
+        "dropout": 0.3,
+        "lr": 0.0005,
+        "warmup_updates": 4000,
+        "max_tokens": 3584,
+        "max_update": 300000,
+        "save_interval_updates": 2000,
+        "log_interval": 100,
+        "num_workers": 1,
+    },
+}
+
+# fairseq options a preset does not set but that may be overridden, with their types.
+# (`train.command` sets the launch-related ones itself: data, save_dir, distributed_*,
+# update_freq, fp16/bf16, cpu.)
+EXTRA_OPTIONS: dict[str, type] = {
+    "attention_dropout": float,
+    "activation_dropout": float,
+    "activation_fn": str,
+    "encoder_layers": int,
+    "decoder_layers": int,
+    "encoder_embed_dim": int,
+    "decoder_embed_dim": int,
+    "encoder_ffn_embed_dim": int,
+    "decoder_ffn_embed_dim": int,
+    "encoder_attention_heads": int,
+    "decoder_attention_heads": int,
+    "encoder_normalize_before": bool,
+    "decoder_normalize_before": bool,
+    "share_decoder_input_output_embed": bool,
+    "max_epoch": int,
+    "max_sentences": int,
+    "batch_size": int,
+    "batch_size_valid": int,
+    "max_tokens_valid": int,
+    "max_source_positions": int,
+    "max_target_positions": int,
+    "skip_invalid_size_inputs_valid_test": bool,
+    "patience": int,
+    "validate_interval_updates": int,
+    "validate_after_updates": int,
+    "disable_validation": bool,
+    "no_save": bool,
+    "no_last_checkpoints": bool,
+    "fp16_init_scale": int,
+    "memory_efficient_fp16": bool,
+    "min_lr": float,
+    "stop_min_lr": float,
+    "reset_optimizer": bool,
+    "reset_lr_scheduler": bool,
+    "reset_dataloader": bool,
+    "reset_meters": bool,
+    "restore_file": str,
+    "finetune_from_model": str,
+    "eval_bleu": bool,
+    "num_batch_buckets": int,
+    "required_batch_size_multiple": int,
+    "empty_cache_freq": int,
+    "bucket_cap_mb": int,
+    "ddp_backend": str,
+    "heartbeat_timeout": int,
+    "report_accuracy": bool,
+}
+
+# Option names the launcher owns; overriding them would break the command's consistency.
+RESERVED = {
+    "data",
+    "save_dir",
+    "cpu",
+    "fp16",
+    "bf16",
+    "update_freq",
+    "distributed_world_size",
+    "distributed_rank",
+    "distributed_init_method",
+    "distributed_no_spawn",
+    "distributed_backend",
+    "distributed_port",
+    "device_id",
+}
+
+
+class OverrideError(ValueError):
+    """An override that names no known option, or whose value has the wrong type."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A preset with its overrides applied: `options` holds fairseq option values."""
+
+    name: str
+    options: dict[str, Value] = field(default_factory=dict)
+
+    def with_options(self, **options: Value) -> Preset:
+        return Preset(self.name, {**self.options, **options})
+
+
+def option_type(preset: Mapping[str, Value], key: str) -> type:
+    """The type an override of `key` must have, or OverrideError naming close matches."""
+    if key in RESERVED:
+        raise OverrideError(f"`{key}` is set by the launcher (use its own option), not by --set")
+    if key in preset and preset[key] is not None:
+        value = preset[key]
+        return type(value)
+    if key in EXTRA_OPTIONS:
+        return EXTRA_OPTIONS[key]
+    known = sorted(set(preset) | set(EXTRA_OPTIONS))
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise OverrideError(
+        f"unknown option `{key}`{hint} (known: the preset's options and "
+        f"train.presets.EXTRA_OPTIONS; write names with underscores, e.g. max_update)"
+    )
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_value(key: str, text: str, kind: type) -> Value:
+    """`text` as a value of `kind`, or OverrideError saying what was expected."""
+    try:
+        if kind is bool:
+            low = text.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(text)
+        if kind is int:
+            return int(text.replace("_", ""))
+        if kind is float:
+            return float(text)
+        return text
+    except ValueError:
+        expected = {bool: "true/false", int: "an integer", float: "a number"}.get(kind, kind.__name__)
+        raise OverrideError(f"`{key}={text}`: expected {expected}") from None
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """Split `key=value` (dashes in the key become underscores)."""
+    key, sep, value = text.partition("=")
+    key = key.strip().lstrip("-").replace("-", "_")
+    if not sep or not key:
+        raise OverrideError(f"`{text}`: an override is key=value, e.g. max_update=300000")
+    return key, value.strip()
+
+
+def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:
+    """The preset `name` with `key=value` overrides applied, each type-checked."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.4)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise OverrideError(f"unknown preset `{name}`{hint} (presets: {', '.join(PRESETS)})")
+    options = dict(PRESETS[name])
+    for text in overrides:
+        key, raw = parse_override(text)
+        options[key] = parse_value(key, raw, option_type(PRESETS[name], key))
+    return Preset(name, options)
+
+
+def to_args(options: Mapping[str, Value]) -> list[str]:
+    """fairseq command-line arguments for `options`: flags for True, nothing for False/None."""
+    args: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            args.append(flag)
+        else:
+            args += [flag, str(value)]
+    return args
