@@ -289,6 +289,7 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
 
 STOP = r"""
 pid=$(cat RUN/train.pid 2>/dev/null) || { echo none; exit 0; }
+kill -0 -- -"$pid" 2>/dev/null || { echo none; exit 0; }
 kill -TERM -- -"$pid" 2>/dev/null
 for i in $(seq 1 WAIT); do kill -0 -- -"$pid" 2>/dev/null || { echo stopped; exit 0; }; sleep 0.5; done
 kill -KILL -- -"$pid" 2>/dev/null; sleep 1

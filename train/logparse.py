@@ -17,10 +17,10 @@ update, max update, loss, seconds per update, words per second, ETA.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 _TAGGED = re.compile(
     r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| (?P<level>[A-Z]+) \| (?P<tag>[\w.]+) \| (?P<body>.*)$"

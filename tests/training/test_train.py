@@ -152,7 +152,8 @@ def test_a_busy_rendezvous_port_is_named(data_ready):
     cfg = data_ready.cfg
     holder = subprocess.Popen(
         ["ssh", "-i", str(cfg.key), "-o", f"UserKnownHostsFile={cfg.known_hosts}", f"root@{cfg.host_ip('v100a')}",
-         "python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", 29500)); s.listen(); time.sleep(60)'"])
+         "python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", 29500)); s.listen(); "
+         "time.sleep(60)'"])
     try:
         time.sleep(2)
         proc = fab(data_ready, "train", "--new", check=False)
@@ -165,7 +166,8 @@ def test_a_busy_rendezvous_port_is_named(data_ready):
 
 def test_mismatched_versions_are_named_before_launch(data_ready):
     cfg = data_ready.cfg
-    version_file = "$(/opt/tandem/venv/bin/python -c 'import fairseq,os; print(os.path.dirname(fairseq.__file__))')/version.txt"
+    package = "$(/opt/tandem/venv/bin/python -c 'import fairseq,os; print(os.path.dirname(fairseq.__file__))')"
+    version_file = f"{package}/version.txt"
     original = ssh(cfg, "v100b", f"cat {version_file}").stdout.strip()
     ssh(cfg, "v100b", f"echo 0.12.0 > {version_file}")
     try:
