@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from labtools import lab_cli
+from labtools import Provisioned, lab_cli
 
 from lab.config import LabConfig
 
@@ -34,3 +34,14 @@ def lab():
     finally:
         if os.environ.get("TANDEM_KEEP_LAB") != "1":
             lab_cli("down", prefix=prefix, check=False)
+
+
+@pytest.fixture(scope="session")
+def provisioned(lab, tmp_path_factory) -> Provisioned:
+    """The lab after one full provision.yml run (which must succeed), shared by the session.
+    TANDEM_ASSUME_PROVISIONED=1 skips the run on a lab you provisioned yourself."""
+    p = Provisioned(cfg=lab, inventory=lab.default_inventory, reports=tmp_path_factory.mktemp("provision"))
+    if os.environ.get("TANDEM_ASSUME_PROVISIONED") != "1":
+        p.first = p.playbook()
+        assert p.first.rc == 0, p.first.output[-6000:]
+    return p

@@ -9,7 +9,6 @@ each host's command; this module only moves it, and files, between machines.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -120,12 +119,15 @@ except OSError as err:
     out["port_free"] = False; out["port_error"] = str(err)
 finally:
     s.close()
-pid = 0
-try:
-    pid = int(open(os.path.join(RUN, "train.pid")).read())
-    os.kill(pid, 0); out["running"] = pid
-except Exception:
-    out["running"] = None
+out["running"] = None
+for entry in os.listdir("/proc"):
+    try:
+        args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if b"--save-dir" in args and args[args.index(b"--save-dir") + 1] == (RUN + "/checkpoints").encode():
+        out["running"] = int(entry)
+        break
 print(json.dumps(out))
 """
 
@@ -191,8 +193,10 @@ def on_each(hosts: list[Host], work) -> dict[str, object]:
         except Exception as err:  # reported per host by the caller
             return err
 
+    if not hosts:
+        return {}
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=False))
+        return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))
 
 
 def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
@@ -266,15 +270,16 @@ class HostState:
     error: str | None = None
 
 
+# Every process of a run names its save dir on its command line: torchrun, and the workers
+# it starts in sessions of their own (so a process group kill would miss them).
 STATE = r"""
-pid=$(cat RUN/train.pid 2>/dev/null)
-if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo running; else echo stopped; fi
+if pgrep -f -- "--save-dir RUN/checkpoint[s]" >/dev/null; then echo running; else echo stopped; fi
 tail -n 400 RUN/train.log 2>/dev/null
 """
 
 
 def states(run: Run, hosts: list[Host]) -> list[HostState]:
-    results = run_all(hosts, STATE.replace("RUN", shlex.quote(run.remote_dir)))
+    results = run_all(hosts, STATE.replace("RUN", run.remote_dir))
     out = []
     for host in hosts:
         result = results[host.name]
@@ -288,12 +293,12 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
 
 
 STOP = r"""
-pid=$(cat RUN/train.pid 2>/dev/null) || { echo none; exit 0; }
-kill -0 -- -"$pid" 2>/dev/null || { echo none; exit 0; }
-kill -TERM -- -"$pid" 2>/dev/null
-for i in $(seq 1 WAIT); do kill -0 -- -"$pid" 2>/dev/null || { echo stopped; exit 0; }; sleep 0.5; done
-kill -KILL -- -"$pid" 2>/dev/null; sleep 1
-kill -0 -- -"$pid" 2>/dev/null && { echo alive; exit 1; }
+pattern="--save-dir RUN/checkpoint[s]"  # [s]: never matches this script's own shell
+pgrep -f -- "$pattern" >/dev/null || { echo none; exit 0; }
+pkill -TERM -f -- "$pattern"
+for i in $(seq 1 WAIT); do pgrep -f -- "$pattern" >/dev/null || { echo stopped; exit 0; }; sleep 0.5; done
+pkill -KILL -f -- "$pattern"; sleep 1
+pgrep -f -- "$pattern" >/dev/null && { echo alive; exit 1; }
 echo killed
 """
 
@@ -301,7 +306,7 @@ echo killed
 def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
     """Stop every rank on every host (the whole process group torchrun leads); confirm none is left.
     Returns {host: stopped|killed|none}; raises naming the hosts that could not be reached or stopped."""
-    script = STOP.replace("RUN", shlex.quote(run.remote_dir)).replace("WAIT", str(int(wait_s * 2)))
+    script = STOP.replace("RUN", run.remote_dir).replace("WAIT", str(int(wait_s * 2)))
     results = run_all(hosts, script)
     outcome, problems = {}, []
     for host in hosts:
