@@ -173,8 +173,18 @@ def training_command(preset: Preset, launch: Launch) -> str:
     return (
         f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)} && cd {shlex.quote(launch.log_dir)} && "
         f"{{ {env} setsid nohup {shlex.join(foreground_command(preset, launch))} "
-        f">> {shlex.quote(launch.log_path)} 2>&1 < /dev/null & echo $! > {shlex.quote(launch.pid_file)}; }}"
+        f">> {shlex.quote(launch.log_path)} 2>&1 < /dev/null & echo $! > {shlex.quote(launch.pid_file)}; }} && "
+        f"{{ setsid nohup {shlex.join(monitor_command(launch))} >> {shlex.quote(launch.log_dir + '/monitor.log')} "
+        f"2>&1 < /dev/null & }}"
     )
+
+
+def monitor_command(launch: Launch) -> list[str]:
+    """The sampler beside the training (train/monitor.py): NIC, CPU, memory, GPUs to
+    samples.jsonl every 2 s; it ends by itself when the run's processes are gone."""
+    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.monitor",
+            "--out", f"{launch.log_dir}/samples.jsonl", "--nic", launch.nic or "eth0",
+            "--watch", launch.save_dir]
 
 
 def launches(

@@ -1,0 +1,105 @@
+"""The sampler that runs on every host beside the training (started and ended with it).
+
+    python -m train.monitor --out RUN/samples.jsonl --nic eth0 --watch RUN/checkpoints
+
+Every `--interval` seconds it appends one JSON line: the cluster NIC's sent and received
+bytes per second, CPU, memory, and per GPU its utilization and memory (NVML). Hosts
+without an NVIDIA GPU report `"gpus": null` (absent), never zeros. It exits by itself once
+no process of the run (found by the `--save-dir` on its command line) is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+
+def gpu_reader():
+    """A function returning per-GPU samples, or None when there is no NVML/GPU here."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no driver, no library, no device: absent, not zero
+        return None
+    if not handles:
+        return None
+
+    def read() -> list[dict]:
+        out = []
+        for index, handle in enumerate(handles):
+            util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            out.append({"index": index, "util_percent": float(util.gpu),
+                        "mem_used_mb": mem.used / 2**20, "mem_total_mb": mem.total / 2**20})
+        return out
+
+    return read
+
+
+def run_alive(save_dir: str) -> bool:
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info.get("cmdline") or []
+        if "--save-dir" in args and args.index("--save-dir") + 1 < len(args) \
+                and args[args.index("--save-dir") + 1] == save_dir:
+            return True
+    return False
+
+
+def sample(nic: str, previous: tuple[float, int, int] | None, gpus) -> tuple[dict, tuple[float, int, int]]:
+    now = time.time()
+    counters = psutil.net_io_counters(pernic=True).get(nic)
+    sent, recv = (counters.bytes_sent, counters.bytes_recv) if counters else (0, 0)
+    record = {"t": round(now, 3), "host": socket.gethostname(), "nic": nic}
+    if previous is not None and counters:
+        dt = max(now - previous[0], 1e-6)
+        record["tx_Bps"] = (sent - previous[1]) / dt
+        record["rx_Bps"] = (recv - previous[2]) / dt
+    else:
+        record["tx_Bps"] = record["rx_Bps"] = None
+    memory = psutil.virtual_memory()
+    record["cpu_percent"] = psutil.cpu_percent(interval=None)
+    record["mem_used_mb"] = (memory.total - memory.available) / 2**20
+    record["mem_total_mb"] = memory.total / 2**20
+    record["gpus"] = gpus() if gpus else None
+    return record, (now, sent, recv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--nic", default=os.environ.get("TANDEM_CLUSTER_NIC", "eth0"))
+    parser.add_argument("--watch", required=True, metavar="SAVE_DIR",
+                        help="the run's save dir: stop when no process with --save-dir SAVE_DIR is left")
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--start-grace", type=float, default=60.0,
+                        help="seconds to wait for the training to appear before giving up")
+    args = parser.parse_args(argv)
+    gpus = gpu_reader()
+    psutil.cpu_percent(interval=None)  # the first reading is meaningless: prime it
+    started, seen = time.monotonic(), False
+    previous = None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "a", encoding="utf-8") as out:
+        while True:
+            alive = run_alive(args.watch)
+            seen = seen or alive
+            if not alive and (seen or time.monotonic() - started > args.start_grace):
+                return 0
+            record, previous = sample(args.nic, previous, gpus)
+            if record["tx_Bps"] is not None:
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+            time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
