@@ -24,6 +24,16 @@ STEPS = [
      ["ansible", "-i", "inventory/lab.yml", "cluster", "-m", "ansible.builtin.ping"]),
     ("Fabric resolves the same hosts through the inventory and asks them in parallel",
      ["fab", "info"]),
+    ("Provision: packages, /etc/hosts, the data volume, NIC speed and iperf3, the training "
+     "environment from the lab's wheelhouse, then the verification table",
+     ["ansible-playbook", "-i", "inventory/lab.yml", "provision.yml"]),
+    ("Prepare the data: a synthetic en-de corpus, joint sentencepiece, fairseq-preprocess, "
+     "copied to /data on both hosts and checked",
+     ["fab", "prepare-data"]),
+    ("Train the tiny Transformer on both hosts at once (torchrun, gloo on CPU), with a progress bar",
+     ["fab", "train", "--new"]),
+    ("Score it: translate the test set with the best checkpoint, SacreBLEU",
+     ["fab", "evaluate"]),
 ]
 
 

@@ -1,0 +1,56 @@
+"""Bringing a run's files from every host to the controller, for the report.
+
+reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl, checkpoints.txt (rank 0's
+checkpoint directory: `name size_bytes` per line), corpus.json (the dataset's figures) and
+bench/*.json (the latest benchmark results on this controller).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .cluster import Host
+from .launch import REPORTS, Run, on_each
+
+
+def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
+    """Fetch every host's files at once; returns {host: problem} for what could not be fetched."""
+    local = run.local_dir
+    for sub in ("logs", "samples"):
+        (local / sub).mkdir(parents=True, exist_ok=True)
+
+    def fetch(host: Host, conn) -> str | None:
+        missing = []
+        for remote, dest in ((f"{run.remote_dir}/train.log", local / "logs" / f"{host.name}.log"),
+                             (f"{run.remote_dir}/samples.jsonl", local / "samples" / f"{host.name}.jsonl")):
+            if conn.run(f"test -e {remote}", warn=True, hide=True, in_stream=False).ok:
+                conn.get(remote, str(dest))
+            else:
+                missing.append(remote)
+        if host.name == run.hosts[0]:
+            listing = conn.run(f"find {run.remote_dir}/checkpoints -maxdepth 1 -type f -printf '%f %s\\n' | sort",
+                               warn=True, hide=True, in_stream=False)
+            (local / "checkpoints.txt").write_text(listing.stdout)
+            corpus = f"{run.data_dir}/corpus.json"
+            if conn.run(f"test -e {corpus}", warn=True, hide=True, in_stream=False).ok:
+                conn.get(corpus, str(local / "corpus.json"))
+        return f"missing {', '.join(missing)}" if missing else None
+
+    results = on_each([h for h in hosts if h.name in run.hosts], fetch)
+    bench = REPORTS / "bench"
+    if bench.is_dir():
+        (local / "bench").mkdir(exist_ok=True)
+        for path in bench.glob("*.json"):
+            shutil.copy2(path, local / "bench" / path.name)
+    return {name: str(result) for name, result in results.items() if result is not None}
+
+
+def sizes(path: Path) -> dict[str, int]:
+    """checkpoints.txt → {file name: bytes}."""
+    out = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        name, _, size = line.rpartition(" ")
+        if name and size.isdigit():
+            out[name] = int(size)
+    return out
