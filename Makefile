@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 export TANDEM_CACHE ?= $(HOME)/.cache/tandem
 PY := .venv/bin/python
+# The virtualenv's tools (ansible, fab) first, as for a user who activated it.
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 HOSTS ?= 2
 SUBNET ?= 10.77.0.0/24
 RATE ?= none
