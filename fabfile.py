@@ -102,10 +102,11 @@ def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq,
     "port": "rendezvous port on the first host (default 29500)",
     "dry_run": "print every host's command and check them, start nothing",
     "detach": "start and return without following",
+    "accept_slow_network": "start even when the network would take most of each step (see fab predict)",
 })
 @cluster_task
 def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=1,
-          precision="fp32", port=29500, dry_run=False, detach=False):
+          precision="fp32", port=29500, dry_run=False, detach=False, accept_slow_network=False):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume."""
     the_run, resuming = _pick_run(hosts, run, new, preset, set, dataset, port, update_freq, precision)
     commands = launch.host_commands(the_run, hosts)
@@ -118,6 +119,7 @@ def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
+    _network_check(the_run, hosts, accept_slow_network)
     if resuming:
         copy = launch.share_checkpoint(the_run, hosts)
         if copy is not None:
@@ -129,6 +131,27 @@ def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=
                   f"({the_run.preset}; logs {the_run.remote_dir}/train.log on each)")
     if not detach:
         _summarize(follow(the_run, hosts))
+
+
+def _network_check(the_run, hosts, accept):
+    """The cost model on the measured link (benchmarks/predict.py): refuse a network-bound run unless accepted."""
+    from benchmarks import predict as bench_predict
+
+    try:
+        with console.status("measuring the link (iperf3) and predicting the step time"):
+            verdict = bench_predict.for_run(the_run, hosts)
+    except ClusterError as err:
+        console.print(f"[yellow]network check skipped:[/] {err}")
+        return
+    if verdict is None:
+        return
+    text = "\n  ".join(verdict.lines)
+    if verdict.network_bound and not accept:
+        raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}\n"
+                           "fix the link, or pass --accept-slow-network to train anyway")
+    console.print("[yellow]network-bound, accepted (--accept-slow-network):[/]" if verdict.network_bound
+                  else "[green]✓[/] network check:")
+    console.print("  " + text, markup=False)
 
 
 def _summarize(states):
@@ -212,3 +235,115 @@ def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     the_run.local_dir.mkdir(parents=True, exist_ok=True)
     (the_run.local_dir / "bleu.json").write_text(result.stdout)
     console.print(f"[bold]SacreBLEU {bleu:.2f}[/] ({the_run.run_id}, {checkpoint}, {the_run.dataset} test set)")
+
+
+# ---- benchmarks (benchmarks/*.py; issue 5) ----
+
+
+def _say(message):
+    console.print(message, markup=False)  # "[none]", "[10mbit]" are not rich markup
+
+
+@task(help={
+    "min_size": "smallest all_reduce buffer (default 1M)",
+    "max_size": "largest buffer, powers of two in between (default 1G on GPU hosts, 256M on CPU hosts)",
+    "iters": "iterations per size (fewer for slow sizes, see budget_s; default 5)",
+    "budget_s": "seconds each size may take (default 20)",
+    "iperf_seconds": "seconds iperf3 measures each ordered pair (default 3)",
+    "threshold": "fail (exit 1) when busbw / link at 256 MB and above is below this fraction, e.g. 0.85",
+    "port": "the all_reduce's rendezvous port on the first host (default 29501)",
+})
+@cluster_task
+def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iperf_seconds=3, threshold=None,
+              port=29501):
+    """iperf3 between every pair of hosts, then an all_reduce sweep: nccl-tests table + busbw / link."""
+    from benchmarks import net
+
+    report = net.bench_net(hosts, min_size=min_size, max_size=max_size, iters=int(iters), budget_s=float(budget_s),
+                           iperf_seconds=float(iperf_seconds), port=int(port),
+                           threshold=float(threshold) if threshold is not None else None, say=_say)
+    console.print(f"JSON {report['path']}")
+    if not report["ok"]:
+        raise ClusterError("below the threshold:\n  " + "\n  ".join(report["problems"]))
+
+
+@task(help={
+    "rates": "tc rates to cap the cluster link at, comma-separated (default 10mbit,100mbit,1gbit,none)",
+    "preset": "the model (default tiny)",
+    "set": "fairseq option overrides, comma-separated, e.g. encoder_embed_dim=256",
+    "dataset": "dataset on /data/tandem/datasets (default synthetic)",
+    "updates": "updates measured per rate and cycle (default 8)",
+    "cycles": "times the rates are gone through, interleaved in one run (default 2)",
+    "skip": "updates after each cap change left out, to settle (default 1)",
+    "port": "rendezvous port (default 29500)",
+})
+@cluster_task
+def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
+               updates=8, cycles=2, skip=1, port=29500):
+    """Train on all hosts while capping the link at each rate (tc): s/update, wps, bytes sent; table + plot."""
+    from benchmarks import step
+
+    try:
+        rate_list = step.parse_rates(rates)
+    except ValueError as err:
+        raise ClusterError(str(err)) from err
+    report = step.bench_step(hosts, rate_list, preset=preset, overrides=[o for o in (set or "").split(",") if o],
+                             dataset=dataset, updates=int(updates), cycles=int(cycles), skip=int(skip), port=int(port),
+                             say=_say)
+    console.print(f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB "
+                  f"of fp32 gradients), {report['ranks']} ranks; compute-only {report['compute_s']:.3f} s/update")
+    console.print(step.table(report["points"]), markup=False)
+    console.print(f"JSON {report['path']}\nplot {report['plot']}")
+
+
+@task(help={
+    "preset": "the model (default tiny)",
+    "set": "fairseq option overrides, comma-separated",
+    "dataset": "dataset whose dictionary sizes the embeddings (default synthetic)",
+    "link": "measure (iperf3 now), bench (latest fab bench-net) or Mbit/s (default measure)",
+    "compute_s": "compute-only s/update (default: the latest fab bench-step of the same model)",
+    "precision": "fp32, fp16 or bf16 (bytes per gradient element)",
+    "update_freq": "gradient accumulation K",
+    "max_update": "updates of the whole run (default: the preset's)",
+    "overlap": "fraction of compute the all-reduce hides behind (0 for legacy_ddp on CPU; <= 0.6 c10d)",
+    "json": "print the figures as JSON",
+})
+@cluster_task
+def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
+            precision="fp32", update_freq=1, max_update=None, overlap=0.0, json=False):
+    """Predict s/update, the run's hours, network-bound or not, the update-freq for 90% (exit 3 if network-bound)."""
+    import json as json_module
+
+    from benchmarks import predict as bench_predict
+
+    verdict = bench_predict.predict_for(
+        hosts, preset, [o for o in (set or "").split(",") if o], dataset, str(link),
+        compute_s=float(compute_s) if compute_s is not None else None, precision=precision,
+        update_freq=int(update_freq), max_update=int(max_update) if max_update else None, overlap=float(overlap))
+    if json:
+        print(json_module.dumps(verdict.as_dict(), indent=1, default=str))
+    else:
+        console.print("\n".join(verdict.lines), markup=False)
+    if verdict.network_bound:
+        sys.exit(3)
+
+
+@task(help={"run": "run id (default: the latest)",
+            "link_mbps": "the link's speed when no bench-net result exists (default: the inventory's)"})
+@cluster_task
+def report(c, hosts, run=None, link_mbps=None):
+    """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
+    from train import collect
+    from train import report as report_page
+
+    the_run = launch.Run.load(run)
+    with console.status(f"collecting {the_run.run_id} from {', '.join(the_run.hosts)}"):
+        problems = collect.collect(the_run, hosts)
+    for name, problem in problems.items():
+        console.print(f"[yellow]{name}: {problem}[/]")
+    expected = link_mbps or hosts[0].vars.get("network_expected_mbps")
+    with console.status("plots and answers"):
+        page = report_page.build_report(the_run.local_dir, float(expected) if expected else None)
+    for line in report_page.summary(the_run.local_dir, float(expected) if expected else None):
+        console.print(line)
+    console.print(f"[bold]report:[/] {page}")

@@ -1,14 +1,13 @@
 """Bringing a run's files from every host to the controller, for the report.
 
 reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl, checkpoints.txt (rank 0's
-checkpoint directory: `name size_bytes` per line), corpus.json (the dataset's figures) and
+checkpoint directory, `ls -l --time-style=+%s`), corpus.json (the dataset's figures) and
 bench/*.json (the latest benchmark results on this controller).
 """
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 from .cluster import Host
 from .launch import REPORTS, Run, on_each
@@ -29,7 +28,7 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
             else:
                 missing.append(remote)
         if host.name == run.hosts[0]:
-            listing = conn.run(f"find {run.remote_dir}/checkpoints -maxdepth 1 -type f -printf '%f %s\\n' | sort",
+            listing = conn.run(f"ls -l --time-style=+%s {run.remote_dir}/checkpoints",
                                warn=True, hide=True, in_stream=False)
             (local / "checkpoints.txt").write_text(listing.stdout)
             corpus = f"{run.data_dir}/corpus.json"
@@ -45,12 +44,3 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
             shutil.copy2(path, local / "bench" / path.name)
     return {name: str(result) for name, result in results.items() if result is not None}
 
-
-def sizes(path: Path) -> dict[str, int]:
-    """checkpoints.txt → {file name: bytes}."""
-    out = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        name, _, size = line.rpartition(" ")
-        if name and size.isdigit():
-            out[name] = int(size)
-    return out

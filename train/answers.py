@@ -1,0 +1,635 @@
+"""The training report's analysis: collected run files in, numbers and answers out (no plotting).
+
+`load(run_dir)` reads what `fab report` collected under `reports/<run_id>/`:
+
+    run.json                the run (run_id, hosts, preset, overrides, ...); rank 0 = hosts[0]
+    logs/<host>.log         each host's fairseq log (rank 0's has the statistics lines)
+    samples/<host>.jsonl    the sampler's lines: {"t", "host", "nic", "tx_Bps", "rx_Bps",
+                            "cpu_percent", "mem_used_mb", "mem_total_mb", "gpus": null | [...]}
+    bench/*.json            optional: bench-net ({"link_mbps": ...}) and bench-step results
+    bleu.json               optional: sacrebleu's JSON ({"score": ...})
+    checkpoints.txt         optional: `ls -l --time-style=+%s <save_dir>` on rank 0
+    corpus.json             optional: {"train_lines", "train_mb", "vocab_size"}
+
+`analyze(data, link_mbps)` answers the users' questions, each an `Answer` with a one-line
+verdict and the numbers behind it. Definitions used throughout:
+
+- step time of a logged interval = 1 / `ups` of its `train_inner` line: the interval's wall
+  time over its updates, as fairseq measured it (validation and checkpoint saves inside the
+  interval included). The average step time is the plain mean of those values over every
+  `train_inner` line of rank 0's log (all restarts included).
+- NIC throughput of a host = max(tx, rx) of a sample, in Mbit/s (a full-duplex link carries
+  its rate each way). "While training" = samples inside a logged interval (its end time
+  minus its updates / ups, to its end time).
+- Log times (`YYYY-mm-dd HH:MM:SS`, the host's local time, no zone) are read as the
+  controller's local time; if that puts the log and the samples apart, they are shifted by
+  the whole quarter-hours that line them up (a host in another time zone).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from train import presets
+from train.logparse import Log, Record, format_eta, parse_log, seconds_per_update
+
+NETWORK_BOUND_SHARE = 0.70  # mean NIC throughput while training ≥ this share of the link: network-bound
+GPU_FULL_PERCENT = 90.0  # mean utilization at or above this: fully used
+PLATEAU_FRACTION = 0.01  # a loss change smaller than 1 % over the last part: not improving
+
+_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
+_START = re.compile(r"\| fairseq_cli\.train \| \{'_name'")
+_PARAMS = re.compile(r"num\. shared model params: ([\d,]+)")
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass
+class Checkpoint:
+    name: str
+    size: int  # bytes
+    mtime: int | None = None  # unix seconds
+
+
+@dataclass
+class RunData:
+    """Everything collected for one run, parsed."""
+
+    run_dir: Path
+    run: dict
+    hosts: list[str]
+    options: dict  # the resolved fairseq options (train.presets)
+    log: Log  # rank 0's
+    logs: dict[str, Log]
+    log_times: list[float]  # unix times of rank 0's timestamped lines
+    starts: list[float]  # unix times at which fairseq (re)started, from rank 0's log
+    params: int | None
+    samples: dict[str, list[dict]]
+    bench: list[dict]
+    bleu: dict | None
+    checkpoints: list[Checkpoint] | None
+    corpus: dict | None
+    tails: dict[str, str] = field(default_factory=dict)  # each host's last log line
+    time_shift_s: float = 0.0  # added to log times to line them up with the samples
+
+    @property
+    def rank0(self) -> str | None:
+        return self.hosts[0] if self.hosts else None
+
+    def when(self, record: Record) -> float:
+        return log_time(record.time) + self.time_shift_s
+
+
+def log_time(text: str) -> float:
+    """A log timestamp as unix seconds (the controller's local time zone)."""
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def parse_checkpoints(text: str) -> list[Checkpoint]:
+    """`ls -l --time-style=+%s` lines → checkpoints (files only; `total` and dirs skipped).
+
+        -rw-r--r-- 1 root root 3662769 1795335330 checkpoint_best.pt
+    """
+    out = []
+    for line in text.splitlines():
+        fields = line.split(None, 6)
+        if len(fields) < 7 or not fields[0].startswith("-"):
+            continue
+        try:
+            size, mtime = int(fields[4]), int(fields[5])
+        except ValueError:
+            continue
+        out.append(Checkpoint(fields[6].strip(), size, mtime))
+    return out
+
+
+def read_samples(path: Path) -> list[dict]:
+    """The sampler's JSON lines, sorted by time; bad lines (a sampler killed mid-write) skipped."""
+    samples = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            sample = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(sample, dict) and isinstance(sample.get("t"), int | float):
+            samples.append(sample)
+    return sorted(samples, key=lambda s: s["t"])
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def resolve_options(run: dict) -> dict:
+    try:
+        return dict(presets.resolve(run.get("preset", ""), run.get("overrides") or []).options)
+    except presets.OverrideError:
+        return {}
+
+
+def load(run_dir: Path) -> RunData:
+    """Read a collected run directory (see the module docstring for its files)."""
+    run_dir = Path(run_dir)
+    run = _json(run_dir / "run.json") or {}
+    log_files = sorted((run_dir / "logs").glob("*.log"))
+    hosts = list(run.get("hosts") or [p.stem for p in log_files])
+    logs: dict[str, Log] = {}
+    texts: dict[str, list[str]] = {}
+    for path in log_files:
+        texts[path.stem] = path.read_text(errors="replace").splitlines()
+        logs[path.stem] = parse_log(texts[path.stem])
+    rank0 = hosts[0] if hosts else None
+    lines = texts.get(rank0, []) if rank0 else []
+    log_times, starts, params = [], [], None
+    for line in lines:
+        if match := _TIME.match(line):
+            log_times.append(log_time(match.group(1)))
+            if _START.search(line):
+                starts.append(log_times[-1])
+        if params is None and (m := _PARAMS.search(line)):
+            params = int(m.group(1).replace(",", ""))
+    samples = {}
+    for path in sorted((run_dir / "samples").glob("*.jsonl")):
+        samples[path.stem] = read_samples(path)
+    bench = [b for p in sorted((run_dir / "bench").glob("*.json")) if (b := _json(p)) is not None]
+    ckpt = run_dir / "checkpoints.txt"
+    options = resolve_options(run)
+    log = logs.get(rank0) if rank0 else None
+    data = RunData(
+        run_dir=run_dir, run=run, hosts=hosts, options=options, log=log or Log(), logs=logs,
+        log_times=log_times, starts=starts, params=params, samples=samples, bench=bench,
+        bleu=_json(run_dir / "bleu.json"),
+        checkpoints=parse_checkpoints(ckpt.read_text()) if ckpt.exists() else None,
+        corpus=_json(run_dir / "corpus.json"),
+        tails={h: next((x for x in reversed(t) if x.strip()), "") for h, t in texts.items()},
+    )
+    data.time_shift_s = time_shift(data)
+    return data
+
+
+def time_shift(data: RunData) -> float:
+    """0 when the log and the samples overlap; else the quarter-hours that make them overlap."""
+    times = [s["t"] for ss in data.samples.values() for s in ss]
+    if not times or not data.log_times:
+        return 0.0
+    lo, hi = min(data.log_times), max(data.log_times)
+    if lo <= max(times) and min(times) <= hi:
+        return 0.0
+    shift = round((min(times) - lo) / 900) * 900
+    if lo + shift <= max(times) and min(times) <= hi + shift:
+        return float(shift)
+    return 0.0
+
+
+# ---------------------------------------------------------------- series
+
+
+@dataclass
+class Interval:
+    """One `train_inner` line: updates (first, last], seconds per update, its time span."""
+
+    update: int
+    updates: int
+    step_s: float
+    start: float
+    end: float
+    wps: float | None
+    loss: float | None
+    lr: float | None
+
+
+def intervals(data: RunData) -> list[Interval]:
+    """Rank 0's `train_inner` lines as intervals. An interval covers the updates since the
+    previous line, or since the checkpoint fairseq loaded when it (re)started in between."""
+    out: list[Interval] = []
+    starts = [s + data.time_shift_s for s in data.starts]
+    for r in data.log.of("train_inner"):
+        ups, update = r.get("ups"), r.update
+        if not ups or update is None:
+            continue
+        end = data.when(r)
+        prev = out[-1] if out else None
+        restarted = prev is None or update <= prev.update or any(prev.end < s <= end for s in starts)
+        if restarted:
+            loaded = [u for u in data.log.resumed_from if u < update]
+            base = loaded[-1] if loaded and prev is not None else (loaded[0] if loaded else 0)
+        else:
+            base = prev.update
+        n = max(update - base, 1)
+        step = 1.0 / ups
+        out.append(Interval(update, n, step, end - n * step, end, r.get("wps"), r.get("loss"), r.get("lr")))
+    return out
+
+
+def nic_mbps(sample: dict) -> float:
+    """A sample's NIC throughput: the busier direction, Mbit/s."""
+    return max(float(sample.get("tx_Bps") or 0), float(sample.get("rx_Bps") or 0)) * 8 / 1e6
+
+
+def during(samples: list[dict], spans: list[Interval]) -> list[dict]:
+    return [s for s in samples if any(iv.start <= s["t"] <= iv.end for iv in spans)]
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of ys over xs (None with fewer than two distinct xs)."""
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+def pearson(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 3:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def last_part(points: list[tuple[int, float]], fraction: float = 1 / 3, at_least: int = 3) -> list[tuple[int, float]]:
+    """The points in the last `fraction` of the updates they span, at least `at_least` of them."""
+    if not points:
+        return []
+    first, last = points[0][0], points[-1][0]
+    cut = last - (last - first) * fraction
+    part = [p for p in points if p[0] >= cut]
+    return part if len(part) >= at_least else points[-at_least:]
+
+
+def link(data: RunData, expected_mbps: float | None) -> tuple[float | None, str]:
+    """The link rate to compare with: the latest bench-net measurement, else the inventory's."""
+    measured = [b for b in data.bench if isinstance(b.get("link_mbps"), int | float) and b["link_mbps"] > 0]
+    if measured:
+        best = max(measured, key=lambda b: str(b.get("timestamp", "")))
+        return float(best["link_mbps"]), f"measured by bench-net (iperf3) {best.get('timestamp', '')}".strip()
+    if expected_mbps:
+        return float(expected_mbps), "the inventory's expected NIC speed (not measured)"
+    return None, "unknown (no bench-net result, no expected speed)"
+
+
+# ---------------------------------------------------------------- answers
+
+
+@dataclass
+class Answer:
+    key: str
+    question: str
+    answer: str  # the verdict, one or two sentences, with its numbers
+    numbers: dict = field(default_factory=dict)
+    verdict: str | None = None  # a short machine-readable verdict where there is one
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _lr(x: float | None) -> str:
+    return "?" if x is None else f"{x:.3g}"
+
+
+def answer_duration(data: RunData) -> Answer:
+    log, opts = data.log, data.options
+    updates = [r.update for r in log.records if r.update is not None]
+    update = max(updates) if updates else (log.resumed_from[-1] if log.resumed_from else 0)
+    max_update = opts.get("max_update") or log.max_update
+    elapsed = (max(data.log_times) - min(data.log_times)) if data.log_times else None
+    # time fairseq was running: each start to the last line before the next start
+    running = None
+    if data.log_times and data.starts:
+        bounds = sorted(data.starts) + [math.inf]
+        running = 0.0
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            inside = [t for t in data.log_times if a <= t < b]
+            running += max(inside) - a if inside else 0.0
+    recent = seconds_per_update(log.records)
+    eta = max(int(max_update) - update, 0) * recent if max_update and recent else None
+    numbers = {"elapsed_s": elapsed, "running_s": running, "restarts": max(len(data.starts) - 1, 0),
+               "update": update, "max_update": max_update, "recent_s_per_update": recent,
+               "eta_s": eta, "finished": log.finished}
+    if elapsed is None:
+        text = f"no log collected from {data.rank0 or 'rank 0'}"
+    else:
+        text = f"{format_eta(elapsed)} from the first to the last line of {data.rank0}'s log"
+    if running is not None and numbers["restarts"]:
+        text += f" ({format_eta(running)} running, {numbers['restarts']} restart(s))"
+    text += f"; {update} of {max_update or '?'} updates"
+    verdict = "finished" if log.finished else ("reached" if max_update and update >= int(max_update) else
+                                               "not finished")
+    if max_update and update >= int(max_update):
+        text += " — max_update reached."
+    elif eta is not None:
+        text += (f"; {format_eta(eta)} more to max_update at the recent {recent:.3f} s/update "
+                 f"(last ≤10 logged intervals){' — the run stopped early' if not log.finished else ''}.")
+    else:
+        text += "; no step time logged, no ETA."
+    if log.finished and max_update and update < int(max_update):
+        text += " (fairseq finished before max_update.)"
+    return Answer("duration", "How long did the run take, and how long to max_update?", text, numbers, verdict)
+
+
+def answer_step_time(data: RunData, ivs: list[Interval]) -> Answer:
+    steps = [iv.step_s for iv in ivs]
+    avg = mean(steps)
+    numbers = {"mean_s_per_update": avg, "intervals": len(steps),
+               "min_s": min(steps) if steps else None, "max_s": max(steps) if steps else None,
+               "median_s": sorted(steps)[len(steps) // 2] if steps else None}
+    if avg is None:
+        return Answer("step_time", "What is the average step time?", "no train_inner lines logged.", numbers)
+    text = (f"{avg:.3f} s/update: the mean of 1/ups over the {len(steps)} logged intervals "
+            f"(min {numbers['min_s']:.3f}, median {numbers['median_s']:.3f}, max {numbers['max_s']:.3f}); "
+            f"each interval's wall time over its updates, validation and saves inside it included.")
+    return Answer("step_time", "What is the average step time?", text, numbers)
+
+
+def loss_points(data: RunData, kind: str) -> list[tuple[int, float]]:
+    return [(r.update, loss) for r in data.log.of(kind)
+            if r.update is not None and (loss := r.get("loss")) is not None]
+
+
+def answer_improving(data: RunData) -> Answer:
+    valid = loss_points(data, "valid")
+    q = "Is the model still improving?"
+    if len(valid) < 2:
+        return Answer("improving", q, f"cannot tell: {len(valid)} validation point(s).", {"points": len(valid)},
+                      "unknown")
+    part = last_part(valid)
+    s = slope([p[0] for p in part], [p[1] for p in part])
+    span = part[-1][0] - part[0][0]
+    change = (s or 0) * span
+    level = abs(mean([p[1] for p in part]) or 1.0)
+    if s is None:
+        verdict = "unknown"
+    elif change <= -PLATEAU_FRACTION * level:
+        verdict = "improving"
+    elif change >= PLATEAU_FRACTION * level:
+        verdict = "worse"
+    else:
+        verdict = "plateau"
+    per_k = (s or 0) * 1000
+    words = {"improving": "yes", "worse": "no — the validation loss is rising",
+             "plateau": "barely — the validation loss is flat", "unknown": "cannot tell"}[verdict]
+    text = (f"{words}: validation loss slope {per_k:+.3f} per 1000 updates over updates "
+            f"{part[0][0]}–{part[-1][0]} ({len(part)} points; {change:+.3f} in that span), "
+            f"last {part[-1][1]:.3f}, best {min(p[1] for p in valid):.3f}.")
+    return Answer("improving", q, text, {"slope_per_1000": per_k, "from_update": part[0][0],
+                                         "to_update": part[-1][0], "points": len(part), "last_valid_loss": part[-1][1],
+                                         "best_valid_loss": min(p[1] for p in valid)}, verdict)
+
+
+def gaps(data: RunData) -> list[tuple[int, float, float, float]]:
+    """(update, train loss, valid loss, valid − train) at each validation with a train loss before it."""
+    train = loss_points(data, "train_inner")
+    out = []
+    for u, v in loss_points(data, "valid"):
+        before = [t for t in train if t[0] <= u]
+        if before:
+            out.append((u, before[-1][1], v, v - before[-1][1]))
+    return out
+
+
+def answer_overfit(data: RunData) -> Answer:
+    q = "Does it overfit?"
+    g = gaps(data)
+    if len(g) < 2:
+        return Answer("overfit", q, f"cannot tell: {len(g)} validation point(s) with a train loss.",
+                      {"points": len(g)}, "unknown")
+    part = last_part([(u, gap) for u, _, _, gap in g])
+    s = slope([p[0] for p in part], [p[1] for p in part]) or 0.0
+    last = g[-1]
+    tv = [(u, t, v) for u, t, v, _ in g if u >= part[0][0]]
+    valid_s = slope([x[0] for x in tv], [x[2] for x in tv]) or 0.0
+    train_s = slope([x[0] for x in tv], [x[1] for x in tv]) or 0.0
+    if valid_s > 0 and train_s < 0:
+        verdict, words = "overfitting", "yes: the validation loss rises while the train loss falls"
+    elif last[3] > 0 and s > 0 and s * (part[-1][0] - part[0][0]) > PLATEAU_FRACTION * abs(last[2]):
+        verdict, words = "widening", "not yet, but the gap is widening"
+    else:
+        verdict, words = "no", "no"
+    text = (f"{words}: valid − train loss = {last[3]:+.3f} at update {last[0]} (train {last[1]:.3f}, "
+            f"valid {last[2]:.3f}); gap trend {s * 1000:+.3f} per 1000 updates over updates "
+            f"{part[0][0]}–{part[-1][0]}. (Train loss is with dropout, so a small negative gap is normal.)")
+    return Answer("overfit", q, text, {"gap": last[3], "gap_slope_per_1000": s * 1000, "update": last[0],
+                                       "train_loss": last[1], "valid_loss": last[2]}, verdict)
+
+
+def answer_gpus(data: RunData, ivs: list[Interval]) -> Answer:
+    q = "Were the GPUs fully used?"
+    if not data.samples:
+        return Answer("gpus", q, "not measured: no samples collected.", {}, "unknown")
+    per_gpu: dict[str, list[float]] = {}
+    absent: list[str] = []
+    mem: dict[str, float] = {}
+    for host, samples in data.samples.items():
+        training = during(samples, ivs) or samples
+        with_gpus = [s for s in training if s.get("gpus")]
+        if not with_gpus:
+            absent.append(host)
+            continue
+        for s in with_gpus:
+            for gpu in s["gpus"]:
+                key = f"{host}:{gpu.get('index', 0)}"
+                if gpu.get("util_percent") is not None:
+                    per_gpu.setdefault(key, []).append(float(gpu["util_percent"]))
+                if gpu.get("mem_used_mb") is not None:
+                    mem[key] = max(mem.get(key, 0.0), float(gpu["mem_used_mb"]))
+    means = {k: sum(v) / len(v) for k, v in per_gpu.items() if v}
+    if not means:
+        text = (f"no GPUs: {', '.join(absent)} reported no GPU (NVML absent); utilization not measured "
+                f"(absent, not 0 %).")
+        return Answer("gpus", q, text, {"absent_hosts": absent}, "absent")
+    overall = sum(means.values()) / len(means)
+    low = [k for k, m in means.items() if m < GPU_FULL_PERCENT]
+    verdict = "full" if not low else "underused"
+    each = ", ".join(f"{k} {m:.0f} %" for k, m in sorted(means.items()))
+    text = (f"{'yes' if verdict == 'full' else 'no'}: mean utilization while training {overall:.0f} % "
+            f"({each}; full means ≥ {GPU_FULL_PERCENT:.0f} %).")
+    if absent:
+        text += f" No GPU on {', '.join(absent)} (absent, not 0 %)."
+    return Answer("gpus", q, text, {"mean_util_percent": overall, "per_gpu": means, "peak_mem_mb": mem,
+                                    "absent_hosts": absent}, verdict)
+
+
+def answer_network(data: RunData, ivs: list[Interval], expected_mbps: float | None) -> Answer:
+    q = "Was the network the bottleneck?"
+    rate, source = link(data, expected_mbps)
+    if not data.samples:
+        return Answer("network", q, "not measured: no samples collected.", {"link_mbps": rate}, "unknown")
+    per_host = {}
+    for host, samples in data.samples.items():
+        training = during(samples, ivs)
+        used = training or samples
+        values = [nic_mbps(s) for s in used]
+        if values:
+            per_host[host] = {"mean_mbps": sum(values) / len(values), "peak_mbps": max(values),
+                              "samples": len(values), "while_training": bool(training)}
+    if not per_host:
+        return Answer("network", q, "not measured: the sample files are empty.", {"link_mbps": rate}, "unknown")
+    busiest = max(per_host, key=lambda h: per_host[h]["mean_mbps"])
+    b = per_host[busiest]
+    # step time against the busiest host's NIC throughput, interval by interval
+    xs, ys = [], []
+    for iv in ivs:
+        inside = [nic_mbps(s) for s in data.samples[busiest] if iv.start <= s["t"] <= iv.end]
+        if inside:
+            xs.append(iv.step_s)
+            ys.append(sum(inside) / len(inside))
+    r = pearson(xs, ys)
+    numbers = {"link_mbps": rate, "link_source": source, "busiest_host": busiest, "per_host": per_host,
+               "mean_mbps": b["mean_mbps"], "peak_mbps": b["peak_mbps"], "correlation": r,
+               "correlated_intervals": len(xs), "threshold_share": NETWORK_BOUND_SHARE}
+    corr = f"correlation of step time with NIC throughput r = {r:+.2f} over {len(xs)} intervals" if r is not None \
+        else f"correlation of step time with NIC throughput: n/a ({len(xs)} intervals with samples)"
+    when = "while training" if b["while_training"] else "over all samples (no overlap with the logged intervals)"
+    if rate is None:
+        text = (f"cannot tell without a link rate: {busiest} averaged {b['mean_mbps']:.1f} Mbit/s "
+                f"(peak {b['peak_mbps']:.1f}) {when}; {corr}. Run `fab bench-net` for a measured link.")
+        return Answer("network", q, text, numbers, "unknown")
+    share, peak = b["mean_mbps"] / rate, b["peak_mbps"] / rate
+    numbers.update(mean_share=share, peak_share=peak)
+    if share >= NETWORK_BOUND_SHARE:
+        verdict, words = "network-bound", "yes, network-bound"
+    elif peak >= NETWORK_BOUND_SHARE:
+        verdict, words = "bursts", "partly: the link saturates in bursts, not on average"
+    else:
+        verdict, words = "not", "no"
+    text = (f"{words}: {busiest}'s NIC averaged {b['mean_mbps']:.1f} Mbit/s = {share:.0%} of the "
+            f"{rate:g} Mbit/s link (peak {b['peak_mbps']:.1f} = {peak:.0%}) {when}; {corr}. "
+            f"Link: {source}; network-bound means ≥ {NETWORK_BOUND_SHARE:.0%} of it on average.")
+    return Answer("network", q, text, numbers, verdict)
+
+
+def lr_at(update: float, opts: dict) -> float | None:
+    """fairseq's inverse_sqrt learning rate after `update` updates (None for other schedulers)."""
+    if opts.get("lr_scheduler") != "inverse_sqrt" or opts.get("lr") is None:
+        return None
+    lr, warmup = float(opts["lr"]), int(opts.get("warmup_updates") or 0)
+    init = float(opts.get("warmup_init_lr") if opts.get("warmup_init_lr") is not None else (0 if warmup else lr))
+    if warmup and update < warmup:
+        return init + update * (lr - init) / warmup
+    return lr * math.sqrt(warmup / update) if warmup and update > 0 else lr
+
+
+def answer_lr(data: RunData) -> Answer:
+    q = "What does the learning-rate schedule do?"
+    o = data.options
+    inner = [r for r in data.log.of("train_inner") if r.get("lr") is not None and r.update is not None]
+    now = inner[-1] if inner else None
+    sched = o.get("lr_scheduler")
+    numbers = {"scheduler": sched, "lr": o.get("lr"), "warmup_updates": o.get("warmup_updates"),
+               "warmup_init_lr": o.get("warmup_init_lr"), "lr_now": now.get("lr") if now else None,
+               "update_now": now.update if now else None}
+    if sched != "inverse_sqrt":
+        text = (f"scheduler {sched or 'unknown (no resolved preset)'}, lr {o.get('lr', '?')}; "
+                f"lr now {_lr(numbers['lr_now'])}.")
+        return Answer("lr", q, text, numbers)
+    w, peak = int(o.get("warmup_updates") or 0), float(o["lr"])
+    max_update = o.get("max_update") or data.log.max_update
+    numbers.update(peak_lr=peak, peak_update=w, predicted_now=lr_at(now.update, o) if now else None,
+                   lr_at_max_update=lr_at(int(max_update), o) if max_update else None, max_update=max_update)
+    text = (f"inverse_sqrt: rises linearly from {_lr(o.get('warmup_init_lr'))} to the peak {_lr(peak)} over the "
+            f"first {w} updates, then decays ∝ 1/√update (lr = {_lr(peak)}·√({w}/update)).")
+    if now:
+        text += (f" Now (update {now.update}): {_lr(now.get('lr'))} logged, {_lr(numbers['predicted_now'])} "
+                 f"by the formula.")
+    if max_update:
+        text += f" At max_update {max_update}: {_lr(numbers['lr_at_max_update'])}."
+    return Answer("lr", q, text, numbers)
+
+
+def answer_corpus(data: RunData) -> Answer:
+    q = "How big is the training set?"
+    c = data.corpus or {}
+    dataset = data.run.get("dataset", "?")
+    if not c:
+        return Answer("corpus", q, f"unknown: no corpus.json collected for dataset {dataset}.", {"dataset": dataset})
+    mb, lines, vocab = c.get("train_mb"), c.get("train_lines"), c.get("vocab_size")
+    text = (f"{dataset}: {mb:,.1f} MB" if isinstance(mb, int | float) else f"{dataset}: ? MB")
+    text += f", {lines:,} lines (sentence pairs)" if isinstance(lines, int) else ", ? lines"
+    if isinstance(vocab, int):
+        text += f", vocabulary {vocab:,}"
+    return Answer("corpus", q, text + ".", {"dataset": dataset, "train_mb": mb, "train_lines": lines,
+                                            "vocab_size": vocab})
+
+
+def answer_checkpoints(data: RunData) -> Answer:
+    q = "What is a checkpoint made of, and how big is it?"
+    ck = data.checkpoints
+    expected = data.params * 4 * 3 if data.params else None
+    if not ck:
+        text = "unknown: no checkpoints.txt collected" if ck is None else "no checkpoint saved yet"
+        if expected:
+            text += f" (expected ≈ {_mb(expected)}: {data.params:,} params × 4 B × 3)"
+        return Answer("checkpoints", q, text + ".", {"expected_bytes": expected, "files": []})
+    one = next((c for c in ck if c.name == "checkpoint_last.pt"), max(ck, key=lambda c: c.size))
+    total = sum(c.size for c in ck)
+    kinds = {
+        "checkpoint_last.pt": "the latest (resume from it)",
+        "checkpoint_best.pt": "the best by validation loss",
+    }
+    best = [c.name for c in ck if c.name.startswith("checkpoint.best_")]
+    interval = [c.name for c in ck if re.fullmatch(r"checkpoint_\d+_\d+\.pt", c.name)]
+    text = (f"one .pt file per checkpoint (model weights + Adam's two moments + trainer state): "
+            f"{one.name} is {_mb(one.size)}")
+    if expected:
+        text += f" (≈ {data.params:,} params × 4 B × 3 = {_mb(expected)})"
+    text += (f". The directory holds {len(ck)} files, {_mb(total)}: last and best, {len(best)} kept best-k "
+             f"(checkpoint.best_loss_*), {len(interval)} by update interval (checkpoint_E_U.pt).")
+    return Answer("checkpoints", q, text, {"checkpoint_bytes": one.size, "total_bytes": total, "files": len(ck),
+                                           "expected_bytes": expected, "params": data.params,
+                                           "kinds": {k: v for k, v in kinds.items() if any(c.name == k for c in ck)}})
+
+
+def answer_bleu(data: RunData) -> Answer | None:
+    if not data.bleu or not isinstance(data.bleu.get("score"), int | float):
+        return None
+    b = data.bleu
+    text = f"SacreBLEU {b['score']:.2f} on the test set ({b.get('verbose_score', '')}; {b.get('signature', '')})."
+    return Answer("bleu", "What BLEU did it reach?", text, {"bleu": b["score"]})
+
+
+@dataclass
+class Analysis:
+    data: RunData
+    intervals: list[Interval]
+    answers: list[Answer]
+
+    def get(self, key: str) -> Answer | None:
+        return next((a for a in self.answers if a.key == key), None)
+
+    def to_json(self) -> dict:
+        return {"run": self.data.run, "answers": [
+            {"key": a.key, "question": a.question, "answer": a.answer, "verdict": a.verdict, "numbers": a.numbers}
+            for a in self.answers]}
+
+
+def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
+    """Every answer for a loaded run; `link_mbps` is the inventory's expected link (a measured
+    bench-net link wins over it)."""
+    ivs = intervals(data)
+    answers = [answer_duration(data), answer_step_time(data, ivs), answer_improving(data), answer_overfit(data)]
+    if bleu := answer_bleu(data):
+        answers.append(bleu)
+    answers += [answer_gpus(data, ivs), answer_network(data, ivs, link_mbps), answer_lr(data),
+                answer_corpus(data), answer_checkpoints(data)]
+    return Analysis(data, ivs, answers)

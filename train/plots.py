@@ -1,0 +1,251 @@
+"""The training report's figures (matplotlib, Agg): one PNG per question, from `train.answers`.
+
+Every function takes an `Analysis` and a path, writes the PNG and returns its title. A figure
+with nothing to show still gets drawn, with a sentence saying why (e.g. no GPUs on the hosts),
+so the report's layout never depends on what was measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from train.answers import Analysis, loss_points, lr_at, nic_mbps  # noqa: E402
+
+SIZE = (7.0, 3.6)
+DPI = 100
+TRAIN, VALID, NET, STEP = "#1f77b4", "#d62728", "#2ca02c", "#9467bd"
+
+
+def _figure(title: str, xlabel: str, ylabel: str):
+    fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _empty(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="#555555",
+            wrap=True, bbox={"boxstyle": "round", "facecolor": "#f3f3f3", "edgecolor": "#cccccc"})
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _t0(an: Analysis) -> float:
+    """Time zero of the time axes: the first line of rank 0's log, else the first sample."""
+    d = an.data
+    if d.log_times:
+        return min(d.log_times) + d.time_shift_s
+    times = [s["t"] for ss in d.samples.values() for s in ss]
+    return min(times) if times else 0.0
+
+
+def loss(an: Analysis, path: Path) -> str:
+    title = "Train and validation loss"
+    fig, ax = _figure(title, "update", "loss (label-smoothed CE, base 2)")
+    train, valid = loss_points(an.data, "train_inner"), loss_points(an.data, "valid")
+    if train:
+        ax.plot(*zip(*train, strict=True), "-", color=TRAIN, label="train (per log interval)")
+    if valid:
+        ax.plot(*zip(*valid, strict=True), "o-", color=VALID, label="validation")
+    if train or valid:
+        ax.legend()
+    else:
+        _empty(ax, "no loss logged yet")
+    _save(fig, path)
+    return title
+
+
+def bleu(an: Analysis, path: Path) -> str:
+    title = "BLEU on the test set"
+    fig, ax = _figure(title, "", "SacreBLEU")
+    b = an.data.bleu or {}
+    if isinstance(b.get("score"), int | float):
+        score = float(b["score"])
+        ax.bar(["checkpoint evaluated"], [score], color=TRAIN, width=0.4)
+        ax.set_ylim(0, max(100.0 if score > 40 else 40.0, score * 1.2))
+        ax.annotate(f"{score:.2f}", (0, score), ha="center", va="bottom", xytext=(0, 4), textcoords="offset points",
+                    fontsize=12)
+    else:
+        _empty(ax, "not evaluated (no bleu.json): run `fab evaluate`")
+    _save(fig, path)
+    return title
+
+
+def learning_rate(an: Analysis, path: Path) -> str:
+    title = "Learning rate"
+    fig, ax = _figure(title, "update", "learning rate")
+    opts = an.data.options
+    points = [(iv.update, iv.lr) for iv in an.intervals if iv.lr is not None]
+    last = max([p[0] for p in points], default=0)
+    warmup = int(opts.get("warmup_updates") or 0)
+    end = max(last, 2 * warmup, 10)
+    if lr_at(1, opts) is not None:
+        xs = [end * i / 400 for i in range(1, 401)]
+        ax.plot(xs, [lr_at(x, opts) for x in xs], "--", color="#888888",
+                label=f"schedule from the config (inverse_sqrt, warmup {warmup})")
+        if warmup:
+            ax.axvline(warmup, color="#bbbbbb", lw=1)
+    if points:
+        ax.plot(*zip(*points, strict=True), "o", color=TRAIN, ms=4, label="logged")
+    if points or lr_at(1, opts) is not None:
+        ax.legend()
+    else:
+        _empty(ax, "no learning rate logged")
+    _save(fig, path)
+    return title
+
+
+def step_time(an: Analysis, path: Path) -> str:
+    title = "Seconds per update"
+    fig, ax = _figure(title, "update", "s / update (1 / ups per log interval)")
+    ivs = an.intervals
+    if ivs:
+        ax.plot([iv.update for iv in ivs], [iv.step_s for iv in ivs], "o-", color=STEP, ms=3)
+        avg = sum(iv.step_s for iv in ivs) / len(ivs)
+        ax.axhline(avg, color="#444444", ls="--", lw=1, label=f"mean {avg:.3f} s")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    else:
+        _empty(ax, "no train_inner lines logged")
+    _save(fig, path)
+    return title
+
+
+def words_per_second(an: Analysis, path: Path) -> str:
+    title = "Words per second"
+    fig, ax = _figure(title, "update", "target words / s (all ranks)")
+    points = [(iv.update, iv.wps) for iv in an.intervals if iv.wps is not None]
+    if points:
+        ax.plot(*zip(*points, strict=True), "o-", color=TRAIN, ms=3)
+        ax.set_ylim(bottom=0)
+    else:
+        _empty(ax, "no words per second logged")
+    _save(fig, path)
+    return title
+
+
+def gpu_utilization(an: Analysis, path: Path) -> str:
+    title = "GPU utilization per GPU per host"
+    fig, ax = _figure(title, "minutes since start", "utilization (%)")
+    t0, drawn = _t0(an), False
+    absent = []
+    for host, samples in sorted(an.data.samples.items()):
+        series: dict[int, list[tuple[float, float]]] = {}
+        for s in samples:
+            for g in s.get("gpus") or []:
+                if g.get("util_percent") is not None:
+                    series.setdefault(int(g.get("index", 0)), []).append(((s["t"] - t0) / 60, g["util_percent"]))
+        if not series:
+            absent.append(host)
+        for index, pts in sorted(series.items()):
+            ax.plot(*zip(*pts, strict=True), "-", label=f"{host} GPU {index}")
+            drawn = True
+    if drawn:
+        ax.set_ylim(0, 105)
+        ax.legend(fontsize=8)
+        if absent:
+            ax.text(0.01, 0.02, f"no GPU on {', '.join(absent)}", transform=ax.transAxes, fontsize=9)
+    elif an.data.samples:
+        _empty(ax, f"no GPUs on these hosts ({', '.join(absent)}):\nNVML absent, utilization not measured")
+    else:
+        _empty(ax, "no samples collected")
+    _save(fig, path)
+    return title
+
+
+def nic_throughput(an: Analysis, path: Path) -> str:
+    title = "NIC throughput per host"
+    fig, ax = _figure(title, "minutes since start", "Mbit/s")
+    t0 = _t0(an)
+    for host, samples in sorted(an.data.samples.items()):
+        if not samples:
+            continue
+        ts = [(s["t"] - t0) / 60 for s in samples]
+        line = ax.plot(ts, [float(s.get("tx_Bps") or 0) * 8 / 1e6 for s in samples], "-", label=f"{host} tx")[0]
+        ax.plot(ts, [float(s.get("rx_Bps") or 0) * 8 / 1e6 for s in samples], ":", color=line.get_color(),
+                label=f"{host} rx")
+    net = an.get("network")
+    rate = net.numbers.get("link_mbps") if net else None
+    if any(an.data.samples.values()):
+        if rate:
+            ax.axhline(rate, color="#444444", ls="--", lw=1, label=f"link {rate:g} Mbit/s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no samples collected")
+    _save(fig, path)
+    return title
+
+
+def timeline(an: Analysis, path: Path) -> str:
+    title = "Step time and NIC throughput over time"
+    fig, ax = _figure(title, "minutes since start", "s / update")
+    t0 = _t0(an)
+    ivs = an.intervals
+    net = an.get("network")
+    busiest = net.numbers.get("busiest_host") if net else None
+    if ivs:
+        # each interval as a horizontal segment over the time it covers
+        for i, iv in enumerate(ivs):
+            ax.hlines(iv.step_s, (iv.start - t0) / 60, (iv.end - t0) / 60, color=STEP, lw=2.5,
+                      label="step time (per log interval)" if i == 0 else None)
+        ax.set_ylim(bottom=0)
+    ax.tick_params(axis="y", labelcolor=STEP)
+    ax.yaxis.label.set_color(STEP)
+    ax2 = ax.twinx()
+    ax2.set_ylabel("Mbit/s", color=NET)
+    ax2.tick_params(axis="y", labelcolor=NET)
+    samples = an.data.samples.get(busiest or "", [])
+    if samples:
+        ax2.plot([(s["t"] - t0) / 60 for s in samples], [nic_mbps(s) for s in samples], "-", color=NET, lw=1,
+                 label=f"{busiest} NIC (busier direction)")
+        rate = net.numbers.get("link_mbps") if net else None
+        if rate:
+            ax2.axhline(rate, color=NET, ls="--", lw=1, alpha=0.6, label=f"link {rate:g} Mbit/s")
+        ax2.set_ylim(bottom=0)
+    if ivs or samples:
+        handles = ax.get_legend_handles_labels()
+        handles2 = ax2.get_legend_handles_labels()
+        ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], fontsize=8, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    else:
+        _empty(ax, "no step times or samples")
+    _save(fig, path)
+    return title
+
+
+# file name → (figure function, caption) in page order; bleu.png only when evaluated
+FIGURES: dict[str, Callable[[Analysis, Path], str]] = {
+    "loss.png": loss,
+    "bleu.png": bleu,
+    "lr.png": learning_rate,
+    "step_time.png": step_time,
+    "wps.png": words_per_second,
+    "gpu.png": gpu_utilization,
+    "nic.png": nic_throughput,
+    "timeline.png": timeline,
+}
+
+
+def draw_all(an: Analysis, out_dir: Path) -> dict[str, str]:
+    """Every figure into `out_dir`: {file name: title}. BLEU only when the run was evaluated."""
+    out = {}
+    for name, draw in FIGURES.items():
+        if name == "bleu.png" and not an.get("bleu"):
+            continue
+        out[name] = draw(an, out_dir / name)
+    return out
