@@ -34,6 +34,8 @@ STEPS = [
      ["fab", "train", "--new"]),
     ("Score it: translate the test set with the best checkpoint, SacreBLEU",
      ["fab", "evaluate"]),
+    ("The report: loss, learning rate, step time, NIC throughput, and the answers with numbers",
+     ["fab", "report"]),
 ]
 
 
