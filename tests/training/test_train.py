@@ -184,3 +184,22 @@ def test_mismatched_versions_are_named_before_launch(data_ready):
         ssh(cfg, "v100b", f"cp /root/version.py.orig {version}")
     assert proc.returncode != 0
     assert "v100b: fairseq 0.12.0 but v100a has 0.12.3.1" in proc.stdout
+
+
+def test_the_report_of_a_real_run_answers_with_the_logs_figures(data_ready, two_host_run):
+    run_id, _ = two_host_run
+    out = fab(data_ready, "report", "--run", run_id).stdout
+    page = TOP / "reports" / run_id / "index.html"
+    assert f"report: {page}" in out.replace("\n", "")
+    html = page.read_text()
+    assert html.count("data:image/png;base64,") >= 8, "plots missing from the page"
+    answers = {a["key"]: a for a in json.loads((page.parent / "answers.json").read_text())["answers"]}
+    assert {"duration", "step_time", "improving", "overfit", "gpus", "network", "lr",
+            "corpus", "checkpoints"} <= set(answers)
+    records = inner_records((page.parent / "logs" / "v100a.log").read_text())
+    mean = sum(1 / float(r["ups"]) for r in records) / len(records)
+    assert answers["step_time"]["numbers"]["mean_s_per_update"] == pytest.approx(mean, rel=1e-6)
+    assert answers["gpus"]["verdict"] == "absent"  # CPU hosts: absent, never 0 %
+    assert answers["network"]["verdict"] == "not"  # the uncapped lab link is far from busy
+    samples = (page.parent / "samples" / "v100b.jsonl").read_text().splitlines()
+    assert len(samples) >= 5 and json.loads(samples[0])["gpus"] is None
