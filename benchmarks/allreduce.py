@@ -1,0 +1,199 @@
+"""All-reduce bus bandwidth between hosts (nccl-tests style): provisioning's smoke test.
+
+One process per host, started at the same time on every host:
+
+    python -m benchmarks.allreduce --rank R --world-size N --master-addr A [--master-port 29501]
+        [--backend auto|gloo|nccl] [--sizes 64M | --min-size 1M --max-size 1G]
+        [--iters 5] [--warmup 1] [--budget-s 20] [--json FILE]
+
+or under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK from the
+environment). `auto` picks NCCL when CUDA is available, gloo otherwise. Set
+GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the cluster NIC (provisioning writes them to
+/etc/tandem/env). Rank 0 prints
+
+    size(B)  count  type  time(ms)  algbw(GB/s)  busbw(GB/s)
+
+(busbw = algbw x 2(n-1)/n, as nccl-tests) and writes the same figures as JSON. Every rank
+checks the reduced values, so a rank that trains alone cannot pass. Exit status: 0 when
+every size ran and summed correctly, 1 otherwise.
+
+`--min-size/--max-size` sweep the powers of two between them (`fab bench-net`). With
+`--budget-s`, a size whose estimated time (twice the previous size's) would make `--iters`
+iterations take longer than the budget gets fewer iterations (at least one) and no warm-up
+when one iteration alone is over a second: 1 GB through gloo at 100 Mb/s is 80 s an iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864; '1G', '512K', '1000' (bytes)."""
+    stripped = text.strip().upper()
+    number = stripped.rstrip("KMGB")
+    unit = stripped[len(number):]
+    if unit not in UNITS or not number:
+        raise ValueError(f"size {text!r} is not like 1M, 64M or 1G")
+    return int(float(number) * UNITS[unit])
+
+
+def sizes_between(smallest: int, largest: int) -> list[int]:
+    """Powers of two from `smallest` to `largest` (both rounded down to a power of two)."""
+    if smallest < 1 or largest < smallest:
+        raise ValueError(f"sizes: need 1 <= min <= max, not {smallest}..{largest}")
+    size = 1 << (smallest.bit_length() - 1)
+    out = []
+    while size <= largest:
+        out.append(size)
+        size *= 2
+    return out
+
+
+def plan(iters: int, warmup: int, estimate_s: float | None, budget_s: float | None) -> tuple[int, int]:
+    """(iterations, warm-ups) for a size expected to take `estimate_s` per iteration."""
+    if not budget_s or not estimate_s or estimate_s <= 0:
+        return iters, warmup
+    fitting = int(budget_s // estimate_s)
+    return max(1, min(iters, fitting)), (0 if estimate_s > 1.0 else warmup)
+
+
+def bus_factor(world_size: int) -> float:
+    """Bytes a ring all-reduce moves per rank, relative to the buffer: 2(n-1)/n."""
+    return 2 * (world_size - 1) / world_size if world_size > 0 else 0.0
+
+
+@dataclass
+class Result:
+    size: int  # bytes
+    count: int  # elements
+    type: str
+    time_ms: float  # mean over iterations
+    algbw: float  # GB/s (10^9), size / time
+    busbw: float  # GB/s, algbw x 2(n-1)/n
+    correct: bool
+
+
+def table(results: list[Result]) -> str:
+    lines = [f"{'size(B)':>12} {'count':>11} {'type':>6} {'time(ms)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"]
+    for r in results:
+        lines.append(f"{r.size:>12} {r.count:>11} {r.type:>6} {r.time_ms:>10.2f} {r.algbw:>12.3f} "
+                     f"{r.busbw:>12.3f}" + ("" if r.correct else "  WRONG SUM"))
+    return "\n".join(lines)
+
+
+def measure(dist, torch, size: int, device, world_size: int, rank: int, iters: int, warmup: int) -> Result:
+    count = max(size // 4, 1)
+    buf = torch.empty(count, dtype=torch.float32, device=device)
+    correct = True
+    expected = world_size * (world_size + 1) / 2  # every rank contributes rank + 1
+    for i in range(warmup + iters):
+        if i == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dist.barrier()
+            start = time.perf_counter()
+        buf.fill_(rank + 1)
+        dist.all_reduce(buf)
+        if i == 0:
+            correct = bool(torch.all(buf == expected).item())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = (time.perf_counter() - start) / max(iters, 1)
+    # The slowest rank's time is the collective's time.
+    slowest = torch.tensor([elapsed, 0.0 if correct else 1.0], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    elapsed, wrong = slowest.tolist()
+    algbw = count * 4 / elapsed / 1e9
+    return Result(size=count * 4, count=count, type="float", time_ms=elapsed * 1e3, algbw=algbw,
+                  busbw=algbw * bus_factor(world_size), correct=wrong == 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.allreduce",
+                                     description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rank", type=int, default=int(env.get("RANK", 0)))
+    parser.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", 1)))
+    parser.add_argument("--local-rank", type=int, default=int(env.get("LOCAL_RANK", 0)),
+                        help="GPU index on this host (NCCL)")
+    parser.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"))
+    parser.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", 29501)))
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    parser.add_argument("--sizes", default="64M", help="comma-separated buffer sizes, e.g. 1M,16M,256M")
+    parser.add_argument("--min-size", help="sweep powers of two from this size (with --max-size)")
+    parser.add_argument("--max-size", help="... up to this size, e.g. 1G")
+    parser.add_argument("--budget-s", type=float, help="seconds per size: fewer iterations for slow sizes")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for every rank")
+    parser.add_argument("--json", help="where rank 0 writes the results ('-' for stdout only)")
+    args = parser.parse_args(argv)
+    if args.max_size:
+        sizes = sizes_between(parse_size(args.min_size or "1M"), parse_size(args.max_size))
+    else:
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+
+    import torch
+    import torch.distributed as dist
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(args.local_rank)
+        device = torch.device("cuda", args.local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"tcp://{args.master_addr}:{args.master_port}",
+                            rank=args.rank, world_size=args.world_size,
+                            timeout=dt.timedelta(seconds=args.timeout))
+    try:
+        hosts: list = [None] * args.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        results: list[Result] = []
+        for size in sizes:
+            # the slowest rank's time (the same on every rank, so every rank plans alike)
+            estimate = results[-1].time_ms / 1e3 * size / results[-1].size if results else None
+            iters, warmup = plan(args.iters, args.warmup, estimate, args.budget_s)
+            results.append(measure(dist, torch, size, device, args.world_size, args.rank, iters, warmup))
+            if args.rank == 0 and args.budget_s:  # progress for the controller, which tails the output
+                print(f"# {size} B: {results[-1].time_ms:.1f} ms x {iters}", flush=True)
+    finally:
+        dist.destroy_process_group()
+    ok = all(r.correct for r in results)
+    if args.rank == 0:
+        report = {
+            "benchmark": "all_reduce",
+            "backend": backend,
+            "world_size": args.world_size,
+            "hosts": hosts,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "ok": ok,
+            "results": [asdict(r) for r in results],
+        }
+        print(f"# all_reduce, {backend}, {args.world_size} ranks on {', '.join(dict.fromkeys(hosts))}")
+        print(table(results))
+        text = json.dumps(report, indent=2)
+        if args.json and args.json != "-":
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        print("JSON " + json.dumps(report))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
