@@ -10,7 +10,7 @@ RATE ?= none
 SLOW_NIC ?=
 LAB := $(PY) -m lab
 
-.PHONY: require-root setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
+.PHONY: bench-targets require-root setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
 
 setup:  ## system packages + the virtualenv (idempotent, cached in $TANDEM_CACHE)
 	@bash lab/bootstrap.sh
@@ -45,6 +45,9 @@ unit: setup
 
 test: setup lint  ## everything, the lab included
 	@.venv/bin/pytest
+
+bench-targets: setup  ## issue 5's step-time targets on the lab (~15 min; run on a quiet machine)
+	@TANDEM_BENCH_SWEEP=1 .venv/bin/pytest tests/bench -v
 
 help:
 	@grep -E '^[a-z-]+:.*##' Makefile | sed 's/:.*## /\t/'

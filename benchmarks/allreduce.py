@@ -17,6 +17,10 @@ GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the cluster NIC (provisioning writes 
 checks the reduced values, so a rank that trains alone cannot pass. Exit status: 0 when
 every size ran and summed correctly, 1 otherwise.
 
+`--gap-s` idles before each iteration, as the compute between training updates does, and
+times the collectives alone (`fab bench-step` uses 1 s: TCP restarts slow start after an
+idle period, which a back-to-back loop never shows).
+
 `--min-size/--max-size` sweep the powers of two between them (`fab bench-net`). With
 `--budget-s`, a size whose estimated time (twice the previous size's) would make `--iters`
 iterations take longer than the budget gets fewer iterations (at least one) and no warm-up
@@ -91,24 +95,34 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def measure(dist, torch, size: int, device, world_size: int, rank: int, iters: int, warmup: int) -> Result:
+def measure(dist, torch, size: int, device, world_size: int, rank: int, iters: int, warmup: int,
+            gap_s: float = 0.0) -> Result:
     count = max(size // 4, 1)
     buf = torch.empty(count, dtype=torch.float32, device=device)
     correct = True
     expected = world_size * (world_size + 1) / 2  # every rank contributes rank + 1
+    elapsed = 0.0
     for i in range(warmup + iters):
-        if i == warmup:
+        if gap_s:  # idle as between training updates (TCP restarts slow start after an idle period)
+            time.sleep(gap_s)
+        buf.fill_(rank + 1)
+        if gap_s or i == warmup:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dist.barrier()
             start = time.perf_counter()
-        buf.fill_(rank + 1)
         dist.all_reduce(buf)
+        if gap_s and i >= warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed += time.perf_counter() - start
         if i == 0:
             correct = bool(torch.all(buf == expected).item())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    elapsed = (time.perf_counter() - start) / max(iters, 1)
+    if not gap_s:
+        elapsed = time.perf_counter() - start
+    elapsed /= max(iters, 1)
     # The slowest rank's time is the collective's time.
     slowest = torch.tensor([elapsed, 0.0 if correct else 1.0], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -134,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-size", help="sweep powers of two from this size (with --max-size)")
     parser.add_argument("--max-size", help="... up to this size, e.g. 1G")
     parser.add_argument("--budget-s", type=float, help="seconds per size: fewer iterations for slow sizes")
+    parser.add_argument("--gap-s", type=float, default=0.0,
+                        help="idle seconds before each iteration (as compute between updates); "
+                        "times only the collective")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for every rank")
@@ -166,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             # the slowest rank's time (the same on every rank, so every rank plans alike)
             estimate = results[-1].time_ms / 1e3 * size / results[-1].size if results else None
             iters, warmup = plan(args.iters, args.warmup, estimate, args.budget_s)
-            results.append(measure(dist, torch, size, device, args.world_size, args.rank, iters, warmup))
+            results.append(measure(dist, torch, size, device, args.world_size, args.rank, iters, warmup,
+                                   args.gap_s))
             if args.rank == 0 and args.budget_s:  # progress for the controller, which tails the output
                 print(f"# {size} B: {results[-1].time_ms:.1f} ms x {iters}", flush=True)
     finally:

@@ -1,0 +1,197 @@
+"""The link between the hosts: iperf3 between them, and tc caps on their cluster NICs.
+
+Everything here runs on the hosts over ssh (train.cluster.run_all, in parallel). The pure
+parts (parsing iperf3's JSON, tc's rates and commands, which pairs to measure) are separate
+so the unit tests cover them without a cluster.
+
+- iperf3: a server on every host (`--daemon`, pid file /run/tandem-bench-iperf3.pid, stopped
+  by that pid afterwards, also on errors), then the client on the sender of each pair.
+  `pairs="all"` measures every ordered pair one after the other (bench-net); `pairs="ring"`
+  measures host i → host i+1 for every i at once: exactly the traffic of a ring all-reduce,
+  in one round (the quick check `fab train` and `fab bench-step` do).
+- tc: `tc qdisc replace dev NIC root tbf rate R burst B latency 50ms` on every host's
+  egress (as the lab's `shape`, lab/network.py); `remove_caps` deletes the root qdisc and
+  then reads `tc qdisc show` back to confirm no tbf is left.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from train.cluster import ClusterError, Host, run_all
+
+IPERF_PORT = 5201
+IPERF_PID = "/run/tandem-bench-iperf3.pid"
+RATE_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+
+
+def rate_bits(rate: str) -> int | None:
+    """'100mbit' -> 100_000_000 (tc's decimal units); 'none' -> None (no cap)."""
+    text = rate.strip().lower()
+    if text in ("none", "", "off"):
+        return None
+    for unit, factor in RATE_UNITS.items():
+        if text.endswith(unit):
+            try:
+                value = float(text[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return int(value * factor)
+    raise ValueError(f"rate {rate!r} is not a tc rate like 10mbit, 100mbit, 1gbit or none")
+
+
+def tbf_burst(bits_per_s: int) -> int:
+    """Bucket bytes: 5 ms of traffic, at least 16 kB (as the lab: 62.5 kB at 100mbit)."""
+    return max(bits_per_s // 8 // 200, 16 * 1024)
+
+
+def nic_of(host: Host) -> str:
+    if not host.nic:
+        raise ClusterError(f"{host.name}: the inventory names no cluster_nic; tandem caps and counts that NIC")
+    return host.nic
+
+
+def cap_command(nic: str, rate: str) -> str:
+    """The tc line that caps (or, for 'none', uncaps) `nic`'s egress."""
+    bits = rate_bits(rate)
+    if bits is None:
+        return f"tc qdisc del dev {shlex.quote(nic)} root 2>/dev/null; true"
+    return (f"tc qdisc replace dev {shlex.quote(nic)} root tbf rate {bits}bit burst {tbf_burst(bits)}b "
+            "latency 50ms")
+
+
+def parse_caps(tc_show: str) -> str | None:
+    """The tbf rate in `tc qdisc show` output ('100Mbit'), or None when there is no tbf."""
+    for line in tc_show.splitlines():
+        if " tbf " in f" {line} " and " rate " in line:
+            return line.split(" rate ")[1].split()[0]
+    return None
+
+
+def apply_caps(hosts: list[Host], rate: str) -> None:
+    """Cap (or uncap, rate 'none') every host's cluster NIC; raises naming the hosts that failed."""
+    answers = _run_each(hosts, {h.name: cap_command(nic_of(h), rate) for h in hosts})
+    failed = [f"{n}: {_why(r)}" for n, r in answers.items() if _failed(r)]
+    if failed:
+        raise ClusterError(f"could not set the cap {rate} (tc):\n  " + "\n  ".join(failed))
+
+
+def caps(hosts: list[Host]) -> dict[str, str | None]:
+    """The tbf rate on every host's cluster NIC now (None: no cap). Raises for unreachable hosts."""
+    answers = _run_each(hosts, {h.name: f"tc qdisc show dev {shlex.quote(nic_of(h))}" for h in hosts})
+    out = {}
+    for name, result in answers.items():
+        if _failed(result):
+            raise ClusterError(f"{name}: could not read its qdisc: {_why(result)}")
+        out[name] = parse_caps(result.stdout)
+    return out
+
+
+def remove_caps(hosts: list[Host]) -> dict[str, str | None]:
+    """Remove every cap and confirm it: {host: None} when clean; raises naming a host that kept one."""
+    _run_each(hosts, {h.name: cap_command(nic_of(h), "none") for h in hosts})
+    left = caps(hosts)
+    kept = {n: r for n, r in left.items() if r}
+    if kept:
+        raise ClusterError("a cap is still there: " + ", ".join(f"{n} {r}" for n, r in kept.items()))
+    return left
+
+
+def _run_each(hosts: list[Host], commands: dict[str, str]) -> dict[str, object]:
+    """A command per host (each host may name its NIC differently), all at once."""
+    if len(set(commands.values())) == 1:
+        return run_all(hosts, next(iter(commands.values())))
+    from train.launch import on_each
+
+    return on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, warn=True, in_stream=False))
+
+
+def _failed(result: object) -> bool:
+    return isinstance(result, Exception) or not getattr(result, "ok", False)
+
+
+def _why(result: object) -> str:
+    if isinstance(result, Exception):
+        return f"unreachable ({result})"
+    return (getattr(result, "stderr", "") or getattr(result, "stdout", "")).strip()[-300:] or "failed"
+
+
+# ---- iperf3 ----
+
+@dataclass(frozen=True)
+class Pair:
+    src: str
+    dst: str
+    mbps: float | None  # received bits per second / 1e6
+    retransmits: int | None = None
+    error: str | None = None
+
+
+def ordered_pairs(names: list[str], pattern: str = "all") -> list[tuple[str, str]]:
+    """'all': every ordered pair; 'ring': i → i+1 (the ring all-reduce's links)."""
+    if len(names) < 2:
+        return []
+    if pattern == "ring":
+        pairs = [(names[i], names[(i + 1) % len(names)]) for i in range(len(names))]
+        return list(dict.fromkeys(pairs))
+    return [(a, b) for a in names for b in names if a != b]
+
+
+def parse_iperf(src: str, dst: str, text: str) -> Pair:
+    """A Pair from `iperf3 --json` output: the receiver's rate (what arrived), the sender's retransmits."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return Pair(src, dst, None, error=(text.strip().splitlines() or ["no output"])[-1][:200])
+    if data.get("error"):
+        return Pair(src, dst, None, error=str(data["error"]))
+    end = data.get("end", {})
+    received = end.get("sum_received", {}).get("bits_per_second")
+    sent = end.get("sum_sent", {})
+    rate = received if received is not None else sent.get("bits_per_second")
+    return Pair(src, dst, round(rate / 1e6, 1) if rate is not None else None, sent.get("retransmits"))
+
+
+def link_mbps(pairs: list[Pair]) -> float | None:
+    """The link a collective can count on: the slowest pair (a ring is as fast as its slowest hop)."""
+    rates = [p.mbps for p in pairs if p.mbps]
+    return min(rates) if rates else None
+
+
+def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int = 1,
+          port: int = IPERF_PORT) -> tuple[list[Pair], dict[str, str]]:
+    """Measure the pairs; returns (pairs, {pair: raw JSON}). The servers are always stopped."""
+    by_name = {h.name: h for h in hosts}
+    names = [h.name for h in hosts]
+    raw: dict[str, str] = {}
+    pairs: list[Pair] = []
+    start = (f"pkill -F {IPERF_PID} 2>/dev/null; iperf3 --server --daemon --port {port} "
+             f"--pidfile {IPERF_PID} && sleep 0.3")
+    try:
+        answers = run_all(hosts, start)
+        bad = [f"{n}: {_why(r)}" for n, r in answers.items() if _failed(r)]
+        if bad:
+            raise ClusterError("iperf3 server did not start (is iperf3 installed? provision.yml installs it):\n  "
+                               + "\n  ".join(bad))
+
+        def client(dst: Host) -> str:
+            return (f"iperf3 --client {shlex.quote(dst.address)} --port {port} --time {seconds:g} "
+                    f"--omit {omit} --json")
+
+        todo = ordered_pairs(names, pattern)
+        rounds = [todo] if pattern == "ring" else [[p] for p in todo]
+        for batch in rounds:
+            senders = [by_name[a] for a, _ in batch]
+            commands = {a: client(by_name[b]) for a, b in batch}
+            answers = _run_each(senders, commands)
+            for a, b in batch:
+                result = answers[a]
+                text = getattr(result, "stdout", "") or _why(result)
+                raw[f"{a}->{b}"] = text
+                pairs.append(parse_iperf(a, b, text))
+    finally:
+        run_all(hosts, f"pkill -F {IPERF_PID} 2>/dev/null; rm -f {IPERF_PID}; true")
+    return pairs, raw

@@ -1,0 +1,242 @@
+"""`fab bench-net`: how fast can the hosts talk, and does all_reduce get that speed?
+
+1. iperf3 between every ordered pair of hosts (benchmarks.link; raw JSON kept).
+2. benchmarks/allreduce.py on every host at once (one rank per GPU, or one per CPU host;
+   NCCL on GPUs, gloo on CPU), buffer sizes from `--min-size` to `--max-size` by powers of
+   two. The script is copied to each host first (so the controller's version runs), started
+   detached with a pid file, followed from here, and killed by that pid on error or Ctrl-C.
+3. The nccl-tests table plus one column: efficiency = busbw / the slowest iperf3 pair
+   (both in bytes per second). For 2 ranks busbw = algbw = size / time: each rank sends and
+   receives the whole buffer once, so it is directly comparable with the link.
+   `threshold` fails the run when the efficiency of the sizes ≥ 256 MB (or the largest size
+   when the sweep stops below) is lower.
+
+Defaults: 1M..1G on GPU hosts; on CPU hosts (the lab) 1M..256M, because gloo reduces on
+the CPU and 1 GB through a 100 Mb/s link is 80 s an iteration; each size gets `budget_s`
+seconds (fewer iterations for slow sizes). JSON: reports/bench/net-<time>.json and
+reports/bench/net-latest.json.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+from train.cluster import TOP, ClusterError, Host, run_all
+from train.launch import on_each, venv_of
+
+from . import link
+from .allreduce import parse_size
+
+REPORT_DIR = TOP / "reports" / "bench"
+REMOTE_DIR = "/tmp/tandem-bench"
+SCRIPT = Path(__file__).with_name("allreduce.py")
+LARGE = 256 * 1024**2  # the sizes the efficiency target is about
+ENV_FILE = "/etc/tandem/env"
+
+
+def default_max_size(hosts: list[Host]) -> str:
+    return "1G" if all(h.gpus > 0 for h in hosts) else "256M"
+
+
+def with_efficiency(results: list[dict], link_mbps: float | None) -> list[dict]:
+    """Each all_reduce row plus `efficiency` = busbw / link (None without a link figure)."""
+    out = []
+    for row in results:
+        eff = row["busbw"] * 8e9 / (link_mbps * 1e6) if link_mbps else None
+        out.append({**row, "efficiency": eff})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """nccl-tests' columns, with units, plus the efficiency against the measured link."""
+    lines = [f"{'size(B)':>12} {'count':>11} {'type':>6} {'time(ms)':>10} {'algbw(GB/s)':>12} "
+             f"{'busbw(GB/s)':>12} {'busbw/link':>10}"]
+    for r in rows:
+        eff = f"{r['efficiency']:>9.0%}" if r.get("efficiency") is not None else f"{'-':>9}"
+        lines.append(f"{r['size']:>12} {r['count']:>11} {r['type']:>6} {r['time_ms']:>10.2f} {r['algbw']:>12.4f} "
+                     f"{r['busbw']:>12.4f} {eff:>10}" + ("" if r.get("correct", True) else "  WRONG SUM"))
+    return "\n".join(lines)
+
+
+def pairs_table(pairs: list[link.Pair]) -> str:
+    lines = [f"{'pair':<24} {'Mbit/s':>9} {'retransmits':>11}"]
+    for p in pairs:
+        rate = f"{p.mbps:>9.1f}" if p.mbps is not None else f"{'-':>9}"
+        lines.append(f"{p.src + ' -> ' + p.dst:<24} {rate} {p.retransmits if p.retransmits is not None else '-':>11}"
+                     + (f"  {p.error}" if p.error else ""))
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict], threshold: float | None) -> tuple[bool, list[str]]:
+    """(ok, reasons): the large sizes' efficiency against `threshold` (a fraction)."""
+    if threshold is None:
+        return True, []
+    checked = [r for r in rows if r["size"] >= LARGE] or rows[-1:]
+    reasons = []
+    for r in checked:
+        if r.get("efficiency") is None:
+            reasons.append(f"{r['size']} B: no link figure to compare with (iperf3 failed)")
+        elif r["efficiency"] < threshold:
+            reasons.append(f"{r['size']} B: busbw {r['busbw'] * 8e3:.0f} Mbit/s is {r['efficiency']:.0%} of the "
+                           f"link, below the threshold of {threshold:.0%}")
+    if not any(r.get("correct", True) for r in rows):
+        reasons.append("all_reduce summed wrongly")
+    return not reasons, reasons
+
+
+def host_info(hosts: list[Host]) -> dict[str, dict]:
+    """NIC name, speed (ethtool's; often -1 or absent on virtual NICs), MTU, kernel, iperf3."""
+    script = ("n={nic}; echo \"$(cat /sys/class/net/$n/speed 2>/dev/null || echo -1)\"; "
+              "cat /sys/class/net/$n/mtu 2>/dev/null || echo 0; uname -r; "
+              "iperf3 --version 2>/dev/null | head -n 1")
+    answers = on_each(hosts, lambda h, c: c.run(script.format(nic=shlex.quote(link.nic_of(h))), hide=True,
+                                                warn=True, in_stream=False))
+    info = {}
+    for h in hosts:
+        r = answers[h.name]
+        lines = (getattr(r, "stdout", "") or "").splitlines() + ["", "", "", ""]
+        info[h.name] = {"address": h.address, "nic": h.nic, "gpus": h.gpus,
+                        "speed_mbps": int(lines[0]) if lines[0].lstrip("-").isdigit() else None,
+                        "mtu": int(lines[1]) if lines[1].isdigit() else None,
+                        "kernel": lines[2], "iperf3": lines[3],
+                        "expected_mbps": h.vars.get("network_expected_mbps")}
+    return info
+
+
+def allreduce_commands(hosts: list[Host], sizes: str, iters: int, warmup: int, budget_s: float,
+                       port: int, timeout: float, gap_s: float = 0.0) -> dict[str, str]:
+    """Each host's detached all_reduce job (torchrun when a host has several GPUs)."""
+    master = hosts[0].address
+    world = sum(max(h.gpus, 1) for h in hosts)
+    mn, sweep, mx = sizes.partition("..")
+    chosen = f"--min-size {mn} --max-size {mx}" if sweep else f"--sizes {sizes}"  # 'A..B' or 'A,B,...'
+    common = (f"{chosen} --iters {iters} --warmup {warmup} --budget-s {budget_s:g} --timeout {timeout:g}"
+              + (f" --gap-s {gap_s:g}" if gap_s else ""))
+    out = {}
+    for node, h in enumerate(hosts):
+        py = f"{venv_of(h)}/bin/python"
+        if h.gpus > 1:
+            job = (f"{venv_of(h)}/bin/torchrun --nnodes {len(hosts)} --node_rank {node} --nproc_per_node {h.gpus} "
+                   f"--master_addr {master} --master_port {port} {REMOTE_DIR}/allreduce.py {common}")
+        else:
+            rank = sum(max(x.gpus, 1) for x in hosts[:node])
+            job = (f"{py} {REMOTE_DIR}/allreduce.py --rank {rank} --world-size {world} --master-addr {master} "
+                   f"--master-port {port} {common}")
+        out[h.name] = (f"mkdir -p {REMOTE_DIR} && cd {REMOTE_DIR} && "
+                       f"{{ set -a; [ -f {ENV_FILE} ] && . {ENV_FILE}; set +a; "
+                       f"setsid nohup {job} > {REMOTE_DIR}/allreduce.out 2>&1 < /dev/null & "
+                       f"echo $! > {REMOTE_DIR}/allreduce.pid; }}")
+    return out
+
+
+KILL = (f"p=$(cat {REMOTE_DIR}/allreduce.pid 2>/dev/null) && kill -0 -- -$p 2>/dev/null && "
+        f"{{ kill -TERM -- -$p; sleep 1; kill -KILL -- -$p 2>/dev/null; echo killed; }}; "
+        f"rm -f {REMOTE_DIR}/allreduce.pid; true")
+ALIVE = f"p=$(cat {REMOTE_DIR}/allreduce.pid 2>/dev/null) && kill -0 $p 2>/dev/null && echo running || echo done"
+
+
+def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1, budget_s: float = 20,
+                  port: int = 29501, timeout: float = 1800, on_line=None, gap_s: float = 0.0) -> dict:
+    """Run the sweep on every host at once; rank 0's JSON report. Every job is stopped afterwards."""
+
+    def upload(h: Host, c) -> None:
+        c.run(f"mkdir -p {REMOTE_DIR}", hide=True, in_stream=False)
+        c.put(str(SCRIPT), f"{REMOTE_DIR}/allreduce.py")
+
+    failed = {n: r for n, r in on_each(hosts, upload).items() if isinstance(r, Exception)}
+    if failed:
+        raise ClusterError("could not copy the benchmark: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+    commands = allreduce_commands(hosts, sizes, iters, warmup, budget_s, port, timeout, gap_s)
+    try:
+        started = on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, warn=True, in_stream=False))
+        bad = [f"{n}: {link._why(r)}" for n, r in started.items() if link._failed(r)]
+        if bad:
+            raise ClusterError("could not start all_reduce on every host:\n  " + "\n  ".join(bad))
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            time.sleep(1)
+            states = run_all(hosts, ALIVE + f"; cat {REMOTE_DIR}/allreduce.out 2>/dev/null | grep -c '^# ' ")
+            first = states[hosts[0].name]
+            if on_line and not link._failed(first):
+                count = int((first.stdout.split() or ["", "0"])[-1])
+                if count > seen:
+                    seen = count
+                    on_line(count)
+            done = {n: (not link._failed(r) and r.stdout.startswith("done")) for n, r in states.items()}
+            if all(done.values()):
+                break
+            if done[hosts[0].name] or time.monotonic() > deadline:
+                break  # rank 0 ended (error) or too slow: the others are stopped below
+        outputs = run_all(hosts, f"cat {REMOTE_DIR}/allreduce.out")
+    finally:
+        run_all(hosts, KILL)
+    rank0 = getattr(outputs[hosts[0].name], "stdout", "")
+    report = next((json.loads(line[5:]) for line in rank0.splitlines() if line.startswith("JSON ")), None)
+    if report is None:
+        tails = "\n".join(f"  {n}: " + " | ".join((getattr(r, "stdout", "") or str(r)).strip().splitlines()[-3:])
+                          for n, r in outputs.items())
+        raise ClusterError(f"all_reduce gave no result:\n{tails}")
+    return report
+
+
+def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = None, iters: int = 5,
+              budget_s: float = 20, iperf_seconds: float = 3, threshold: float | None = None,
+              port: int = 29501, say=print) -> dict:
+    """The whole benchmark; returns the report (also written as JSON)."""
+    if len(hosts) < 2:
+        raise ClusterError("bench-net needs at least two hosts")
+    max_size = max_size or default_max_size(hosts)
+    parse_size(min_size), parse_size(max_size)  # reject bad sizes before anything runs
+    info = host_info(hosts)
+    caps = link.caps(hosts)
+    say(f"iperf3 between every ordered pair of {', '.join(h.name for h in hosts)} ({iperf_seconds:g} s each)")
+    pairs, raw = link.iperf(hosts, "all", seconds=iperf_seconds)
+    say(pairs_table(pairs))
+    link_mbps = link.link_mbps(pairs)
+    say(f"all_reduce {min_size}..{max_size} across {sum(max(h.gpus, 1) for h in hosts)} ranks")
+    result = run_allreduce(hosts, f"{min_size}..{max_size}", iters=iters, budget_s=budget_s, port=port,
+                           on_line=lambda n: say(f"  {n} sizes done"))
+    rows = with_efficiency(result["results"], link_mbps)
+    ok, reasons = verdict(rows, threshold)
+    say(f"# all_reduce, {result['backend']}, {result['world_size']} ranks; link {link_mbps} Mbit/s "
+        f"(slowest iperf3 pair)")
+    say(table(rows))
+    now = datetime.now(UTC)
+    report = {
+        "benchmark": "bench-net",
+        "timestamp": now.isoformat(timespec="seconds"),
+        "hosts": info,
+        "caps": caps,
+        "versions": {"torch": result.get("torch"), "cuda": result.get("cuda"), "backend": result.get("backend"),
+                     "device": result.get("device"), "iperf3": sorted({i["iperf3"] for i in info.values()})},
+        "iperf3": {"seconds": iperf_seconds, "pairs": [asdict(p) for p in pairs], "raw": raw},
+        "link_mbps": link_mbps,
+        "allreduce": {**{k: v for k, v in result.items() if k != "results"}, "results": rows},
+        "threshold": threshold,
+        "ok": ok,
+        "problems": reasons,
+    }
+    report["path"] = str(write(report, "net", now))
+    return report
+
+
+def write(report: dict, kind: str, when: datetime | None = None) -> Path:
+    """reports/bench/<kind>-<time>.json and <kind>-latest.json (same content)."""
+    when = when or datetime.now(UTC)
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    path = REPORT_DIR / f"{kind}-{when.strftime('%Y%m%d-%H%M%S')}.json"
+    text = json.dumps(report, indent=2, default=str) + "\n"
+    path.write_text(text)
+    (REPORT_DIR / f"{kind}-latest.json").write_text(text)
+    return path
+
+
+def latest(kind: str) -> dict | None:
+    path = REPORT_DIR / f"{kind}-latest.json"
+    return json.loads(path.read_text()) if path.exists() else None

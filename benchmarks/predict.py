@@ -1,0 +1,160 @@
+"""`fab predict` and `fab train`'s network check: the cost model fed with measured figures.
+
+Inputs, each with where it came from (printed beside the numbers):
+- gradient size: the preset's parameters (benchmarks.model.preset_params, the dataset's
+  dictionary size read from the first host) × 4 bytes (fp32) or 2 (fp16/bf16);
+- ranks: one per GPU, one per CPU host;
+- link: `measure` (iperf3 now, every ring link at once, 2 s), `bench` (the slowest pair
+  of the latest `fab bench-net`), or a number in Mbit/s;
+- compute-only s/update: `compute_s`, else the latest `fab bench-step` of the same model on
+  as many hosts (its compute_s: the uncapped step less its own communication).
+
+The verdict: network-bound when the exposed all-reduce is more than half of the step.
+Without a compute figure the share cannot be known: then the check falls back to the
+link against the inventory's `network_expected_mbps` (below `network_min_ratio`, 0.9 by
+default, is a capped port, the field reports' 100 Mb/s case) and says how to measure compute.
+`fab train` refuses to start in either case unless `--accept-slow-network`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from train import presets
+from train.cluster import ClusterError, Host
+
+from . import link, model, net
+
+PRECISION_OF_RUN = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+@dataclass
+class Verdict:
+    params: int
+    ranks: int
+    link_mbps: float
+    link_source: str
+    compute_s: float | None
+    compute_source: str
+    expected_mbps: float | None
+    min_ratio: float
+    prediction: model.Prediction | None = None
+    at_expected: model.Prediction | None = None
+    comm_only: model.Prediction | None = None
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def slow_link(self) -> bool:
+        return bool(self.expected_mbps) and self.link_mbps < self.min_ratio * float(self.expected_mbps)
+
+    @property
+    def network_bound(self) -> bool:
+        if self.prediction is not None:
+            return self.prediction.network_bound
+        return self.slow_link  # no compute figure: a link well below what the inventory promises
+
+    def as_dict(self) -> dict:
+        return {"params": self.params, "ranks": self.ranks, "link_mbps": self.link_mbps,
+                "link_source": self.link_source, "compute_s": self.compute_s, "compute_source": self.compute_source,
+                "expected_mbps": self.expected_mbps, "slow_link": self.slow_link,
+                "network_bound": self.network_bound,
+                "prediction": self.prediction.as_dict() if self.prediction else None,
+                "at_expected": self.at_expected.as_dict() if self.at_expected else None}
+
+
+def _model_options(overrides: list[str]) -> list[str]:
+    """The overrides that change the step's cost (not how long the run is)."""
+    return sorted(o for o in overrides if o.split("=")[0].strip() not in ("max_update", "max_epoch"))
+
+
+def compute_from_bench(params: int, n_hosts: int, ranks: int, preset: str | None = None,
+                       overrides: list[str] | None = None) -> tuple[float | None, str]:
+    """The latest bench-step's compute-only time, if it measured the same model and batch on as many hosts."""
+    report = net.latest("step")
+    same_model = preset is None or (report and report.get("preset") == preset
+                                    and _model_options(report.get("overrides", [])) == _model_options(overrides or []))
+    if report and same_model and report.get("params") == params and report.get("ranks") == ranks \
+            and report.get("n_hosts") == n_hosts and report.get("compute_s"):
+        return float(report["compute_s"]), f"fab bench-step of {report['timestamp']}"
+    return None, "unknown: run `fab bench-step --rates none` with the same model (or pass --compute-s)"
+
+
+def link_figure(hosts: list[Host], source: str) -> tuple[float, str]:
+    if source == "measure":
+        pairs, _ = link.iperf(hosts, "ring", seconds=2)
+        mbps = link.link_mbps(pairs)
+        if not mbps:
+            raise ClusterError("iperf3 measured nothing: " + "; ".join(p.error or "" for p in pairs))
+        return mbps, "iperf3 now, slowest of " + ", ".join(f"{p.src}->{p.dst} {p.mbps:.0f}" for p in pairs)
+    if source == "bench":
+        report = net.latest("net")
+        if not report or sorted(report["hosts"]) != sorted(h.name for h in hosts):
+            raise ClusterError("no `fab bench-net` of these hosts to take the link from: run it, or --link measure")
+        return float(report["link_mbps"]), f"fab bench-net of {report['timestamp']}"
+    try:
+        return float(source), "given"
+    except ValueError:
+        raise ClusterError(f"--link is measure, bench or Mbit/s, not {source!r}") from None
+
+
+def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str, compute_s: float | None,
+           compute_source: str, precision: str = "fp32", update_freq: int = 1, max_update: int | None = None,
+           overlap: float = 0.0) -> Verdict:
+    """Pure: figures in, verdict and the lines explaining it out."""
+    ranks = sum(max(h.gpus, 1) for h in hosts)
+    expected = hosts[0].vars.get("network_expected_mbps")
+    ratio = float(hosts[0].vars.get("network_min_ratio", 0.9))
+    v = Verdict(params, ranks, link_mbps, link_source, compute_s, compute_source,
+                float(expected) if expected else None, ratio)
+    kw = {"hosts": len(hosts), "precision": precision, "update_freq": update_freq, "max_update": max_update,
+          "overlap": overlap}
+    v.lines.append(f"link {link_mbps:.0f} Mbit/s ({link_source})"
+                   + (f"; the inventory expects {v.expected_mbps:.0f} Mbit/s" if v.expected_mbps else ""))
+    if compute_s is not None:
+        v.prediction = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, **kw)
+        v.lines.append(f"compute-only {compute_s:.3f} s/update ({compute_source})")
+        v.lines += model.explain(v.prediction).splitlines()
+        if v.expected_mbps:
+            v.at_expected = model.predict(params, ranks, model.mbit_to_bytes_per_s(v.expected_mbps), compute_s, **kw)
+            v.lines.append(f"at the expected {v.expected_mbps:.0f} Mbit/s: {v.at_expected.step_s:.2f} s/update"
+                           + (f", {v.at_expected.run_hours:.1f} h" if v.at_expected.run_hours is not None else ""))
+    else:
+        v.comm_only = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), 1e-9, **kw)
+        v.lines.append(f"all-reduce alone: {v.comm_only.comm_s:.2f} s per update "
+                       f"({v.comm_only.gradient_bytes / 1e6:.1f} MB of gradients); compute-only time {compute_source}")
+    if v.slow_link:
+        v.lines.append(f"the link is {link_mbps / v.expected_mbps:.0%} of the expected {v.expected_mbps:.0f} Mbit/s "
+                       "(a capped port?)")
+    v.lines.append("verdict: NETWORK-BOUND" if v.network_bound else "verdict: the network is not the bottleneck")
+    return v
+
+
+def model_params(hosts: list[Host], preset: str, overrides: list[str], dataset: str) -> int:
+    from .step import dataset_vocab
+
+    return model.preset_params(presets.resolve(preset, overrides).options, dataset_vocab(hosts[0], dataset))
+
+
+def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, link_source: str = "measure",
+                compute_s: float | None = None, precision: str = "fp32", update_freq: int = 1,
+                max_update: int | None = None, overlap: float = 0.0) -> Verdict:
+    if len(hosts) < 2:
+        raise ClusterError("a prediction of the network's cost needs at least two hosts")
+    params = model_params(hosts, preset, overrides, dataset)
+    ranks = sum(max(h.gpus, 1) for h in hosts)
+    source = "given"
+    if compute_s is None:
+        compute_s, source = compute_from_bench(params, len(hosts), ranks, preset, overrides)
+    mbps, where = link_figure(hosts, link_source)
+    if max_update is None:
+        max_update = presets.resolve(preset, overrides).options.get("max_update")
+    return assess(hosts, params, link_mbps=mbps, link_source=where, compute_s=compute_s, compute_source=source,
+                  precision=precision, update_freq=update_freq, max_update=max_update, overlap=overlap)
+
+
+def for_run(run, hosts: list[Host]) -> Verdict | None:
+    """`fab train`'s check for a launch.Run; None (with nothing refused) when it cannot be made."""
+    if len(hosts) < 2:
+        return None
+    return predict_for(hosts, run.preset, list(run.overrides), run.dataset, "measure",
+                       precision=run.precision, update_freq=run.update_freq, max_update=run.max_update)

@@ -1,0 +1,340 @@
+"""`fab bench-step`: seconds per update against the link's bandwidth, measured and predicted.
+
+1. For each rate (`10mbit`, `100mbit`, `1gbit`, ..., `none` = no cap) cap every host's
+   cluster NIC (tc tbf on its egress, benchmarks.link) and measure the ring's links with
+   iperf3 (2 s, all links at once).
+2. Start the configured model once on every host through train.launch (run `bench-<time>`,
+   `log_interval=1`, no validation, no checkpoints; `reports/latest` is left alone) and,
+   while it trains, change the cap under it: `cycles` times through the rates, each for
+   `skip` updates to settle and then `updates` measured ones. Interleaving the rates in one
+   run means a change in the machine's load (other jobs, thermal, a noisy neighbour) hits
+   every rate alike, and start-up is paid once.
+3. Per rate: the median seconds per update (wpb / wps of each logged update), the median
+   words per second, and the bytes each host's NIC sent per update
+   (/sys/class/net/NIC/statistics/tx_bytes at the segment's first and last update).
+
+Afterwards, and on any error, Ctrl-C (SIGINT), SIGTERM or SIGHUP, the job is stopped
+(train.launch.stop) and every cap removed, then read back (`tc qdisc show`): the run prints
+that no cap is left, or fails naming the host that kept one.
+
+The model (benchmarks.model.predict, overlap 0: the CPU runs use fairseq's legacy_ddp) gets
+the compute-only time C from the uncapped rate: C = step(none) − comm(none) at the uncapped
+link. Without a `none` rate, the fastest rate stands in for it. Every rate's prediction is
+then C + 2(n−1)/n × S / B with B the rate an all_reduce of exactly S reached under that cap
+(iperf3's steady state is shown beside it; short transfers through a shaped link lose more to
+TCP retransmission timeouts than a long stream): the table shows predicted
+against measured, and the plot (reports/bench/step-<time>.png) the model's curve over
+bandwidth with the measured points on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shlex
+import signal
+import statistics
+import time
+from datetime import UTC, datetime
+
+from train import launch, logparse, presets
+from train.cluster import ClusterError, Host, connect, run_all
+
+from . import link, model
+from .net import REPORT_DIR, run_allreduce, write
+
+BENCH_OVERRIDES = ["log_interval=1", "disable_validation=true", "no_save=true"]
+_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+
+
+def parse_rates(text: str) -> list[str]:
+    rates = [r.strip().lower() for r in text.split(",") if r.strip()]
+    for r in rates:
+        link.rate_bits(r)  # raises on a bad one
+    if not rates:
+        raise ValueError("no rates given (e.g. --rates 10mbit,100mbit,1gbit,none)")
+    return rates
+
+
+def logged_params(log_text: str) -> int | None:
+    match = _PARAMS.search(log_text)
+    return int(match.group(1).replace(",", "")) if match else None
+
+
+def dataset_vocab(host: Host, dataset: str) -> int:
+    """fairseq's dictionary size: the lines of dict.en.txt plus its 4 special symbols."""
+    path = f"{launch.DATA_ROOT}/{dataset}/dict.en.txt"
+    result = run_all([host], f"wc -l < {shlex.quote(path)}")[host.name]
+    if link._failed(result):
+        raise ClusterError(f"{host.name}: no dictionary at {path}: run `fab prepare-data`")
+    return int(result.stdout.strip()) + 4
+
+
+def tx_bytes(hosts: list[Host]) -> dict[str, int]:
+    answers = link._run_each(hosts, {h.name: f"cat /sys/class/net/{shlex.quote(link.nic_of(h))}/statistics/tx_bytes"
+                                     for h in hosts})
+    bad = [n for n, r in answers.items() if link._failed(r)]
+    if bad:
+        raise ClusterError(f"could not read the NIC counters on {', '.join(bad)}")
+    return {n: int(r.stdout.strip()) for n, r in answers.items()}
+
+
+def comm_mbps(point: dict) -> float:
+    """The rate the model uses: the gradient's own all_reduce under this cap when measured, else iperf3."""
+    return point.get("allreduce_mbps") or point["link_mbps"]
+
+
+def compute_only(points: list[dict], params: int, ranks: int, hosts: int) -> tuple[float, str]:
+    """C from the uncapped run (or the fastest), less what its own link costs per update."""
+    base = next((p for p in points if p["rate"] == "none"), None) or max(points, key=lambda p: p["link_mbps"] or 0)
+    comm = model.allreduce_bytes_per_rank(model.gradient_bytes(params), ranks) / model.mbit_to_bytes_per_s(
+        comm_mbps(base)) if hosts > 1 else 0.0
+    return max(base["s_per_update"] - comm, 1e-6), base["rate"]
+
+
+def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, overlap: float = 0.0) -> float:
+    """Adds predicted_s, error and network_share to every point; returns the compute-only C."""
+    ok = [p for p in points if p.get("s_per_update") and p.get("link_mbps")]
+    if not ok:
+        return 0.0
+    c, _ = compute_only(ok, params, ranks, hosts)
+    for p in ok:
+        pred = model.predict(params, ranks, model.mbit_to_bytes_per_s(comm_mbps(p)), c, hosts=hosts,
+                             overlap=overlap)
+        p["predicted_s"] = pred.step_s
+        p["error"] = pred.step_s / p["s_per_update"] - 1
+        p["network_share"] = pred.comm_share
+        p["model_tx_bytes"] = model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
+    return c
+
+
+def table(points: list[dict]) -> str:
+    head = (f"{'rate':>8} {'link(Mbit/s)':>12} {'allreduce(Mbit/s)':>17} {'s/update':>9} {'predicted':>9} "
+            f"{'error':>6} {'wps':>8} {'tx/update(MB)':>13} {'model(MB)':>9} {'net share':>9}")
+    lines = [head]
+    for p in points:
+        def f(key, fmt, scale=1.0, p=p):
+            v = p.get(key)
+            return format(v * scale, fmt) if v is not None else "-"
+        lines.append(f"{p['rate']:>8} {f('link_mbps', '.1f'):>12} {f('allreduce_mbps', '.1f'):>17} "
+                     f"{f('s_per_update', '.3f'):>9} "
+                     f"{f('predicted_s', '.3f'):>9} {f('error', '+.0%'):>6} {f('wps', '.0f'):>8} "
+                     f"{f('tx_per_update', '.2f', 1e-6):>13} {f('model_tx_bytes', '.2f', 1e-6):>9} "
+                     f"{f('network_share', '.0%'):>9}")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path) -> None:
+    """Step time against bandwidth: measured points, the model's curve (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    pts = [p for p in report["points"] if p.get("s_per_update") and p.get("link_mbps")]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if pts:
+        rates = [p["link_mbps"] for p in pts]
+        xs = np.logspace(np.log10(min(rates) / 2), np.log10(max(rates) * 2), 200)
+        curve = model.sweep(report["params"], report["ranks"], report["compute_s"], xs, hosts=report["n_hosts"])
+        ax.plot(xs, [c.step_s for c in curve], label="model: C + 2(n−1)/n·S / B", color="tab:blue")
+        ax.axhline(report["compute_s"], color="grey", ls=":", label=f"compute only C = {report['compute_s']:.3f} s")
+        ax.scatter(rates, [p["s_per_update"] for p in pts], color="tab:red", zorder=3, label="measured (median)")
+        pred = [p for p in pts if p.get("predicted_s")]
+        ax.scatter([p["link_mbps"] for p in pred], [p["predicted_s"] for p in pred], marker="x", color="black",
+                   zorder=4, label="predicted with the gradient's all_reduce rate")
+        for p in pts:
+            ax.annotate(p["rate"], (p["link_mbps"], p["s_per_update"]), textcoords="offset points", xytext=(5, 5))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("link bandwidth, iperf3 (Mbit/s)")
+    ax.set_ylabel("seconds per update")
+    ax.set_title(f"{report['preset']} {report['params'] / 1e6:.2f}M params, {report['ranks']} ranks "
+                 f"on {report['n_hosts']} hosts")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+class _Interrupted(KeyboardInterrupt):
+    pass
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM/SIGHUP behave like Ctrl-C, so `finally` blocks run (removing caps, stopping jobs)."""
+    def handler(signum, frame):
+        raise _Interrupted(f"signal {signal.Signals(signum).name}")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# As train.launch.STATE: every process of the run names its save dir on its command line.
+POLL = r"""
+if pgrep -f -- "--save-dir RUN/checkpoint[s]" >/dev/null; then echo running; else echo stopped; fi
+grep -o '"num_updates": "[0-9]*"' RUN/train.log 2>/dev/null | tail -n 1 | grep -o '[0-9]*' || echo 0
+"""
+
+
+class Follower:
+    """Rank 0's last logged update, asked over one kept-open connection; raises when a rank stopped."""
+
+    def __init__(self, run: launch.Run, hosts: list[Host]):
+        self.run, self.hosts = run, hosts
+        self.conn = connect(hosts[0])
+        self.script = POLL.replace("RUN", run.remote_dir)  # run ids are [a-z0-9-]
+
+    def update(self) -> int:
+        out = self.conn.run(self.script, hide=True, warn=True, in_stream=False).stdout.split()
+        if not out or out[0] != "running":
+            self._fail()
+        return int(out[1]) if len(out) > 1 else 0
+
+    def wait(self, update: int, timeout: float, poll: float = 0.5) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = self.update()
+            if now >= update:
+                return now
+            time.sleep(poll)
+        raise ClusterError(f"{self.run.run_id}: update {update} not reached in {timeout:.0f} s")
+
+    def _fail(self):
+        states = launch.states(self.run, self.hosts)
+        gone = [s for s in states if not s.running] or states[:1]
+        raise ClusterError("a rank stopped during the benchmark: " + "; ".join(
+            f"{s.name}: {' | '.join(s.tail[-3:]) or s.error}" for s in gone))
+
+    def close(self):
+        self.conn.close()
+
+
+def per_update(records: list[logparse.Record]) -> dict[int, dict[str, float]]:
+    """{update: {s, wps, wpb}} from log_interval=1 lines (s = wpb / wps)."""
+    out = {}
+    for r in records:
+        if r.kind == "train_inner" and r.update and r.get("wps") and r.get("wpb"):
+            out[r.update] = {"s": r.get("wpb") / r.get("wps"), "wps": r.get("wps"), "wpb": r.get("wpb")}
+    return out
+
+
+def summarize(rates: list[str], segments: list[dict], updates: dict[int, dict[str, float]],
+              links: dict[str, float | None]) -> list[dict]:
+    """One point per rate: medians over every update of its segments, bytes per update from the counters."""
+    points = []
+    for rate in dict.fromkeys(rates):
+        segs = [g for g in segments if g["rate"] == rate]
+        ups = [updates[u] for g in segs for u in range(g["first"], g["last"] + 1) if u in updates]
+        n = sum(g["last"] - g["first"] + 1 for g in segs)
+        sent: dict[str, int] = {}
+        for g in segs:
+            for host, b in g["tx"].items():
+                sent[host] = sent.get(host, 0) + b
+        points.append({
+            "rate": rate, "link_mbps": links.get(rate), "segments": len(segs), "updates_measured": len(ups),
+            "s_per_update": statistics.median([u["s"] for u in ups]) if ups else None,
+            "wps": statistics.median([u["wps"] for u in ups]) if ups else None,
+            "wpb": statistics.median([u["wpb"] for u in ups]) if ups else None,
+            "tx_bytes": sent, "tx_per_update": statistics.mean(sent.values()) / n if sent and n else None,
+        })
+    return points
+
+
+def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overrides: list[str] | None = None,
+               dataset: str = "synthetic", updates: int = 8, cycles: int = 2, skip: int = 1, warmup: int = 3,
+               port: int = 29500, say=print) -> dict:
+    """The sweep; returns the report (JSON and PNG written). Caps are always removed."""
+    if len(hosts) < 2:
+        raise ClusterError("bench-step needs at least two hosts (the link between them is the point)")
+    overrides = list(overrides or [])
+    options = presets.resolve(preset, overrides).options
+    vocab = dataset_vocab(hosts[0], dataset)
+    params = model.preset_params(options, vocab)
+    ranks = sum(max(h.gpus, 1) for h in hosts)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run = launch.Run(run_id=f"bench-{stamp}", hosts=[h.name for h in hosts], preset=preset,
+                     overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES], dataset=dataset,
+                     master_port=port)
+    links: dict[str, float | None] = {}
+    effective: dict[str, float] = {}
+    segments: list[dict] = []
+    started = False
+    follower = None
+    with _signals_raise():
+        try:
+            size = model.gradient_bytes(params)
+            per_rank = model.allreduce_bytes_per_rank(size, ranks)
+            for rate in dict.fromkeys(rates):
+                link.apply_caps(hosts, rate)
+                pairs, _ = link.iperf(hosts, "ring", seconds=2)
+                links[rate] = link.link_mbps(pairs)
+                # the gradient's own all-reduce under this cap: short transfers lose more to TCP than iperf3
+                # with an idle second before each, as between updates (TCP restarts slow start after idle)
+                result = run_allreduce(hosts, str(size - size % 4), iters=5, warmup=1, budget_s=15, port=port + 1,
+                                       gap_s=1.0)
+                ms = result["results"][0]["time_ms"]
+                effective[rate] = per_rank / (ms / 1e3) * 8 / 1e6
+                say(f"[{rate}] iperf3 {links[rate]} Mbit/s (slowest ring link); all_reduce of the "
+                    f"{size / 1e6:.1f} MB gradient {ms:.0f} ms = {effective[rate]:.1f} Mbit/s")
+            link.apply_caps(hosts, "none")
+            problems = launch.check(run, hosts, launch.probe(run, hosts))
+            if problems:
+                raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
+            started = True
+            launch.start(run, hosts)
+            say(f"training {preset} on {len(hosts)} hosts ({run.run_id}); the cap changes under it: "
+                f"{cycles} x ({', '.join(rates)}), {updates} updates each after {skip} to settle")
+            follower = Follower(run, hosts)
+            follower.wait(warmup, timeout=600)
+            for cycle in range(cycles):
+                for rate in rates:
+                    link.apply_caps(hosts, rate)
+                    now = follower.update()
+                    first = follower.wait(now + skip, timeout=120 + skip * 120)
+                    before = tx_bytes(hosts)
+                    last = follower.wait(first + updates, timeout=120 + updates * 120)
+                    after = tx_bytes(hosts)
+                    segments.append({"rate": rate, "cycle": cycle, "first": first + 1, "last": last,
+                                     "tx": {n: after[n] - before[n] for n in after}})
+                    say(f"[{rate}] cycle {cycle + 1}: updates {first + 1}..{last}")
+        finally:
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
+            try:
+                if follower:
+                    follower.close()
+                if started:
+                    with contextlib.suppress(ClusterError):
+                        launch.stop(run, hosts)
+                        say(f"stopped {run.run_id} on every host")
+                link.remove_caps(hosts)
+                say(f"cap removed on {', '.join(h.name for h in hosts)} (tc qdisc show: no tbf left)")
+            finally:
+                signal.signal(signal.SIGINT, previous)
+    log_text = launch.read_log(hosts[0], run, lines=100000)
+    log = logparse.parse_log(log_text.splitlines())
+    points = summarize(rates, segments, per_update(log.records), links)
+    for p in points:
+        p["devices"] = log.devices
+        p["allreduce_mbps"] = effective.get(p["rate"])
+    compute_s = with_predictions(points, params, ranks, len(hosts))
+    now = datetime.now(UTC)
+    report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), "run_id": run.run_id,
+              "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks, "preset": preset,
+              "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
+              "params_logged": logged_params(log_text), "gradient_bytes": model.gradient_bytes(params),
+              "compute_s": compute_s, "overlap": 0.0, "updates": updates, "cycles": cycles, "skip": skip,
+              "segments": segments, "points": points}
+    path = write(report, "step", now)
+    png = path.with_suffix(".png")
+    plot(report, png)
+    (REPORT_DIR / "step-latest.png").write_bytes(png.read_bytes())
+    report["path"], report["plot"] = str(path), str(png)
+    return report
