@@ -27,9 +27,16 @@ STEPS = [
     ("Provision: packages, /etc/hosts, the data volume, NIC speed and iperf3, the training "
      "environment from the lab's wheelhouse, then the verification table",
      ["ansible-playbook", "-i", "inventory/lab.yml", "provision.yml"]),
+    ("Bandwidth before training: iperf3 between every pair, then an all_reduce sweep (nccl-tests style)",
+     ["fab", "bench-net", "--max-size", "64M"]),
     ("Prepare the data: a synthetic en-de corpus, joint sentencepiece, fairseq-preprocess, "
      "copied to /data on both hosts and checked",
      ["fab", "prepare-data"]),
+    ("Step time against bandwidth: the tiny model under a 10mbit cap and uncapped, with the model's "
+     "prediction (the cap is always lifted afterwards)",
+     ["fab", "bench-step", "--rates", "10mbit,none", "--cycles", "1"]),
+    ("Predict the whole run: seconds per update, hours, network-bound or not",
+     ["fab", "predict"]),
     ("Train the tiny Transformer on both hosts at once (torchrun, gloo on CPU), with a progress bar",
      ["fab", "train", "--new"]),
     ("Score it: translate the test set with the best checkpoint, SacreBLEU",
