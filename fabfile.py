@@ -119,7 +119,7 @@ def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
-    _network_check(the_run, hosts, accept_slow_network)
+    the_run.link_mbps = _network_check(the_run, hosts, accept_slow_network)
     if resuming:
         copy = launch.share_checkpoint(the_run, hosts)
         if copy is not None:
@@ -142,9 +142,9 @@ def _network_check(the_run, hosts, accept):
             verdict = bench_predict.for_run(the_run, hosts)
     except ClusterError as err:
         console.print(f"[yellow]network check skipped:[/] {err}")
-        return
+        return None
     if verdict is None:
-        return
+        return None
     text = "\n  ".join(verdict.lines)
     if verdict.network_bound and not accept:
         raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}\n"
@@ -152,6 +152,7 @@ def _network_check(the_run, hosts, accept):
     console.print("[yellow]network-bound, accepted (--accept-slow-network):[/]" if verdict.network_bound
                   else "[green]✓[/] network check:")
     console.print("  " + text, markup=False)
+    return verdict.link_mbps
 
 
 def _summarize(states):

@@ -278,7 +278,11 @@ def last_part(points: list[tuple[int, float]], fraction: float = 1 / 3, at_least
 
 
 def link(data: RunData, expected_mbps: float | None) -> tuple[float | None, str]:
-    """The link rate to compare with: the latest bench-net measurement, else the inventory's."""
+    """The link rate to compare with: the one `fab train` measured as this run started, else
+    the latest bench-net measurement, else the inventory's."""
+    at_start = data.run.get("link_mbps")
+    if isinstance(at_start, int | float) and at_start > 0:
+        return float(at_start), "measured by iperf3 as this run started"
     measured = [b for b in data.bench if isinstance(b.get("link_mbps"), int | float) and b["link_mbps"] > 0]
     if measured:
         best = max(measured, key=lambda b: str(b.get("timestamp", "")))

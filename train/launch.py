@@ -40,6 +40,7 @@ class Run:
     master_port: int = 29500
     update_freq: int = 1
     precision: str = "fp32"
+    link_mbps: float | None = None  # the cluster link as measured when the run started
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property

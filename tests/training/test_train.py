@@ -203,3 +203,19 @@ def test_the_report_of_a_real_run_answers_with_the_logs_figures(data_ready, two_
     assert answers["network"]["verdict"] == "not"  # the uncapped lab link is far from busy
     samples = (page.parent / "samples" / "v100b.jsonl").read_text().splitlines()
     assert len(samples) >= 5 and json.loads(samples[0])["gpus"] is None
+
+
+def test_a_run_capped_at_10mbit_is_reported_network_bound(data_ready):
+    """The field reports' trap on the lab: the link capped, the report says the network was the bottleneck."""
+    try:
+        data_ready.shape("10mbit")
+        fab(data_ready, "train", "--new", "--accept-slow-network", "--set",
+            "max_update=10,log_interval=2,encoder_embed_dim=128,decoder_embed_dim=128,"
+            "encoder_ffn_embed_dim=512,decoder_ffn_embed_dim=512")
+    finally:
+        data_ready.shape("none")
+    run_id = latest_run_id()
+    fab(data_ready, "report", "--run", run_id)  # the link as measured when the run started
+    answers = json.loads((TOP / "reports" / run_id / "answers.json").read_text())["answers"]
+    network = next(a for a in answers if a["key"] == "network")
+    assert network["verdict"] == "network-bound", network["answer"]
