@@ -25,13 +25,16 @@ LANGS = ("en", "de")
 SPLITS = ("train", "valid", "test")
 STATMT = "http://statmt.org/wmt13"
 WMT16 = "http://data.statmt.org/wmt16/translation-task"
-# Checksums None: the first download prints them, to pin here (not reachable from this lab).
+# SHA-256 of the published archives. dev.tgz's is not pinned yet: the first download prints it.
 WMT16_SOURCES = {
-    "europarl": download.Source(f"{STATMT}/training-parallel-europarl-v7.tgz", None,
+    "europarl": download.Source(f"{STATMT}/training-parallel-europarl-v7.tgz",
+                                "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
                                 ("europarl-v7.de-en.en", "europarl-v7.de-en.de")),
-    "commoncrawl": download.Source(f"{STATMT}/training-parallel-commoncrawl.tgz", None,
+    "commoncrawl": download.Source(f"{STATMT}/training-parallel-commoncrawl.tgz",
+                                   "c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5",
                                    ("commoncrawl.de-en.en", "commoncrawl.de-en.de")),
-    "news-commentary": download.Source(f"{WMT16}/training-parallel-nc-v11.tgz", None,
+    "news-commentary": download.Source(f"{WMT16}/training-parallel-nc-v11.tgz",
+                                       "cfe8ab047e05043476e498ee765c98e939c7b7d6d294e856344c84476b619d6a",
                                        ("news-commentary-v11.de-en.en", "news-commentary-v11.de-en.de")),
     "dev": download.Source(f"{WMT16}/dev.tgz", None,
                            ("newstest2012.en", "newstest2012.de", "newstest2013.en", "newstest2013.de")),
