@@ -159,18 +159,15 @@ def test_bad_input_fails_before_launching_anything(data_ready, args, message):
 
 def test_a_busy_rendezvous_port_is_named(data_ready):
     cfg = data_ready.cfg
-    holder = subprocess.Popen(
-        ["ssh", "-i", str(cfg.key), "-o", f"UserKnownHostsFile={cfg.known_hosts}", f"root@{cfg.host_ip('v100a')}",
-         "python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", 29500)); s.listen(); "
-         "time.sleep(60)'"])
+    holder = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(120)"
+    pid = ssh(cfg, "v100a", f'nohup python3 -c "{holder}" >/dev/null 2>&1 & echo $!').stdout.strip()
     try:
-        time.sleep(2)
+        time.sleep(1)
         proc = fab(data_ready, "train", "--new", check=False)
         assert proc.returncode != 0
         assert "v100a: rendezvous port 29500 is in use" in proc.stdout
     finally:
-        holder.kill()
-        ssh(cfg, "v100a", "pkill -f 'socket.socket(); s.bind' || true")
+        ssh(cfg, "v100a", f"kill {pid}")  # the process this test started, by its PID
 
 
 def test_mismatched_versions_are_named_before_launch(data_ready):
