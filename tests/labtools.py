@@ -56,6 +56,7 @@ class Provisioned:
     cfg: LabConfig
     inventory: Path
     reports: Path
+    code: Path | None = None  # a snapshot of train/ and benchmarks/ to install (default: the tree)
     first: Run | None = None
 
     def playbook(self, *args: str, timeout: float = 900) -> Run:
@@ -63,7 +64,8 @@ class Provisioned:
         start = time.monotonic()
         proc = subprocess.run(
             [ANSIBLE_PLAYBOOK, "-i", str(self.inventory), "provision.yml",
-             "-e", f"tandem_report_dir={self.reports}", *args],
+             "-e", f"tandem_report_dir={self.reports}",
+             *(["-e", f"train_env_code_src={self.code}"] if self.code else []), *args],
             cwd=TOP, capture_output=True, text=True, timeout=timeout,
             env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
         )

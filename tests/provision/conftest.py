@@ -8,64 +8,12 @@ state with --limit / --tags / -e instead of provisioning again.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from labtools import TOP, lab_cli
-
-from lab.config import LabConfig
-
-ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
-
-
-@dataclass
-class Run:
-    rc: int
-    output: str
-    seconds: float
-
-    def recap(self) -> dict[str, dict[str, int]]:
-        """PLAY RECAP -> {host: {ok: .., changed: .., failed: .., ...}}."""
-        hosts = {}
-        for line in self.output.split("PLAY RECAP")[-1].splitlines():
-            m = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
-            if m:
-                hosts[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-        return hosts
-
-
-@dataclass
-class Provisioned:
-    cfg: LabConfig
-    inventory: Path
-    reports: Path
-    code: Path | None = None
-    first: Run | None = None
-
-    def playbook(self, *args: str, timeout: float = 900) -> Run:
-        """ansible-playbook provision.yml on this lab; reports go to a temporary directory."""
-        start = time.monotonic()
-        proc = subprocess.run(
-            [ANSIBLE_PLAYBOOK, "-i", str(self.inventory), "provision.yml",
-             "-e", f"tandem_report_dir={self.reports}", "-e", f"train_env_code_src={self.code}", *args],
-            cwd=TOP, capture_output=True, text=True, timeout=timeout,
-            env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
-        )
-        return Run(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
-
-    def shape(self, rate: str) -> None:
-        lab_cli("shape", rate, prefix=self.cfg.prefix)
-
-    def testinfra_host(self, name: str):
-        import testinfra
-
-        return testinfra.get_host(f"ansible://{name}?ansible_inventory={self.inventory}")
+from labtools import TOP, Provisioned
 
 
 @pytest.fixture(scope="module")
