@@ -78,3 +78,15 @@ class Provisioned:
         import testinfra
 
         return testinfra.get_host(f"ansible://{name}?ansible_inventory={self.inventory}")
+
+
+FAB = str(Path(sys.executable).parent / "fab")
+
+
+def fab(provisioned, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    """`fab ARGS` against the lab's inventory, as a user runs it."""
+    env = {**os.environ, "FABRIC_INVENTORY": str(provisioned.inventory), "COLUMNS": "200"}
+    proc = subprocess.run([FAB, *args], cwd=TOP, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -10,14 +10,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from labtools import TOP, ssh
+from labtools import FAB, TOP, fab, ssh
 
-FAB = str(Path(sys.executable).parent / "fab")
 BENCH = TOP / "reports" / "bench"
 # A model ≥10× tiny's 0.3M parameters: 256 dims, 1024 FFN, 2+2 layers = 3.9M (15.8 MB of fp32 gradients),
 # on small batches so an update costs little more compute than tiny's.
@@ -25,12 +22,6 @@ BIG = ("encoder_embed_dim=256,decoder_embed_dim=256,encoder_ffn_embed_dim=1024,d
        "max_tokens=256")
 
 
-def fab(provisioned, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FABRIC_INVENTORY": str(provisioned.inventory), "COLUMNS": "200"}
-    proc = subprocess.run([FAB, *args], cwd=TOP, capture_output=True, text=True, timeout=timeout, env=env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def leftovers(cfg) -> dict[str, str]:

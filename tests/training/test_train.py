@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from labtools import TOP, ssh
+from labtools import TOP, fab, ssh
 
-FAB = str(Path(sys.executable).parent / "fab")
 RUNS = "/data/tandem/runs"
 
 
-def fab(provisioned, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FABRIC_INVENTORY": str(provisioned.inventory), "COLUMNS": "200"}
-    proc = subprocess.run([FAB, *args], cwd=TOP, capture_output=True, text=True, timeout=timeout, env=env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def training_processes(cfg, name: str) -> list[str]:
