@@ -38,7 +38,9 @@ from pathlib import Path
 from train import presets
 from train.logparse import Log, Record, format_eta, parse_log, seconds_per_update
 
-NETWORK_BOUND_SHARE = 0.70  # mean NIC throughput while training ≥ this share of the link: network-bound
+# The link busy more than half the training time: the network takes most of each step, the same
+# definition `fab predict` uses (benchmarks.model.Prediction.network_bound).
+NETWORK_BOUND_SHARE = 0.50
 GPU_FULL_PERCENT = 90.0  # mean utilization at or above this: fully used
 PLATEAU_FRACTION = 0.01  # a loss change smaller than 1 % over the last part: not improving
 
@@ -519,7 +521,7 @@ def answer_network(data: RunData, ivs: list[Interval], expected_mbps: float | No
         verdict, words = "not", "no"
     text = (f"{words}: {busiest}'s NIC averaged {b['mean_mbps']:.1f} Mbit/s = {share:.0%} of the "
             f"{rate:g} Mbit/s link (peak {b['peak_mbps']:.1f} = {peak:.0%}) {when}; {corr}. "
-            f"Link: {source}; network-bound means ≥ {NETWORK_BOUND_SHARE:.0%} of it on average.")
+            f"Link: {source}; network-bound means the link busy ≥ {NETWORK_BOUND_SHARE:.0%} of the time on average.")
     return Answer("network", q, text, numbers, verdict)
 
 

@@ -147,6 +147,18 @@ def test_a_capped_link_is_network_bound(report):
     assert net.numbers["correlation"] > 0.9 and net.numbers["correlated_intervals"] == 23
 
 
+def test_a_link_busy_two_thirds_of_the_time_is_network_bound_and_one_in_bursts_is_not(tmp_path):
+    """The 10mbit lab run: the link busy 67% of the time is the bottleneck (the network takes most of
+    each step, as `fab predict` defines it); a link busy only in short peaks is not."""
+    run_dir = copy_run(tmp_path / "run")
+    write_samples(run_dir, lambda iv: 67.0 if iv else 1.0)
+    assert A.analyze(A.load(run_dir), link_mbps=100).get("network").verdict == "network-bound"
+    ticks = iter(range(10**6))
+    write_samples(run_dir, lambda iv: (95.0 if next(ticks) % 4 == 0 else 5.0) if iv else 1.0)
+    net = A.analyze(A.load(run_dir), link_mbps=100).get("network")
+    assert net.verdict == "bursts" and net.numbers["mean_share"] < 0.5 < net.numbers["peak_share"]
+
+
 def test_an_uncapped_link_is_not(tmp_path):
     run_dir = copy_run(tmp_path / "run")
     write_samples(run_dir, lambda iv: 100.0 if iv else 1.0)  # 1 % of 10 Gbit/s
