@@ -49,6 +49,11 @@ class LabConfig:
         return ipaddress.ip_network(self.subnet)
 
     @property
+    def threads_per_host(self) -> int:
+        """This machine's cores shared out between the hosts (at least one each)."""
+        return max(1, (os.cpu_count() or 1) // self.hosts)
+
+    @property
     def names(self) -> list[str]:
         return host_names(self.hosts)
 

@@ -32,6 +32,9 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
                 # The hosts have no route off this machine: packages come from the lab.
                 "train_env_wheelhouse_url": f"{cfg.repo_url}/wheels/",
                 "tandem_lab": True,
+                # The hosts share this machine's cores: one rank per host, each on its share of them
+                # (unset, torch would start a thread per core in every rank and they would contend).
+                "train_threads": cfg.threads_per_host,
             },
             "children": {"cluster": {"hosts": hosts}},
         }

@@ -197,10 +197,10 @@ def launches(
     venv: str,
     update_freq: int = 1,
     precision: str = "fp32",
-    omp_threads: int | None = None,
 ) -> list[Launch]:
     """One Launch per host, in order (rank 0 first, the master): hosts are mappings with
-    `address`, `gpus` and `nic` (as the inventory gives them). All hosts must promise the
+    `address`, `gpus`, `nic` and optionally `threads` (CPU threads per rank, the inventory's
+    `train_threads`). All hosts must promise the
     same number of GPUs: torchrun starts the same number of processes everywhere."""
     if not hosts:
         raise ValueError("no hosts to launch on")
@@ -223,7 +223,7 @@ def launches(
             venv=venv,
             update_freq=update_freq,
             precision=precision,
-            omp_threads=omp_threads,
+            omp_threads=int(h["threads"]) if h.get("threads") else None,  # type: ignore[arg-type]
         )
         for i, h in enumerate(hosts)
     ]

@@ -85,7 +85,8 @@ def new_run_id() -> str:
 def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
     return command.launches(
         run.run_id,
-        [{"address": h.address, "gpus": h.gpus, "nic": h.nic or ""} for h in hosts],
+        [{"address": h.address, "gpus": h.gpus, "nic": h.nic or "", "threads": h.vars.get("train_threads")}
+         for h in hosts],
         master_port=run.master_port, data_dir=run.data_dir, run_dir=run.remote_dir,
         venv=venv_of(hosts[0]), update_freq=run.update_freq, precision=run.precision,
     )

@@ -68,6 +68,13 @@ def test_environment_and_detaching():
     assert "echo $! > /data/runs/r1/train.pid" in line
     assert "--tensorboard-logdir /data/runs/r1/tensorboard" in line
     assert "--save-dir /data/runs/r1/checkpoints" in line
+    assert "OMP_NUM_THREADS" not in line  # torch's own default unless the inventory says
+
+
+def test_inventory_train_threads_caps_each_ranks_cpu_threads():
+    hosts = [{**h, "threads": 1} for h in _hosts(2)]
+    line = training_command(TINY, launches("r1", hosts, master_port=29500, data_dir="/d", run_dir="/r", venv="/v")[1])
+    assert "OMP_NUM_THREADS=1" in line
 
 
 def test_update_freq_and_overrides_reach_fairseq():
