@@ -194,12 +194,10 @@ def shape(cfg: LabConfig, rate: str) -> None:
     running = saved_config(cfg.prefix)
     if running is None:
         raise LabError("the lab is down: `make lab-up` first")
+    network.shape(running, rate)  # raises on a rate tc would not understand, before touching a host
     if rate.lower() in ("none", "off", ""):
-        network.shape(running, None)
         console.print("[green]✓[/] bandwidth cap lifted on " + ", ".join(running.names))
     else:
-        network.rate_bits(rate)
-        network.shape(running, rate)
         console.print(f"[green]✓[/] {rate} cap (tc tbf, egress of eth0) on " + ", ".join(running.names))
 
 

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from benchmarks.link import rate_bits, tbf_burst
+
 from .config import LabConfig
 from .shell import LabError, in_netns, ok, run
 
@@ -92,14 +94,19 @@ def attach_slow_nic(cfg: LabConfig, name: str, mbps: int = 100) -> str:
 
 
 def shape(cfg: LabConfig, rate: str | None) -> None:
-    """Cap every host's egress on its cluster NIC with tc tbf; rate None lifts the cap."""
+    """Cap every host's egress on its cluster NIC with tc tbf (the same qdisc `fab bench-step`
+    sets, benchmarks.link); rate None or 'none' lifts the cap."""
+    try:
+        bits = rate_bits(rate or "none")
+    except ValueError as err:
+        raise LabError(str(err)) from None
     for name in cfg.names:
         ns = cfg.netns(name)
-        if rate is None:
+        if bits is None:
             in_netns(ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
         else:
             in_netns(ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-                     "rate", rate, "burst", tbf_burst(rate), "latency", "50ms")
+                     "rate", f"{bits}bit", "burst", f"{tbf_burst(bits)}b", "latency", "50ms")
 
 
 def current_caps(cfg: LabConfig) -> dict[str, str | None]:
@@ -109,28 +116,6 @@ def current_caps(cfg: LabConfig) -> dict[str, str | None]:
         caps[name] = next((line.split(" rate ")[1].split()[0] for line in out.splitlines()
                            if " tbf " in line and " rate " in line), None)
     return caps
-
-
-def rate_bits(rate: str) -> int:
-    """'100mbit' -> 100_000_000 (tc's units, decimal)."""
-    units = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
-    text = rate.strip().lower()
-    for unit, factor in units.items():
-        if text.endswith(unit):
-            number = text[: -len(unit)]
-            try:
-                value = float(number)
-            except ValueError:
-                break
-            if value > 0:
-                return int(value * factor)
-    raise LabError(f"rate {rate!r} is not a tc rate like 10mbit, 100mbit or 1gbit")
-
-
-def tbf_burst(rate: str) -> str:
-    """A bucket of 5 ms of traffic, at least 16 kB: enough to reach the rate without
-    letting bursts through (64kb at 100mbit, ~600kb at 1gbit)."""
-    return f"{max(rate_bits(rate) // 8 // 200, 16 * 1024)}b"
 
 
 def existing_namespaces(cfg: LabConfig) -> list[str]:

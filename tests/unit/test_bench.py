@@ -68,6 +68,7 @@ def test_rates_and_tc_commands():
     assert link.rate_bits("100mbit") == 100_000_000
     assert link.rate_bits("1gbit") == 10**9
     assert link.rate_bits("none") is None
+    assert link.tbf_burst(10**9) == 625_000 and link.tbf_burst(10**7) == 16_384  # 5 ms, never below 16 kB
     with pytest.raises(ValueError):
         link.rate_bits("fast")
     assert link.cap_command("eth0", "100mbit") == (

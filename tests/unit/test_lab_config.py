@@ -31,20 +31,11 @@ def test_bad_lab_settings_are_refused():
         LabConfig(prefix="a-much-too-long-prefix")
 
 
-@pytest.mark.parametrize("rate, bits, burst", [
-    ("100mbit", 100_000_000, "62500b"),
-    ("1gbit", 1_000_000_000, "625000b"),
-    ("10mbit", 10_000_000, "16384b"),   # never less than 16 kB: more than a jumbo frame
-])
-def test_tc_rates_and_buckets(rate, bits, burst):
-    assert network.rate_bits(rate) == bits
-    assert network.tbf_burst(rate) == burst
-
-
 @pytest.mark.parametrize("rate", ["fast", "100", "-5mbit", "0mbit"])
-def test_a_rate_tc_would_not_understand_is_refused(rate):
+def test_a_rate_tc_would_not_understand_is_refused_before_any_host_is_touched(rate):
+    cfg = LabConfig(prefix="tdmnone")  # no such lab: shape would fail on its namespaces if it got there
     with pytest.raises(LabError, match="not a tc rate"):
-        network.rate_bits(rate)
+        network.shape(cfg, rate)
 
 
 def test_the_inventory_the_lab_writes_resolves_through_ansible(tmp_path):
