@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -64,6 +65,21 @@ def healthy(cfg: LabConfig) -> bool:
     )
 
 
+def refresh_inventory(cfg: LabConfig) -> Path | None:
+    """A running lab's inventory as this checkout renders it (a pull may add variables);
+    returns its path when it changed."""
+    record = cfg.state / "inventory"
+    path = Path(record.read_text()) if record.exists() else None
+    if path is None or not path.exists():
+        return None
+    hosts_now = yaml.safe_load(path.read_text())["all"]["children"]["cluster"]["hosts"]
+    text = inventory.render(cfg, {name: hosts_now[name]["data_device"] for name in cfg.names})
+    if text == path.read_text():
+        return None
+    path.write_text(text)
+    return path
+
+
 def up(cfg: LabConfig, inventory_path: Path) -> None:
     running = saved_config(cfg.prefix)
     if running is not None and healthy(running):
@@ -72,7 +88,10 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
                 f"a lab of {running.hosts} hosts on {running.subnet} is running: "
                 f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
             )
-        console.print(f"[green]✓[/] the lab is already up ({', '.join(cfg.names)}): nothing changed")
+        refreshed = refresh_inventory(running)
+        console.print(f"[green]✓[/] the lab is already up ({', '.join(cfg.names)}): "
+                      + (f"inventory {refreshed} rewritten (this checkout writes it differently)" if refreshed
+                         else "nothing changed"))
         return
     network.require_privileges()
     if running is not None or network.existing_namespaces(cfg) or cfg.state.exists():
