@@ -46,8 +46,8 @@ unit: setup
 test: setup lint  ## everything, the lab included
 	@.venv/bin/pytest
 
-bench-targets: setup  ## issue 5's step-time targets on the lab (~15 min; run on a quiet machine)
-	@TANDEM_BENCH_SWEEP=1 .venv/bin/pytest tests/bench -v
+bench-targets: setup  ## the benchmarks' targets alone on the lab (part of make test; ~10 min)
+	@.venv/bin/pytest tests/bench -v
 
 help:
 	@grep -E '^[a-z-]+:.*##' Makefile | sed 's/:.*## /\t/'

@@ -92,12 +92,14 @@ def compute_only(points: list[dict], params: int, ranks: int, hosts: int) -> tup
     return max(base["s_per_update"] - comm, 1e-6), base["rate"]
 
 
-def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, overlap: float = 0.0) -> float:
-    """Adds predicted_s, error and network_share to every point; returns the compute-only C."""
+def with_predictions(points: list[dict], params: int, ranks: int, hosts: int,
+                     overlap: float = 0.0) -> tuple[float, str | None]:
+    """Adds predicted_s, error and network_share to every point; returns the compute-only C and
+    the rate it came from (whose error is 0 by construction)."""
     ok = [p for p in points if p.get("s_per_update") and p.get("link_mbps")]
     if not ok:
-        return 0.0
-    c, _ = compute_only(ok, params, ranks, hosts)
+        return 0.0, None
+    c, source = compute_only(ok, params, ranks, hosts)
     for p in ok:
         pred = model.predict(params, ranks, model.mbit_to_bytes_per_s(comm_mbps(p)), c, hosts=hosts,
                              overlap=overlap)
@@ -105,7 +107,7 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ov
         p["error"] = pred.step_s / p["s_per_update"] - 1
         p["network_share"] = pred.comm_share
         p["model_tx_bytes"] = model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
-    return c
+    return c, source
 
 
 def table(points: list[dict]) -> str:
@@ -324,13 +326,14 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     for p in points:
         p["devices"] = log.devices
         p["allreduce_mbps"] = effective.get(p["rate"])
-    compute_s = with_predictions(points, params, ranks, len(hosts))
+    compute_s, compute_from = with_predictions(points, params, ranks, len(hosts))
     now = datetime.now(UTC)
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), "run_id": run.run_id,
               "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks, "preset": preset,
               "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
               "params_logged": logged_params(log_text), "gradient_bytes": model.gradient_bytes(params),
-              "compute_s": compute_s, "overlap": 0.0, "updates": updates, "cycles": cycles, "skip": skip,
+              "compute_s": compute_s, "compute_from": compute_from, "overlap": 0.0,
+              "updates": updates, "cycles": cycles, "skip": skip,
               "segments": segments, "points": points}
     path = write(report, "step", now)
     png = path.with_suffix(".png")

@@ -135,8 +135,8 @@ def points() -> list[dict]:
 
 def test_predictions_use_the_uncapped_run_as_compute_only():
     pts = points()
-    c = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
-    assert c == pytest.approx(0.20 - 1.2e6 / 1.25e9)
+    c, source = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
+    assert c == pytest.approx(0.20 - 1.2e6 / 1.25e9) and source == "none"
     assert pts[1]["predicted_s"] == pytest.approx(0.20)
     assert pts[0]["predicted_s"] == pytest.approx(c + 1.2e6 / (95e6 / 8))
     assert pts[0]["model_tx_bytes"] == 1.2e6
@@ -148,13 +148,13 @@ def test_predictions_use_the_uncapped_run_as_compute_only():
 def test_the_gradients_own_all_reduce_rate_wins_over_iperf3():
     pts = points()
     pts[0]["allreduce_mbps"] = 50.0  # short transfers through the cap: half of iperf3's steady state
-    c = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
+    c, _ = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
     assert pts[0]["predicted_s"] == pytest.approx(c + 1.2e6 / (50e6 / 8))
 
 
 def test_plot_is_a_png(tmp_path):
     pts = points()
-    c = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
+    c, _ = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
     report = {"points": pts, "params": 300_000, "ranks": 2, "n_hosts": 2, "compute_s": c, "preset": "tiny"}
     step.plot(report, tmp_path / "step.png")
     assert (tmp_path / "step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
