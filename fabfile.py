@@ -291,11 +291,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     report = step.bench_step(hosts, rate_list, preset=preset, overrides=[o for o in (set or "").split(",") if o],
                              dataset=dataset, updates=int(updates), cycles=int(cycles), skip=int(skip), port=int(port),
                              say=_say)
-    console.print(f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB "
-                  f"of fp32 gradients), {report['ranks']} ranks; compute-only C {report['compute_s']:.3f} s/update "
-                  f"(the {report['compute_from']} step less its all-reduce: its error is 0 by construction)")
-    console.print(step.table(report["points"]), markup=False)
-    console.print(f"JSON {report['path']}\nplot {report['plot']}")
+    console.print(step.summary(report), markup=False)
 
 
 @task(help={

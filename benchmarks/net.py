@@ -240,3 +240,29 @@ def write(report: dict, kind: str, when: datetime | None = None) -> Path:
 def latest(kind: str) -> dict | None:
     path = REPORT_DIR / f"{kind}-latest.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import cli
+
+    p = cli.parser("iperf3 between every pair of hosts, then an all_reduce sweep (what `fab bench-net` runs)")
+    p.add_argument("--min-size", default="1M")
+    p.add_argument("--max-size", help="default 1G on GPU hosts, 256M on CPU hosts")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--budget-s", type=float, default=20)
+    p.add_argument("--iperf-seconds", type=float, default=3)
+    p.add_argument("--threshold", type=float, help="exit 1 when busbw / link at >= 256 MB is below this fraction")
+    p.add_argument("--port", type=int, default=29501)
+
+    def body(a, hosts):
+        report = bench_net(hosts, min_size=a.min_size, max_size=a.max_size, iters=a.iters, budget_s=a.budget_s,
+                           iperf_seconds=a.iperf_seconds, threshold=a.threshold, port=a.port)
+        print(f"JSON {report['path']}")
+        if not report["ok"]:
+            raise ClusterError("below the threshold:\n  " + "\n  ".join(report["problems"]))
+
+    return cli.run(body, p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

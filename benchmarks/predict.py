@@ -158,3 +158,35 @@ def for_run(run, hosts: list[Host]) -> Verdict | None:
         return None
     return predict_for(hosts, run.preset, list(run.overrides), run.dataset, "measure",
                        precision=run.precision, update_freq=run.update_freq, max_update=run.max_update)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    from . import cli
+
+    p = cli.parser("predict s/update, the run's hours and whether the network dominates (`fab predict`); "
+                   "exit 3 when network-bound")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--set", default="", help="fairseq option overrides, comma-separated")
+    p.add_argument("--dataset", default="synthetic")
+    p.add_argument("--link", default="measure", help="measure (iperf3 now), bench (latest bench-net) or Mbit/s")
+    p.add_argument("--compute-s", type=float, help="compute-only s/update (default: the latest bench-step)")
+    p.add_argument("--precision", default="fp32", choices=sorted(PRECISION_OF_RUN))
+    p.add_argument("--update-freq", type=int, default=1)
+    p.add_argument("--max-update", type=int)
+    p.add_argument("--overlap", type=float, default=0.0)
+    p.add_argument("--json", action="store_true")
+
+    def body(a, hosts):
+        v = predict_for(hosts, a.preset, [o for o in a.set.split(",") if o], a.dataset, a.link,
+                        compute_s=a.compute_s, precision=a.precision, update_freq=a.update_freq,
+                        max_update=a.max_update, overlap=a.overlap)
+        print(json.dumps(v.as_dict(), indent=1, default=str) if a.json else "\n".join(v.lines))
+        return 3 if v.network_bound else 0
+
+    return cli.run(body, p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

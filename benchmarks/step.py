@@ -341,3 +341,40 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     (REPORT_DIR / "step-latest.png").write_bytes(png.read_bytes())
     report["path"], report["plot"] = str(path), str(png)
     return report
+
+
+def summary(report: dict) -> str:
+    """What `fab bench-step` prints at the end: the model, C, the table, where the files are."""
+    return (f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB of fp32 "
+            f"gradients), {report['ranks']} ranks; compute-only C {report['compute_s']:.3f} s/update (the "
+            f"{report['compute_from']} step less its all-reduce: its error is 0 by construction)\n"
+            + table(report["points"]) + f"\nJSON {report['path']}\nplot {report['plot']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import cli
+
+    p = cli.parser("step time against bandwidth: train while capping the link at each rate (`fab bench-step`)")
+    p.add_argument("--rates", default="10mbit,100mbit,1gbit,none")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--set", default="", help="fairseq option overrides, comma-separated")
+    p.add_argument("--dataset", default="synthetic")
+    p.add_argument("--updates", type=int, default=8)
+    p.add_argument("--cycles", type=int, default=2)
+    p.add_argument("--skip", type=int, default=1)
+    p.add_argument("--port", type=int, default=29500)
+
+    def body(a, hosts):
+        try:
+            rates = parse_rates(a.rates)
+        except ValueError as err:
+            raise ClusterError(str(err)) from err
+        report = bench_step(hosts, rates, preset=a.preset, overrides=[o for o in a.set.split(",") if o],
+                            dataset=a.dataset, updates=a.updates, cycles=a.cycles, skip=a.skip, port=a.port)
+        print(summary(report))
+
+    return cli.run(body, p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +188,12 @@ def test_without_a_compute_figure_a_capped_port_still_counts():
                         compute_source="unknown")
     assert not ok.network_bound
     assert json.loads(json.dumps(v.as_dict(), default=str))["network_bound"] is True
+
+
+@pytest.mark.parametrize("module", ["net", "step", "predict"])
+def test_each_benchmark_runs_as_a_plain_module_and_names_a_wrong_host(module):
+    top = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--inventory", "inventory/hosts.yml",
+                           "--hosts", "v100a,v100c"], cwd=top, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "unknown host v100c: the inventory has v100a, v100b" in proc.stderr
