@@ -277,10 +277,11 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
     "cycles": "times the rates are gone through, interleaved in one run (default 2)",
     "skip": "updates after each cap change left out, to settle (default 1)",
     "port": "rendezvous port (default 29500)",
+    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in",
 })
 @cluster_task
 def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
-               updates=8, cycles=2, skip=1, port=29500):
+               updates=8, cycles=2, skip=1, port=29500, precision="fp32"):
     """Train on all hosts while capping the link at each rate (tc): s/update, wps, bytes sent; table + plot."""
     from benchmarks import step
 
@@ -290,7 +291,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
         raise ClusterError(str(err)) from err
     report = step.bench_step(hosts, rate_list, preset=preset, overrides=[o for o in (set or "").split(",") if o],
                              dataset=dataset, updates=int(updates), cycles=int(cycles), skip=int(skip), port=int(port),
-                             say=_say)
+                             precision=precision, say=_say)
     console.print(step.summary(report), markup=False)
 
 

@@ -84,25 +84,27 @@ def comm_mbps(point: dict) -> float:
     return point.get("allreduce_mbps") or point["link_mbps"]
 
 
-def compute_only(points: list[dict], params: int, ranks: int, hosts: int) -> tuple[float, str]:
+def compute_only(points: list[dict], params: int, ranks: int, hosts: int,
+                 precision: str = "fp32") -> tuple[float, str]:
     """C from the uncapped run (or the fastest), less what its own link costs per update."""
     base = next((p for p in points if p["rate"] == "none"), None) or max(points, key=lambda p: p["link_mbps"] or 0)
-    comm = model.allreduce_bytes_per_rank(model.gradient_bytes(params), ranks) / model.mbit_to_bytes_per_s(
+    size = model.gradient_bytes(params, precision)
+    comm = model.allreduce_bytes_per_rank(size, ranks) / model.mbit_to_bytes_per_s(
         comm_mbps(base)) if hosts > 1 else 0.0
     return max(base["s_per_update"] - comm, 1e-6), base["rate"]
 
 
-def with_predictions(points: list[dict], params: int, ranks: int, hosts: int,
-                     overlap: float = 0.0) -> tuple[float, str | None]:
+def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, overlap: float = 0.0,
+                     precision: str = "fp32") -> tuple[float, str | None]:
     """Adds predicted_s, error and network_share to every point; returns the compute-only C and
     the rate it came from (whose error is 0 by construction)."""
     ok = [p for p in points if p.get("s_per_update") and p.get("link_mbps")]
     if not ok:
         return 0.0, None
-    c, source = compute_only(ok, params, ranks, hosts)
+    c, source = compute_only(ok, params, ranks, hosts, precision)
     for p in ok:
         pred = model.predict(params, ranks, model.mbit_to_bytes_per_s(comm_mbps(p)), c, hosts=hosts,
-                             overlap=overlap)
+                             overlap=overlap, precision=precision)
         p["predicted_s"] = pred.step_s
         p["error"] = pred.step_s / p["s_per_update"] - 1
         p["network_share"] = pred.comm_share
@@ -252,10 +254,13 @@ def summarize(rates: list[str], segments: list[dict], updates: dict[int, dict[st
 
 def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overrides: list[str] | None = None,
                dataset: str = "synthetic", updates: int = 8, cycles: int = 2, skip: int = 1, warmup: int = 3,
-               port: int = 29500, say=print) -> dict:
+               port: int = 29500, precision: str = "fp32", say=print) -> dict:
     """The sweep; returns the report (JSON and PNG written). Caps are always removed."""
     if len(hosts) < 2:
         raise ClusterError("bench-step needs at least two hosts (the link between them is the point)")
+    cpu_only = [h.name for h in hosts if h.gpus == 0]
+    if precision != "fp32" and cpu_only:
+        raise ClusterError(f"{precision} needs GPUs; {', '.join(cpu_only)} have none (gpus: 0): use fp32 there")
     overrides = list(overrides or [])
     options = presets.resolve(preset, overrides).options
     vocab = dataset_vocab(hosts[0], dataset)
@@ -264,7 +269,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run = launch.Run(run_id=f"bench-{stamp}", hosts=[h.name for h in hosts], preset=preset,
                      overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES], dataset=dataset,
-                     master_port=port)
+                     master_port=port, precision=precision)
     links: dict[str, float | None] = {}
     effective: dict[str, float] = {}
     segments: list[dict] = []
@@ -272,7 +277,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     follower = None
     with _signals_raise():
         try:
-            size = model.gradient_bytes(params)
+            size = model.gradient_bytes(params, precision)
             per_rank = model.allreduce_bytes_per_rank(size, ranks)
             for rate in dict.fromkeys(rates):
                 link.apply_caps(hosts, rate)
@@ -326,12 +331,13 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     for p in points:
         p["devices"] = log.devices
         p["allreduce_mbps"] = effective.get(p["rate"])
-    compute_s, compute_from = with_predictions(points, params, ranks, len(hosts))
+    compute_s, compute_from = with_predictions(points, params, ranks, len(hosts), precision=precision)
     now = datetime.now(UTC)
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), "run_id": run.run_id,
               "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks, "preset": preset,
               "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
-              "params_logged": logged_params(log_text), "gradient_bytes": model.gradient_bytes(params),
+              "params_logged": logged_params(log_text), "precision": precision,
+              "gradient_bytes": model.gradient_bytes(params, precision),
               "compute_s": compute_s, "compute_from": compute_from, "overlap": 0.0,
               "updates": updates, "cycles": cycles, "skip": skip,
               "segments": segments, "points": points}
@@ -345,10 +351,11 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
 
 def summary(report: dict) -> str:
     """What `fab bench-step` prints at the end: the model, C, the table, where the files are."""
-    return (f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB of fp32 "
-            f"gradients), {report['ranks']} ranks; compute-only C {report['compute_s']:.3f} s/update (the "
-            f"{report['compute_from']} step less its all-reduce: its error is 0 by construction)\n"
-            + table(report["points"]) + f"\nJSON {report['path']}\nplot {report['plot']}")
+    head = (f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB of "
+            f"{report.get('precision', 'fp32')} gradients), {report['ranks']} ranks; compute-only C "
+            f"{report['compute_s']:.3f} s/update (the {report['compute_from']} step less its all-reduce: its error "
+            "is 0 by construction)")
+    return f"{head}\n{table(report['points'])}\nJSON {report['path']}\nplot {report['plot']}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=2)
     p.add_argument("--skip", type=int, default=1)
     p.add_argument("--port", type=int, default=29500)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="fp16/bf16: GPUs only")
 
     def body(a, hosts):
         try:
@@ -370,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise ClusterError(str(err)) from err
         report = bench_step(hosts, rates, preset=a.preset, overrides=[o for o in a.set.split(",") if o],
-                            dataset=a.dataset, updates=a.updates, cycles=a.cycles, skip=a.skip, port=a.port)
+                            dataset=a.dataset, updates=a.updates, cycles=a.cycles, skip=a.skip, port=a.port,
+                            precision=a.precision)
         print(summary(report))
 
     return cli.run(body, p.parse_args(argv))

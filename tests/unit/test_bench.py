@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import allreduce, link, model, net, predict, step
-from train.cluster import Host
+from train.cluster import ClusterError, Host
 from train.logparse import parse_log
 
 
@@ -197,3 +197,9 @@ def test_each_benchmark_runs_as_a_plain_module_and_names_a_wrong_host(module):
                            "--hosts", "v100a,v100c"], cwd=top, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "unknown host v100c: the inventory has v100a, v100b" in proc.stderr
+
+
+def test_bench_step_refuses_half_precision_on_cpu_hosts_before_touching_them():
+    cpu = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]  # unreachable: nothing may be tried
+    with pytest.raises(ClusterError, match="bf16 needs GPUs; v100a, v100b have none"):
+        step.bench_step(cpu, ["none"], precision="bf16")
