@@ -188,6 +188,15 @@ class Prediction:
         return out
 
 
+def duration(seconds: float) -> str:
+    """A run's length as people say it: 48 s, 13 min, 2.3 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def update_freq_for_efficiency(compute_s: float, exposed_comm_s: float, target: float = 0.9) -> int:
     """Smallest K with K·C / (K·C + exposed) ≥ target (exposed does not shrink with K)."""
     if not 0 < target < 1:
@@ -277,7 +286,8 @@ def explain(p: Prediction) -> str:
         + (" — NETWORK-BOUND" if p.network_bound else ""),
     ]
     if p.run_hours is not None:
-        lines.append(f"{p.max_update} updates ≈ {p.run_hours:.1f} h")
+        lines.append(f"{p.max_update} updates ≈ {duration(p.run_hours * 3600)} (training steps only: validation "
+                     "and checkpoints come on top)")
     if p.update_freq_for_90 > p.update_freq:
         lines.append(f"--update-freq {p.update_freq_for_90} would bring scaling efficiency to 90%")
     return "\n".join(lines)

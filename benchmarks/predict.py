@@ -116,8 +116,9 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines += model.explain(v.prediction).splitlines()
         if v.expected_mbps:
             v.at_expected = model.predict(params, ranks, model.mbit_to_bytes_per_s(v.expected_mbps), compute_s, **kw)
+            hours = v.at_expected.run_hours
             v.lines.append(f"at the expected {v.expected_mbps:.0f} Mbit/s: {v.at_expected.step_s:.2f} s/update"
-                           + (f", {v.at_expected.run_hours:.1f} h" if v.at_expected.run_hours is not None else ""))
+                           + (f", {model.duration(hours * 3600)}" if hours is not None else ""))
     else:
         v.comm_only = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), 1e-9, **kw)
         v.lines.append(f"all-reduce alone: {v.comm_only.comm_s:.2f} s per update "

@@ -7,6 +7,8 @@ import pytest
 from benchmarks.model import (
     allreduce_bytes_per_rank,
     bus_bandwidth,
+    duration,
+    explain,
     gradient_bytes,
     mbit_to_bytes_per_s,
     predict,
@@ -132,3 +134,11 @@ def test_cli_exits_non_zero_when_network_bound(capsys):
     assert "NETWORK-BOUND" in capsys.readouterr().out
     fast = ["--preset", "tiny", "--vocab", "984", "--ranks", "2", "--link-mbit", "1000", "--compute-s", "0.2"]
     assert main(fast) == 0
+
+
+def test_a_short_run_is_told_in_seconds_or_minutes_not_as_0_0_h():
+    assert duration(48) == "48 s"
+    assert duration(13 * 60) == "13 min"
+    assert duration(2.3 * 3600) == "2.3 h"
+    lines = explain(predict(300_000, 2, 1.25e8, 0.16, max_update=300))  # (0.16 + 0.0096) s x 300
+    assert "300 updates ≈ 51 s" in lines
