@@ -4,8 +4,10 @@ Inputs, each with where it came from (printed beside the numbers):
 - gradient size: the preset's parameters (benchmarks.model.preset_params, the dataset's
   dictionary size read from the first host) × 4 bytes (fp32) or 2 (fp16/bf16);
 - ranks: one per GPU, one per CPU host;
-- link: `measure` (iperf3 now, every ring link at once, 2 s), `bench` (the slowest pair
-  of the latest `fab bench-net`), or a number in Mbit/s;
+- link: `measure` (iperf3 now, every ring link at once, 2 s), `bench` (the latest
+  `fab bench-net`: its all_reduce bus bandwidth at the size nearest the gradient's, which is
+  what a burst of that size gets; iperf3's slowest pair if it has no all_reduce rows), or a
+  number in Mbit/s;
 - compute-only s/update: `compute_s`, else the latest `fab bench-step` of the same model on
   as many hosts (its compute_s: the uncapped step less its own communication).
 
@@ -18,6 +20,7 @@ default, is a capped port, the field reports' 100 Mb/s case) and says how to mea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from train import presets
@@ -42,10 +45,12 @@ class Verdict:
     at_expected: model.Prediction | None = None
     comm_only: model.Prediction | None = None
     lines: list[str] = field(default_factory=list)
+    port_mbps: float | None = None  # iperf3's figure, for the capped-port check (default: link_mbps)
 
     @property
     def slow_link(self) -> bool:
-        return bool(self.expected_mbps) and self.link_mbps < self.min_ratio * float(self.expected_mbps)
+        port = self.port_mbps if self.port_mbps is not None else self.link_mbps
+        return bool(self.expected_mbps) and port < self.min_ratio * float(self.expected_mbps)
 
     @property
     def network_bound(self) -> bool:
@@ -56,7 +61,7 @@ class Verdict:
     def as_dict(self) -> dict:
         return {"params": self.params, "ranks": self.ranks, "link_mbps": self.link_mbps,
                 "link_source": self.link_source, "compute_s": self.compute_s, "compute_source": self.compute_source,
-                "expected_mbps": self.expected_mbps, "slow_link": self.slow_link,
+                "port_mbps": self.port_mbps, "expected_mbps": self.expected_mbps, "slow_link": self.slow_link,
                 "network_bound": self.network_bound,
                 "prediction": self.prediction.as_dict() if self.prediction else None,
                 "at_expected": self.at_expected.as_dict() if self.at_expected else None}
@@ -79,33 +84,52 @@ def compute_from_bench(params: int, n_hosts: int, ranks: int, preset: str | None
     return None, "unknown: run `fab bench-step --rates none` with the same model (or pass --compute-s)"
 
 
-def link_figure(hosts: list[Host], source: str) -> tuple[float, str]:
+def allreduce_rate_at(report: dict, size_bytes: float) -> tuple[float, int] | None:
+    """bench-net's busbw (Mbit/s) for the all_reduce size nearest the gradient's (log scale) and
+    that size: small buffers are latency-bound, so a 1 MB gradient does not get iperf3's rate."""
+    rows = [r for r in report.get("allreduce", {}).get("results", []) if r.get("busbw")]
+    if not rows:
+        return None
+    nearest = min(rows, key=lambda r: abs(math.log(r["size"] / size_bytes)))
+    return nearest["busbw"] * 8e3, int(nearest["size"])  # busbw is in GB/s
+
+
+def link_figure(hosts: list[Host], source: str,
+                gradient_bytes: float | None = None) -> tuple[float, str, float]:
+    """The rate the model uses, where it came from, and iperf3's (steady-state) figure: a small
+    all_reduce is latency-bound on any port, so the capped-port check looks at the latter."""
     if source == "measure":
         pairs, _ = link.iperf(hosts, "ring", seconds=2)
         mbps = link.link_mbps(pairs)
         if not mbps:
             raise ClusterError("iperf3 measured nothing: " + "; ".join(p.error or "" for p in pairs))
-        return mbps, "iperf3 now, slowest of " + ", ".join(f"{p.src}->{p.dst} {p.mbps:.0f}" for p in pairs)
+        return mbps, "iperf3 now, slowest of " + ", ".join(f"{p.src}->{p.dst} {p.mbps:.0f}" for p in pairs), mbps
     if source == "bench":
         report = net.latest("net")
         if not report or sorted(report["hosts"]) != sorted(h.name for h in hosts):
             raise ClusterError("no `fab bench-net` of these hosts to take the link from: run it, or --link measure")
-        return float(report["link_mbps"]), f"fab bench-net of {report['timestamp']}"
+        port = float(report["link_mbps"])
+        at = allreduce_rate_at(report, gradient_bytes) if gradient_bytes else None
+        if at:
+            return at[0], (f"fab bench-net of {report['timestamp']}: all_reduce busbw at {at[1] / 2**20:g} MiB, "
+                           f"the size nearest the gradient's {gradient_bytes / 2**20:.1f} MiB; iperf3 "
+                           f"{port:.0f}"), port
+        return port, f"fab bench-net of {report['timestamp']}, iperf3", port
     try:
-        return float(source), "given"
+        return float(source), "given", float(source)
     except ValueError:
         raise ClusterError(f"--link is measure, bench or Mbit/s, not {source!r}") from None
 
 
 def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str, compute_s: float | None,
-           compute_source: str, precision: str = "fp32", update_freq: int = 1, max_update: int | None = None,
-           overlap: float = 0.0) -> Verdict:
+           compute_source: str, port_mbps: float | None = None, precision: str = "fp32", update_freq: int = 1,
+           max_update: int | None = None, overlap: float = 0.0) -> Verdict:
     """Pure: figures in, verdict and the lines explaining it out."""
     ranks = sum(max(h.gpus, 1) for h in hosts)
     expected = hosts[0].vars.get("network_expected_mbps")
     ratio = float(hosts[0].vars.get("network_min_ratio", 0.9))
     v = Verdict(params, ranks, link_mbps, link_source, compute_s, compute_source,
-                float(expected) if expected else None, ratio)
+                float(expected) if expected else None, ratio, port_mbps=port_mbps)
     kw = {"hosts": len(hosts), "precision": precision, "update_freq": update_freq, "max_update": max_update,
           "overlap": overlap}
     v.lines.append(f"link {link_mbps:.0f} Mbit/s ({link_source})"
@@ -124,8 +148,9 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines.append(f"all-reduce alone: {v.comm_only.comm_s:.2f} s per update "
                        f"({v.comm_only.gradient_bytes / 1e6:.1f} MB of gradients); compute-only time {compute_source}")
     if v.slow_link:
-        v.lines.append(f"the link is {link_mbps / v.expected_mbps:.0%} of the expected {v.expected_mbps:.0f} Mbit/s "
-                       "(a capped port?)")
+        port = port_mbps if port_mbps is not None else link_mbps
+        v.lines.append(f"the link (iperf3) is {port / v.expected_mbps:.0%} of the expected "
+                       f"{v.expected_mbps:.0f} Mbit/s (a capped port?)")
     v.lines.append("verdict: NETWORK-BOUND" if v.network_bound else "verdict: the network is not the bottleneck")
     return v
 
@@ -146,10 +171,11 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
     source = "given"
     if compute_s is None:
         compute_s, source = compute_from_bench(params, len(hosts), ranks, preset, overrides)
-    mbps, where = link_figure(hosts, link_source)
+    mbps, where, port = link_figure(hosts, link_source, model.gradient_bytes(params, precision))
     if max_update is None:
         max_update = presets.resolve(preset, overrides).options.get("max_update")
-    return assess(hosts, params, link_mbps=mbps, link_source=where, compute_s=compute_s, compute_source=source,
+    return assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
+                  compute_source=source,
                   precision=precision, update_freq=update_freq, max_update=max_update, overlap=overlap)
 
 

@@ -190,6 +190,15 @@ def test_without_a_compute_figure_a_capped_port_still_counts():
     assert json.loads(json.dumps(v.as_dict(), default=str))["network_bound"] is True
 
 
+def test_a_small_all_reduce_rate_is_not_mistaken_for_a_capped_port():
+    """From bench-net, a 1 MiB all_reduce gets 480 Mbit/s on a healthy 940 Mbit/s port (latency): the model
+    uses 480, the capped-port check iperf3's 940."""
+    v = predict.assess(hosts(), 300_000, link_mbps=480.0, port_mbps=940.0, link_source="bench-net",
+                       compute_s=None, compute_source="unknown")
+    assert not v.slow_link and not v.network_bound
+    assert v.comm_only.comm_s == pytest.approx(1.2e6 / (480e6 / 8))
+
+
 @pytest.mark.parametrize("module", ["net", "step", "predict"])
 def test_each_benchmark_runs_as_a_plain_module_and_names_a_wrong_host(module):
     top = Path(__file__).resolve().parents[2]
@@ -203,3 +212,13 @@ def test_bench_step_refuses_half_precision_on_cpu_hosts_before_touching_them():
     cpu = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]  # unreachable: nothing may be tried
     with pytest.raises(ClusterError, match="bf16 needs GPUs; v100a, v100b have none"):
         step.bench_step(cpu, ["none"], precision="bf16")
+
+
+def test_predict_from_bench_net_takes_the_all_reduce_rate_at_the_gradients_size():
+    """A 1.2 MB gradient gets what a 1 MiB all_reduce got, not the 256 MiB plateau or iperf3."""
+    report = {"link_mbps": 95.0, "allreduce": {"results": [
+        {"size": 2**20, "busbw": 0.0060}, {"size": 16 * 2**20, "busbw": 0.0110},
+        {"size": 256 * 2**20, "busbw": 0.0118}]}}
+    assert predict.allreduce_rate_at(report, 1.19e6) == (pytest.approx(48.0), 2**20)
+    assert predict.allreduce_rate_at(report, 200e6) == (pytest.approx(94.4), 256 * 2**20)
+    assert predict.allreduce_rate_at({"link_mbps": 95.0}, 1e6) is None  # no sweep: iperf3 stands in
