@@ -107,6 +107,7 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ov
                              overlap=overlap, precision=precision)
         p["predicted_s"] = pred.step_s
         p["error"] = pred.step_s / p["s_per_update"] - 1
+        p["gives_compute"] = p["rate"] == source  # C is taken from it: its error is 0 by construction
         p["network_share"] = pred.comm_share
         p["model_tx_bytes"] = model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
     return c, source
@@ -122,7 +123,8 @@ def table(points: list[dict]) -> str:
             return format(v * scale, fmt) if v is not None else "-"
         lines.append(f"{p['rate']:>8} {f('link_mbps', '.1f'):>12} {f('allreduce_mbps', '.1f'):>17} "
                      f"{f('s_per_update', '.3f'):>9} "
-                     f"{f('predicted_s', '.3f'):>9} {f('error', '+.0%'):>6} {f('wps', '.0f'):>8} "
+                     f"{f('predicted_s', '.3f'):>9} {'(C)' if p.get('gives_compute') else f('error', '+.0%'):>6} "
+                     f"{f('wps', '.0f'):>8} "
                      f"{f('tx_per_update', '.2f', 1e-6):>13} {f('model_tx_bytes', '.2f', 1e-6):>9} "
                      f"{f('network_share', '.0%'):>9}")
     return "\n".join(lines)
@@ -353,8 +355,8 @@ def summary(report: dict) -> str:
     """What `fab bench-step` prints at the end: the model, C, the table, where the files are."""
     head = (f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB of "
             f"{report.get('precision', 'fp32')} gradients), {report['ranks']} ranks; compute-only C "
-            f"{report['compute_s']:.3f} s/update (the {report['compute_from']} step less its all-reduce: its error "
-            "is 0 by construction)")
+            f"{report['compute_s']:.3f} s/update (the {report['compute_from']} step less its all-reduce, marked (C): "
+            "its error is 0 by construction)")
     return f"{head}\n{table(report['points'])}\nJSON {report['path']}\nplot {report['plot']}"
 
 
