@@ -26,7 +26,7 @@ def hosts_of(args: argparse.Namespace) -> list[Host]:
 
 
 def run(body: Callable[[argparse.Namespace, list[Host]], int | None], args: argparse.Namespace) -> int:
-    """The body's exit code; a ClusterError becomes one red line and exit 1, as under fab."""
+    """The body's exit code; a ClusterError becomes one line on stderr and exit 1, as under fab."""
     try:
         return body(args, hosts_of(args)) or 0
     except ClusterError as err:

@@ -200,8 +200,8 @@ def launches(
 ) -> list[Launch]:
     """One Launch per host, in order (rank 0 first, the master): hosts are mappings with
     `address`, `gpus`, `nic` and optionally `threads` (CPU threads per rank, the inventory's
-    `train_threads`). All hosts must promise the
-    same number of GPUs: torchrun starts the same number of processes everywhere."""
+    `train_threads`). All hosts must promise the same number of GPUs: torchrun starts the same
+    number of processes everywhere."""
     if not hosts:
         raise ValueError("no hosts to launch on")
     gpus = {int(h.get("gpus", 0) or 0) for h in hosts}  # type: ignore[arg-type]

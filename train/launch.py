@@ -82,11 +82,21 @@ def new_run_id() -> str:
     return datetime.now().strftime("run-%Y%m%d-%H%M%S")
 
 
+def train_threads(host: Host) -> int | None:
+    """The inventory's `train_threads` for this host (None: torch's default)."""
+    value = host.vars.get("train_threads")
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not str(value).isdigit() or int(value) < 1:
+        raise ClusterError(f"{host.name}: train_threads must be a whole number of CPU threads per rank (1 or more), "
+                           f"the inventory gives {value!r}")
+    return int(value)
+
+
 def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
     return command.launches(
         run.run_id,
-        [{"address": h.address, "gpus": h.gpus, "nic": h.nic or "", "threads": h.vars.get("train_threads")}
-         for h in hosts],
+        [{"address": h.address, "gpus": h.gpus, "nic": h.nic or "", "threads": train_threads(h)} for h in hosts],
         master_port=run.master_port, data_dir=run.data_dir, run_dir=run.remote_dir,
         venv=venv_of(hosts[0]), update_freq=run.update_freq, precision=run.precision,
     )

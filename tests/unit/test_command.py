@@ -163,3 +163,14 @@ def test_parse_bleu():
     assert parse_bleu("BLEU = 12.30 45.1/20.0/9.9/5.0 (BP = 1.000)") == 12.3
     with pytest.raises(ValueError):
         parse_bleu("nothing here")
+
+
+@pytest.mark.parametrize("value", ["four", 0, -2, 1.5, True])
+def test_a_bad_train_threads_names_the_host_and_the_value(value):
+    from train.cluster import ClusterError, Host
+    from train.launch import train_threads
+
+    with pytest.raises(ClusterError, match=f"v100b: train_threads must be a whole number .* gives {value!r}"):
+        train_threads(Host("v100b", "10.0.0.2", vars={"train_threads": value}))
+    assert train_threads(Host("v100a", "10.0.0.1", vars={"train_threads": 2})) == 2
+    assert train_threads(Host("v100a", "10.0.0.1")) is None
