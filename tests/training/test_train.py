@@ -148,10 +148,15 @@ def test_bad_input_fails_before_launching_anything(data_ready, args, message):
 
 def test_a_busy_rendezvous_port_is_named(data_ready):
     cfg = data_ready.cfg
-    holder = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(120)"
+    # SO_REUSEADDR: the previous test's rendezvous on 29500 may leave connections in TIME_WAIT,
+    # which would make a plain bind fail and the holder exit (then the port is free after all)
+    holder = ("import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              "s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(120)")
     pid = ssh(cfg, "v100a", f'nohup python3 -c "{holder}" >/dev/null 2>&1 & echo $!').stdout.strip()
     try:
-        time.sleep(1)
+        listening = ssh(cfg, "v100a", "for i in $(seq 50); do ss -Hltn 'sport = :29500' | grep -q . && exit 0; "
+                                      "sleep 0.2; done; exit 1")
+        assert listening.returncode == 0, "the test's port holder never listened on 29500"
         proc = fab(data_ready, "train", "--new", check=False)
         assert proc.returncode != 0
         assert "v100a: rendezvous port 29500 is in use" in proc.stdout
