@@ -342,7 +342,7 @@ def report(c, hosts, run=None, link_mbps=None):
         console.print(f"[yellow]{name}: {problem}[/]")
     expected = link_mbps or hosts[0].vars.get("network_expected_mbps")
     with console.status("plots and answers"):
-        page = report_page.build_report(the_run.local_dir, float(expected) if expected else None)
-    for line in report_page.summary(the_run.local_dir, float(expected) if expected else None):
+        page, lines = report_page.build_report(the_run.local_dir, float(expected) if expected else None)
+    for line in lines:
         console.print(line)
     console.print(f"[bold]report:[/] {page}")

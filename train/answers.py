@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -243,30 +244,25 @@ def during(samples: list[dict], spans: list[Interval]) -> list[dict]:
 
 
 def mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    return statistics.fmean(values) if values else None
 
 
 def slope(xs: list[float], ys: list[float]) -> float | None:
     """Least-squares slope of ys over xs (None with fewer than two distinct xs)."""
-    if len(xs) < 2:
+    try:
+        return statistics.linear_regression(xs, ys).slope
+    except statistics.StatisticsError:
         return None
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
 def pearson(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's r (None with fewer than three points, or when either side is constant)."""
     if len(xs) < 3:
         return None
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx == 0 or syy == 0:
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
         return None
-    return sxy / math.sqrt(sxx * syy)
 
 
 def last_part(points: list[tuple[int, float]], fraction: float = 1 / 3, at_least: int = 3) -> list[tuple[int, float]]:
@@ -359,7 +355,7 @@ def answer_step_time(data: RunData, ivs: list[Interval]) -> Answer:
     avg = mean(steps)
     numbers = {"mean_s_per_update": avg, "intervals": len(steps),
                "min_s": min(steps) if steps else None, "max_s": max(steps) if steps else None,
-               "median_s": sorted(steps)[len(steps) // 2] if steps else None}
+               "median_s": statistics.median(steps) if steps else None}
     if avg is None:
         return Answer("step_time", "What is the average step time?", "no train_inner lines logged.", numbers)
     text = (f"{avg:.3f} s/update: the mean of 1/ups over the {len(steps)} logged intervals "

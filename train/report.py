@@ -5,7 +5,7 @@
                                        inline CSS, no script, nothing fetched: works offline)
         reports/run-.../*.png         the same plots as files
         reports/run-.../answers.json  every answer with its numbers
-    summary(run_dir, link_mbps)      → the few lines `fab report` prints
+                                   and the few lines `fab report` prints
 
 The inputs and the definitions (step time, "while training", ...) are in `train.answers`;
 the figures in `train.plots`. From a shell: `python -m train.report reports/<run> [link_mbps]`.
@@ -149,8 +149,9 @@ def render_html(an: A.Analysis, figures: dict[str, str], out_dir: Path) -> str:
 """
 
 
-def build_report(run_dir: Path, link_mbps: float | None = None) -> Path:
-    """Write run_dir/index.html, the PNGs and answers.json from the collected files; the page's path.
+def build_report(run_dir: Path, link_mbps: float | None = None) -> tuple[Path, list[str]]:
+    """Write run_dir/index.html, the PNGs and answers.json from the collected files; the page's
+    path and the terminal summary (one analysis for both).
 
     `link_mbps`: the inventory's expected link speed, used when no bench-net result was collected.
     """
@@ -160,7 +161,7 @@ def build_report(run_dir: Path, link_mbps: float | None = None) -> Path:
     (run_dir / "answers.json").write_text(json.dumps(an.to_json(), indent=2, default=str) + "\n")
     page = run_dir / "index.html"
     page.write_text(render_html(an, figures, run_dir), encoding="utf-8")
-    return page
+    return page, summary_lines(an)
 
 
 def summary_lines(an: A.Analysis) -> list[str]:
@@ -182,18 +183,13 @@ def summary_lines(an: A.Analysis) -> list[str]:
     return out
 
 
-def summary(run_dir: Path, link_mbps: float | None = None) -> list[str]:
-    """The terminal summary of a collected run (same analysis as the page)."""
-    return summary_lines(A.analyze(A.load(Path(run_dir)), link_mbps))
-
-
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m train.report reports/<run_id> [expected_link_mbps]", file=sys.stderr)
         return 2
-    page = build_report(Path(argv[0]), float(argv[1]) if len(argv) > 1 else None)
+    page, lines = build_report(Path(argv[0]), float(argv[1]) if len(argv) > 1 else None)
     print(page)
-    for line in summary(Path(argv[0]), float(argv[1]) if len(argv) > 1 else None):
+    for line in lines:
         print("  " + line)
     return 0
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from train import answers as A
-from train.logparse import seconds_per_update
-from train.report import build_report, summary
+from train import plots
+from train.report import build_report
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "report"
 RUN = FIXTURES / "run-081616"
@@ -101,13 +101,22 @@ def test_average_step_time_is_the_mean_of_the_logged_ones():
     assert f"{sum(logged) / len(logged):.3f} s/update" in an.get("step_time").answer
 
 
+def test_only_the_gpu_plot_says_nothing_was_measured_on_cpu_hosts(tmp_path, monkeypatch):
+    run_dir = copy_run(tmp_path / "run")
+    write_samples(run_dir, capped)
+    placeholders, draw = [], plots._empty
+    monkeypatch.setattr(plots, "_empty", lambda ax, message: (placeholders.append(message), draw(ax, message)))
+    build_report(run_dir, link_mbps=100)
+    assert len(placeholders) == 1 and placeholders[0].startswith("no GPUs"), placeholders
+
+
 def test_duration_progress_and_last_losses_match_the_log():
     an = A.analyze(A.load(RUN))
     d = an.get("duration").numbers
     assert d["elapsed_s"] == 169  # 08:16:36 → 08:19:25, rank 0's first and last timestamped lines
     assert d["update"] == 230 and d["max_update"] == 100000 and not d["finished"]
-    data = A.load(RUN)
-    assert d["eta_s"] == pytest.approx((100000 - 230) * seconds_per_update(data.log.records))
+    # the last 10 logged intervals: update 130 at wall 82 s to update 230 at wall 168 s
+    assert d["eta_s"] == pytest.approx((100000 - 230) * (168 - 82) / (230 - 130))
     assert an.intervals[-1].loss == 2.808
     assert an.get("improving").numbers["last_valid_loss"] == 2.727
     assert an.get("improving").verdict == "improving"
@@ -235,7 +244,7 @@ def test_overfitting_is_caught():
 
 
 def test_summary_lines(report):
-    lines = summary(report, link_mbps=100)
+    _, lines = build_report(report, link_mbps=100)
     text = "\n".join(lines)
     assert "updates 230/100000" in text and "average step time 0.718 s/update" in text
     assert "network the bottleneck: yes, network-bound" in text
