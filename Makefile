@@ -27,10 +27,10 @@ lab-up: require-root setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24
 lab-down:  ## remove everything the lab made
 	@if [ -x $(PY) ]; then $(LAB) down; else bash lab/bootstrap.sh && $(LAB) down; fi
 
-lab-status: setup
+lab-status: setup require-root
 	@$(LAB) status
 
-lab-shape: setup  ## cap the link between the lab hosts: RATE=100mbit, RATE=none
+lab-shape: setup require-root  ## cap the link between the lab hosts: RATE=100mbit, RATE=none
 	@$(LAB) shape $(RATE)
 
 demo: setup  ## the main job end to end on the lab

@@ -31,6 +31,10 @@ def info(c, hosts):
         if isinstance(result, Exception):
             table.add_row(host.name, host.address, f"[red]unreachable: {result}[/]", "", "", "", "")
             continue
+        if not result.ok or len(result.stdout.split()) != 4:
+            table.add_row(host.name, host.address, f"[red]failed: {result.stderr.strip() or result.stdout.strip()}[/]",
+                          "", "", "", "")
+            continue
         hostname, kernel, cpus, memory = result.stdout.split()
         table.add_row(host.name, host.address, hostname, kernel, cpus, memory, str(host.gpus))
     console.print(table)
@@ -65,22 +69,26 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
 
 def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq, precision):
     """The run `fab train` acts on: the named one, else the latest (resumed), else a new one."""
+    existing = None
     if not new:
         try:
             existing = launch.Run.load(run_id)
-            if existing.hosts != [h.name for h in hosts]:
-                raise ClusterError(f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
-                                   f"{', '.join(h.name for h in hosts)}: pass the same --hosts, or --new")
-            extra = [o for o in (overrides or "").split(",") if o]
-            if extra:  # e.g. a higher max_update to train on
-                existing.overrides = [*existing.overrides, *extra]
-                existing.resolved_preset()
-            return existing, True
         except ClusterError:
             if run_id:
-                raise
-    if run_id is None or new:
-        run_id = run_id if (run_id and new) else launch.new_run_id()
+                raise  # a named run that does not exist; without a name: nothing to resume, start one
+    if existing is not None:
+        if existing.hosts != [h.name for h in hosts]:
+            raise ClusterError(f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
+                               f"{', '.join(h.name for h in hosts)}: pass the same --hosts, or --new")
+        extra = [o for o in (overrides or "").split(",") if o]
+        if extra:  # e.g. a higher max_update to train on
+            existing.overrides = [*existing.overrides, *extra]
+            try:
+                existing.resolved_preset()
+            except presets.OverrideError as err:
+                raise ClusterError(str(err)) from err
+        return existing, True
+    run_id = run_id or launch.new_run_id()
     overrides_list = [o for o in (overrides or "").split(",") if o]
     run = launch.Run(run_id=run_id, hosts=[h.name for h in hosts], preset=preset, overrides=overrides_list,
                      dataset=dataset, master_port=int(port), update_freq=int(update_freq), precision=precision)

@@ -136,11 +136,6 @@ def allreduce_bytes_per_rank(size_bytes: float, ranks: int) -> float:
     return 2 * (ranks - 1) / ranks * size_bytes
 
 
-def bus_bandwidth(alg_bandwidth: float, ranks: int) -> float:
-    """nccl-tests' busbw = algbw × 2(n−1)/n (comparable with the link rate)."""
-    return alg_bandwidth * 2 * (ranks - 1) / ranks
-
-
 @dataclass(frozen=True)
 class Prediction:
     """Predicted cost of one update (seconds) and of the run."""

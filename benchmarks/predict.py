@@ -28,8 +28,6 @@ from train.cluster import ClusterError, Host
 
 from . import link, model, net
 
-PRECISION_OF_RUN = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
-
 
 @dataclass
 class Verdict:
@@ -199,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default="synthetic")
     p.add_argument("--link", default="measure", help="measure (iperf3 now), bench (latest bench-net) or Mbit/s")
     p.add_argument("--compute-s", type=float, help="compute-only s/update (default: the latest bench-step)")
-    p.add_argument("--precision", default="fp32", choices=sorted(PRECISION_OF_RUN))
+    p.add_argument("--precision", default="fp32", choices=sorted(model.BYTES_PER_ELEMENT))
     p.add_argument("--update-freq", type=int, default=1)
     p.add_argument("--max-update", type=int)
     p.add_argument("--overlap", type=float, default=0.0)

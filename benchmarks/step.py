@@ -320,9 +320,11 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
                 if follower:
                     follower.close()
                 if started:
-                    with contextlib.suppress(ClusterError):
+                    try:
                         launch.stop(run, hosts)
                         say(f"stopped {run.run_id} on every host")
+                    except ClusterError as err:  # said, and the caps still come off
+                        say(f"could not stop {run.run_id}: {err}")
                 link.remove_caps(hosts)
                 say(f"cap removed on {', '.join(h.name for h in hosts)} (tc qdisc show: no tbf left)")
             finally:

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from benchmarks.link import rate_bits, tbf_burst
+from benchmarks.link import cap_command, parse_caps, rate_bits
 
 from .config import LabConfig
 from .shell import LabError, in_netns, ok, run
@@ -94,28 +94,25 @@ def attach_slow_nic(cfg: LabConfig, name: str, mbps: int = 100) -> str:
 
 
 def shape(cfg: LabConfig, rate: str | None) -> None:
-    """Cap every host's egress on its cluster NIC with tc tbf (the same qdisc `fab bench-step`
-    sets, benchmarks.link); rate None or 'none' lifts the cap."""
+    """Cap every host's egress on its cluster NIC with the tc tbf line `fab bench-step` uses
+    (benchmarks.link); rate None or 'none' lifts the cap. Reads the caps back: a host that
+    did not take the change is an error naming it."""
     try:
+        line = cap_command("eth0", rate or "none")
         bits = rate_bits(rate or "none")
     except ValueError as err:
         raise LabError(str(err)) from None
     for name in cfg.names:
-        ns = cfg.netns(name)
-        if bits is None:
-            in_netns(ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
-        else:
-            in_netns(ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-                     "rate", f"{bits}bit", "burst", f"{tbf_burst(bits)}b", "latency", "50ms")
+        in_netns(cfg.netns(name), "sh", "-c", line, check=False)
+    wrong = {name: cap for name, cap in current_caps(cfg).items() if (cap is None) != (bits is None)}
+    if wrong:
+        raise LabError("the cap did not change on " + ", ".join(f"{n} (tc shows {c or 'no cap'})"
+                                                                for n, c in wrong.items()))
 
 
 def current_caps(cfg: LabConfig) -> dict[str, str | None]:
-    caps = {}
-    for name in cfg.names:
-        out = in_netns(cfg.netns(name), "tc", "qdisc", "show", "dev", "eth0", check=False).stdout
-        caps[name] = next((line.split(" rate ")[1].split()[0] for line in out.splitlines()
-                           if " tbf " in line and " rate " in line), None)
-    return caps
+    return {name: parse_caps(in_netns(cfg.netns(name), "tc", "qdisc", "show", "dev", "eth0", check=False).stdout)
+            for name in cfg.names}
 
 
 def existing_namespaces(cfg: LabConfig) -> list[str]:

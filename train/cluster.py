@@ -117,8 +117,9 @@ def run_all(hosts: list[Host], command: str, **kwargs) -> dict[str, object]:
     kwargs.setdefault("hide", True)
     kwargs.setdefault("warn", True)
     kwargs.setdefault("in_stream", False)  # never wait on our stdin
-    try:
-        results = group(hosts).run(command, **kwargs)
-    except GroupException as err:
-        results = err.result
+    with group(hosts) as connections:  # closed afterwards: `fab train` polls every 2 s while following
+        try:
+            results = connections.run(command, **kwargs)
+        except GroupException as err:
+            results = err.result
     return {conn.tandem_host.name: result for conn, result in results.items()}

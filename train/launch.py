@@ -9,7 +9,6 @@ each host's command; this module only moves it, and files, between machines.
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -226,17 +225,28 @@ def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
         backups = [n for n in names if (local / n).exists()]
         if not backups:
             return None
-    else:
+    fetched: list[str] = []
+    if source is not None:
+        # Copied only when rank 0's file changed (size, mtime): following a run backs up every 30 s,
+        # and a big preset's checkpoint is GBs on the link being trained over.
         with connect(source) as conn:
             for name in names:
-                if conn.run(f"test -e {save_dir}/{name}", warn=True, hide=True, in_stream=False).ok:
-                    conn.get(f"{save_dir}/{name}", str(local / name))
+                stat = conn.run(f"stat -c '%s %Y' {save_dir}/{name}", warn=True, hide=True, in_stream=False)
+                stamp = local / f".{name}.remote-stat"
+                if not stat.ok or ((local / name).exists() and stamp.exists()
+                                   and stamp.read_text() == stat.stdout.strip()):
+                    continue
+                conn.get(f"{save_dir}/{name}", str(local / name))
+                stamp.write_text(stat.stdout.strip())
+                fetched.append(name)
         backups = [n for n in names if (local / n).exists()]
 
     def upload(host: Host, conn) -> None:
         conn.run(f"mkdir -p {save_dir}", hide=True, in_stream=False)
         for name in backups:
-            conn.put(str(local / name), f"{save_dir}/{name}")
+            there = conn.run(f"stat -c %s {save_dir}/{name}", warn=True, hide=True, in_stream=False)
+            if name in fetched or not there.ok or int(there.stdout) != (local / name).stat().st_size:
+                conn.put(str(local / name), f"{save_dir}/{name}")
 
     failed = {n: r for n, r in on_each([h for h in hosts if h is not source], upload).items()
               if isinstance(r, Exception)}
@@ -334,10 +344,3 @@ def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
     return outcome
 
 
-def wait_until(predicate, timeout: float, interval: float = 1.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False

@@ -186,8 +186,6 @@ class Preset:
     name: str
     options: dict[str, Value] = field(default_factory=dict)
 
-    def with_options(self, **options: Value) -> Preset:
-        return Preset(self.name, {**self.options, **options})
 
 
 def option_type(preset: Mapping[str, Value], key: str) -> type:

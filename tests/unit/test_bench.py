@@ -145,7 +145,8 @@ def test_predictions_use_the_uncapped_run_as_compute_only():
     assert pts[0]["model_tx_bytes"] == 1.2e6
     text = step.table(pts)
     assert text.splitlines()[0].split()[:5] == ["rate", "link(Mbit/s)", "allreduce(Mbit/s)", "s/update", "predicted"]
-    assert "+" in text.splitlines()[1] or "-" in text.splitlines()[1]
+    capped, uncapped = text.splitlines()[1].split(), text.splitlines()[2].split()
+    assert capped[5] == f"{pts[0]['error']:+.0%}" and uncapped[5] == "(C)"  # C's own rate: no error to show
 
 
 def test_the_gradients_own_all_reduce_rate_wins_over_iperf3():

@@ -6,7 +6,6 @@ import pytest
 
 from benchmarks.model import (
     allreduce_bytes_per_rank,
-    bus_bandwidth,
     duration,
     explain,
     gradient_bytes,
@@ -42,7 +41,6 @@ def test_ring_allreduce_bytes():
     assert allreduce_bytes_per_rank(100, 1) == 0
     assert allreduce_bytes_per_rank(100, 2) == 100
     assert allreduce_bytes_per_rank(100, 4) == 150
-    assert bus_bandwidth(1.0, 2) == 1.0
 
 
 @pytest.mark.parametrize(("ranks", "low", "high"), [(2, 19, 21), (4, 28, 31)])
