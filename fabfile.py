@@ -12,7 +12,7 @@ from pathlib import Path
 from fabric import task
 from rich.table import Table
 
-from train import data, distribute, launch, presets
+from train import data, distribute, download, launch, presets
 from train.cluster import ClusterError, run_all
 from train.follow import describe, follow
 from train.tasks import cluster_task, console
@@ -53,11 +53,16 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     name = name or ("wmt16" if wmt16 else Path(source).name if source else "synthetic")
     vocab = int(vocab_size or (32000 if (wmt16 or source) else 1000))
     work = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache/tandem")) / "data"
+    if wmt16:  # first, with a progress bar per archive: not under the spinner below
+        try:
+            data.download_wmt16(work / "downloads")
+        except (data.DataError, download.DownloadError) as err:
+            raise ClusterError(str(err)) from err
     with console.status(f"preparing {name}: clean, sentencepiece ({vocab}), fairseq-preprocess"):
         try:
             corpus = data.prepare(name, work, source=Path(source) if source else None, wmt16=wmt16,
                                   vocab_size=vocab, synthetic_train=int(lines))
-        except data.DataError as err:
+        except (data.DataError, download.DownloadError) as err:
             raise ClusterError(str(err)) from err
     console.print(f"[green]✓[/] {name}: {corpus.train_lines:,} training pairs, {corpus.train_mb} MB of text, "
                   f"vocabulary {corpus.vocab_size}")

@@ -105,13 +105,20 @@ def raw_from_directory(source: Path) -> dict[str, dict[str, Path]]:
     return files
 
 
+def download_wmt16(downloads: Path, quiet: bool = False) -> dict[str, Path]:
+    """Every WMT16 archive, fetched (resumed, checked) unless already there: {name: archive}."""
+    archives = {}
+    for name, source in WMT16_SOURCES.items():
+        archives[name] = download.fetch(source.url, downloads / Path(source.url).name, source.sha256, quiet=quiet)
+        if source.sha256 is None:
+            print(f"{name}: sha256 {download.sha256_of(archives[name])} (pin it in train/data.py)")
+    return archives
+
+
 def raw_from_wmt16(downloads: Path, quiet: bool = False) -> dict[str, dict[str, Path]]:
     extracted = downloads / "extracted"
-    for name, source in WMT16_SOURCES.items():
-        archive = download.fetch(source.url, downloads / Path(source.url).name, source.sha256, quiet=quiet)
-        if source.sha256 is None:
-            print(f"{name}: sha256 {download.sha256_of(archive)} (pin it in train/data.py)")
-        download.extract(archive, source.members, extracted)
+    for name, archive in download_wmt16(downloads, quiet=quiet).items():
+        download.extract(archive, WMT16_SOURCES[name].members, extracted)
     files = {}
     for split, parts in WMT16_LAYOUT.items():
         files[split] = {}

@@ -117,3 +117,19 @@ def test_the_pipeline_turns_real_text_into_fairseq_binaries_with_a_manifest(tmp_
     assert listed == {p.name for p in bin_dir.iterdir()} - {"MANIFEST.sha256"}
     assert {"train.en-de.en.bin", "dict.en.txt", "spm.model", "test.ref.de"} <= listed
     assert corpus.vocab_size > 700
+
+
+def test_wmt16_archives_are_fetched_once_and_kept(server, tmp_path, monkeypatch):
+    """The download step `fab prepare-data --wmt16` runs before its spinner, against a loopback mirror."""
+    root, url = server
+    sources = {}
+    for name in ("europarl", "news-commentary"):
+        digest = make_tarball(root / f"{name}.tgz", {f"{name}.en": "a house\n", f"{name}.de": "ein Haus\n"})
+        sources[name] = download.Source(f"{url}/{name}.tgz", digest, (f"{name}.en", f"{name}.de"))
+    monkeypatch.setattr(data, "WMT16_SOURCES", sources)
+    archives = data.download_wmt16(tmp_path / "downloads", quiet=True)
+    assert {n: p.name for n, p in archives.items()} == {"europarl": "europarl.tgz",
+                                                        "news-commentary": "news-commentary.tgz"}
+    assert RangeHandler.requests == ["full", "full"]
+    data.download_wmt16(tmp_path / "downloads", quiet=True)  # a second prepare-data: nothing fetched again
+    assert RangeHandler.requests == ["full", "full"]
