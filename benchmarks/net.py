@@ -159,6 +159,7 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
             raise ClusterError("could not start all_reduce on every host:\n  " + "\n  ".join(bad))
         deadline = time.monotonic() + timeout
         seen = 0
+        peer_ended: float | None = None  # a rank > 0 that ended while rank 0 still waits (e.g. no torch there)
         while True:
             time.sleep(1)
             states = run_all(hosts, ALIVE + f"; cat {REMOTE_DIR}/allreduce.out 2>/dev/null | grep -c '^# ' ")
@@ -171,8 +172,11 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
             done = {n: (not link._failed(r) and r.stdout.startswith("done")) for n, r in states.items()}
             if all(done.values()):
                 break
-            if done[hosts[0].name] or time.monotonic() > deadline:
-                break  # rank 0 ended (error) or too slow: the others are stopped below
+            if any(done[h.name] for h in hosts[1:]) and peer_ended is None:
+                peer_ended = time.monotonic()
+            if done[hosts[0].name] or time.monotonic() > deadline or (
+                    peer_ended is not None and time.monotonic() - peer_ended > 30):
+                break  # rank 0 ended (error), a peer is gone, or too slow: the others are stopped below
         outputs = run_all(hosts, f"cat {REMOTE_DIR}/allreduce.out")
     finally:
         run_all(hosts, KILL)

@@ -46,12 +46,9 @@ def gpu_reader():
 
 
 def run_alive(save_dir: str) -> bool:
-    for proc in psutil.process_iter(["cmdline"]):
-        args = proc.info.get("cmdline") or []
-        if "--save-dir" in args and args.index("--save-dir") + 1 < len(args) \
-                and args[args.index("--save-dir") + 1] == save_dir:
-            return True
-    return False
+    """Whether any process runs with `--save-dir SAVE_DIR` (every process of a run has it)."""
+    return any(("--save-dir", save_dir) in zip(args, args[1:], strict=False)
+               for args in (p.info.get("cmdline") or [] for p in psutil.process_iter(["cmdline"])))
 
 
 def sample(nic: str, previous: tuple[float, int, int] | None, gpus) -> tuple[dict, tuple[float, int, int]]:
@@ -83,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-grace", type=float, default=60.0,
                         help="seconds to wait for the training to appear before giving up")
     args = parser.parse_args(argv)
+    nics = psutil.net_io_counters(pernic=True)
+    if args.nic not in nics:  # else every sample would lack the NIC's figures and none be written
+        print(f"{socket.gethostname()}: no NIC {args.nic} to sample (has {', '.join(sorted(nics))}); "
+              "set the inventory's cluster_nic", file=sys.stderr)
+        return 2
     gpus = gpu_reader()
     psutil.cpu_percent(interval=None)  # the first reading is meaningless: prime it
     started, seen = time.monotonic(), False
