@@ -30,7 +30,6 @@ bandwidth with the measured points on it.
 from __future__ import annotations
 
 import contextlib
-import re
 import shlex
 import signal
 import statistics
@@ -44,7 +43,6 @@ from . import link, model
 from .net import REPORT_DIR, run_allreduce, write
 
 BENCH_OVERRIDES = ["log_interval=1", "disable_validation=true", "no_save=true"]
-_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 
 
 def parse_rates(text: str) -> list[str]:
@@ -54,11 +52,6 @@ def parse_rates(text: str) -> list[str]:
     if not rates:
         raise ValueError("no rates given (e.g. --rates 10mbit,100mbit,1gbit,none)")
     return rates
-
-
-def logged_params(log_text: str) -> int | None:
-    match = _PARAMS.search(log_text)
-    return int(match.group(1).replace(",", "")) if match else None
 
 
 def dataset_vocab(host: Host, dataset: str) -> int:
@@ -340,7 +333,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), "run_id": run.run_id,
               "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks, "preset": preset,
               "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
-              "params_logged": logged_params(log_text), "precision": precision,
+              "params_logged": logparse.logged_params(log_text), "precision": precision,
               "gradient_bytes": model.gradient_bytes(params, precision),
               "compute_s": compute_s, "compute_from": compute_from, "overlap": 0.0,
               "updates": updates, "cycles": cycles, "skip": skip,

@@ -33,11 +33,10 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from train import presets
-from train.logparse import Log, Record, format_eta, parse_log, seconds_per_update
+from train.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
 
 # The link busy more than half the training time: the network takes most of each step, the same
 # definition `fab predict` uses (benchmarks.model.Prediction.network_bound).
@@ -47,7 +46,6 @@ PLATEAU_FRACTION = 0.01  # a loss change smaller than 1 % over the last part: no
 
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
 _START = re.compile(r"\| fairseq_cli\.train \| \{'_name'")
-_PARAMS = re.compile(r"num\. shared model params: ([\d,]+)")
 
 
 # ---------------------------------------------------------------- inputs
@@ -91,7 +89,7 @@ class RunData:
 
 def log_time(text: str) -> float:
     """A log timestamp as unix seconds (the controller's local time zone)."""
-    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").timestamp()
+    return timestamp(text).timestamp()
 
 
 def parse_checkpoints(text: str) -> list[Checkpoint]:
@@ -159,8 +157,7 @@ def load(run_dir: Path) -> RunData:
             log_times.append(log_time(match.group(1)))
             if _START.search(line):
                 starts.append(log_times[-1])
-        if params is None and (m := _PARAMS.search(line)):
-            params = int(m.group(1).replace(",", ""))
+        params = params or logged_params(line)
     samples = {}
     for path in sorted((run_dir / "samples").glob("*.jsonl")):
         samples[path.stem] = read_samples(path)
@@ -312,9 +309,8 @@ def _lr(x: float | None) -> str:
 
 def answer_duration(data: RunData) -> Answer:
     log, opts = data.log, data.options
-    updates = [r.update for r in log.records if r.update is not None]
-    update = max(updates) if updates else (log.resumed_from[-1] if log.resumed_from else 0)
-    max_update = opts.get("max_update") or log.max_update
+    now = progress(log, opts.get("max_update") or log.max_update)
+    update, max_update, recent, eta = now.update, now.max_update, now.seconds_per_update, now.eta_seconds
     elapsed = (max(data.log_times) - min(data.log_times)) if data.log_times else None
     # time fairseq was running: each start to the last line before the next start
     running = None
@@ -324,8 +320,6 @@ def answer_duration(data: RunData) -> Answer:
         for a, b in zip(bounds, bounds[1:], strict=False):
             inside = [t for t in data.log_times if a <= t < b]
             running += max(inside) - a if inside else 0.0
-    recent = seconds_per_update(log.records)
-    eta = max(int(max_update) - update, 0) * recent if max_update and recent else None
     numbers = {"elapsed_s": elapsed, "running_s": running, "restarts": max(len(data.starts) - 1, 0),
                "update": update, "max_update": max_update, "recent_s_per_update": recent,
                "eta_s": eta, "finished": log.finished}

@@ -142,8 +142,18 @@ class Progress:
         return self.update / self.max_update if self.max_update else None
 
 
-def _timestamp(text: str) -> datetime:
+def timestamp(text: str) -> datetime:
+    """A log line's `YYYY-MM-DD HH:MM:SS` (the host's local time)."""
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S")
+
+
+_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+
+
+def logged_params(log_text: str) -> int | None:
+    """The model's parameter count as fairseq logs it at start-up."""
+    match = _PARAMS.search(log_text)
+    return int(match.group(1).replace(",", "")) if match else None
 
 
 def seconds_per_update(records: list[Record], window: int = 10) -> float | None:
@@ -167,7 +177,7 @@ def seconds_per_update(records: list[Record], window: int = 10) -> float | None:
         updates = (last.update or 0) - (first.update or 0)
         seconds = last.get("wall", 0) - first.get("wall", 0)  # type: ignore[operator]
         if seconds <= 0:  # after a resume fairseq may log wall 0 throughout: use the line times
-            seconds = (_timestamp(last.time) - _timestamp(first.time)).total_seconds()
+            seconds = (timestamp(last.time) - timestamp(first.time)).total_seconds()
         return seconds / updates
     if inner:
         ups = inner[-1].get("ups")
@@ -193,12 +203,6 @@ def progress(log: Log, max_update: int | None = None) -> Progress:
         devices=log.devices,
         finished=log.finished,
     )
-
-
-def read_progress(path: str, max_update: int | None = None) -> Progress:
-    """Progress of the log file at `path`."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return progress(parse_log(f), max_update)
 
 
 def format_eta(seconds: float | None) -> str:

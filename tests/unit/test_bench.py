@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import allreduce, link, model, net, predict, step
 from train.cluster import ClusterError, Host
-from train.logparse import parse_log
+from train.logparse import logged_params, parse_log
 
 
 def row(size: int, time_ms: float, ranks: int = 2) -> dict:
@@ -128,7 +128,7 @@ def test_each_rate_takes_the_median_of_its_segments_updates():
     assert ten["s_per_update"] == pytest.approx(4 / 3)  # of 4, 2, 1.33, 0.5, 1.0
     assert ten["tx_per_update"] == pytest.approx((5_000_000 + 5_200_000) / 2 / 5)
     assert none["s_per_update"] == pytest.approx(0.5) and none["link_mbps"] == 9000.0
-    assert step.logged_params(LOG) == 298560
+    assert logged_params(LOG) == 298560
 
 
 def points() -> list[dict]:
