@@ -190,8 +190,7 @@ def _summarize(states):
 def status(c, hosts, run=None):
     """Per host: is its rank running, the last update, loss and s/update; why it stopped if it did."""
     the_run = launch.Run.load(run)
-    hosts = [h for h in hosts if h.name in the_run.hosts]
-    states = _summarize(launch.states(the_run, hosts))
+    states = _summarize(launch.states(the_run, the_run.hosts_of(hosts)))
     rank0 = states[0].progress
     if rank0:
         console.print(f"{the_run.run_id}: update {rank0.update}/{rank0.max_update}, {describe(rank0)}")
@@ -210,12 +209,15 @@ def status(c, hosts, run=None):
 def logs(c, hosts, run=None, lines=20):
     """Tail every host's training log."""
     the_run = launch.Run.load(run)
-    results = run_all([h for h in hosts if h.name in the_run.hosts],
-                      f"tail -n {int(lines)} {the_run.remote_dir}/train.log")
+    results = run_all(the_run.hosts_of(hosts), f"tail -n {int(lines)} {the_run.remote_dir}/train.log")
     for name, result in results.items():
         console.rule(name)
-        console.print(result.stdout if not isinstance(result, Exception) else f"[red]unreachable: {result}[/]",
-                      markup=False)
+        if isinstance(result, Exception):
+            console.print(f"[red]unreachable: {result}[/]")
+        elif not result.ok:
+            console.print(f"[red]no log: {result.stderr.strip()}[/]")
+        else:
+            console.print(result.stdout, markup=False)
 
 
 @task(help={"run": "run id (default: the latest)"})
@@ -223,7 +225,7 @@ def logs(c, hosts, run=None, lines=20):
 def stop(c, hosts, run=None):
     """Stop every rank on every host and confirm none is left (non-zero exit naming a host that won't stop)."""
     the_run = launch.Run.load(run)
-    outcome = launch.stop(the_run, [h for h in hosts if h.name in the_run.hosts])
+    outcome = launch.stop(the_run, the_run.hosts_of(hosts))
     said = {"stopped": "stopped", "killed": "killed (did not stop on SIGTERM)", "none": "was not running"}
     for name, what in outcome.items():
         console.print(f"{name}: {said.get(what, what)}; no training process left")
@@ -236,7 +238,7 @@ def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     from train import command
 
     the_run = launch.Run.load(run)
-    host = hosts[0]
+    host = the_run.hosts_of(hosts)[0]  # rank 0's host: it holds the checkpoints
     cmd = command.evaluation_command(
         data_dir=the_run.data_dir, checkpoint=f"{the_run.remote_dir}/checkpoints/{checkpoint}",
         reference=f"{the_run.data_dir}/test.ref.de", out_dir=f"{the_run.remote_dir}/eval",

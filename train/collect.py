@@ -36,7 +36,7 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
                 conn.get(corpus, str(local / "corpus.json"))
         return f"missing {', '.join(missing)}" if missing else None
 
-    results = on_each([h for h in hosts if h.name in run.hosts], fetch)
+    results = on_each(run.hosts_of(hosts), fetch)
     bench = REPORTS / "bench"
     if bench.is_dir():
         (local / "bench").mkdir(exist_ok=True)

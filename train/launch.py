@@ -54,6 +54,15 @@ class Run:
     def local_dir(self) -> Path:
         return REPORTS / self.run_id
 
+    def hosts_of(self, hosts: list[Host]) -> list[Host]:
+        """Those of `hosts` this run ran on, in rank order (rank 0 first)."""
+        by_name = {h.name: h for h in hosts}
+        chosen = [by_name[n] for n in self.hosts if n in by_name]
+        if not chosen:
+            raise ClusterError(f"run {self.run_id} ran on {', '.join(self.hosts)}; none of them is among "
+                               f"{', '.join(by_name) or 'the hosts given'}")
+        return chosen
+
     def resolved_preset(self) -> presets.Preset:
         return presets.resolve(self.preset, self.overrides)
 

@@ -174,3 +174,14 @@ def test_a_bad_train_threads_names_the_host_and_the_value(value):
         train_threads(Host("v100b", "10.0.0.2", vars={"train_threads": value}))
     assert train_threads(Host("v100a", "10.0.0.1", vars={"train_threads": 2})) == 2
     assert train_threads(Host("v100a", "10.0.0.1")) is None
+
+
+def test_a_runs_hosts_come_in_rank_order_and_a_stranger_is_named():
+    from train.cluster import ClusterError, Host
+    from train.launch import Run
+
+    run = Run(run_id="r1", hosts=["v100b", "v100a"], preset="tiny", overrides=[], dataset="synthetic")
+    inventory = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2"), Host("v100c", "10.0.0.3")]
+    assert [h.name for h in run.hosts_of(inventory)] == ["v100b", "v100a"]  # rank 0 first, not inventory order
+    with pytest.raises(ClusterError, match="run r1 ran on v100b, v100a; none of them is among v100c"):
+        run.hosts_of(inventory[2:])
