@@ -12,9 +12,10 @@ from pathlib import Path
 from fabric import task
 from rich.table import Table
 
-from train import data, distribute, download, launch, presets
 from train.cluster import ClusterError, run_all
-from train.follow import describe, follow
+from train.data import corpus, distribute, download
+from train.run import launch, presets
+from train.run.follow import describe, follow
 from train.tasks import cluster_task, console
 
 
@@ -55,19 +56,19 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     work = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache/tandem")) / "data"
     if wmt16:  # first, with a progress bar per archive: not under the spinner below
         try:
-            data.download_wmt16(work / "downloads")
-        except (data.DataError, download.DownloadError) as err:
+            corpus.download_wmt16(work / "downloads")
+        except (corpus.DataError, download.DownloadError) as err:
             raise ClusterError(str(err)) from err
     with console.status(f"preparing {name}: clean, sentencepiece ({vocab}), fairseq-preprocess"):
         try:
-            corpus = data.prepare(name, work, source=Path(source) if source else None, wmt16=wmt16,
-                                  vocab_size=vocab, synthetic_train=int(lines))
-        except (data.DataError, download.DownloadError) as err:
+            prepared = corpus.prepare(name, work, source=Path(source) if source else None, wmt16=wmt16,
+                                      vocab_size=vocab, synthetic_train=int(lines))
+        except (corpus.DataError, download.DownloadError) as err:
             raise ClusterError(str(err)) from err
-    console.print(f"[green]✓[/] {name}: {corpus.train_lines:,} training pairs, {corpus.train_mb} MB of text, "
-                  f"vocabulary {corpus.vocab_size}")
+    console.print(f"[green]✓[/] {name}: {prepared.train_lines:,} training pairs, {prepared.train_mb} MB of text, "
+                  f"vocabulary {prepared.vocab_size}")
     with console.status(f"copying to {', '.join(h.name for h in hosts)} and checking checksums"):
-        sums = distribute.upload(Path(corpus.bin_dir), name, hosts)
+        sums = distribute.upload(Path(prepared.bin_dir), name, hosts)
     console.print(f"[green]✓[/] identical on every host ({', '.join(sums)}): manifest "
                   f"{next(iter(sums.values()))[:12]}, at {launch.DATA_ROOT}/{name}")
 
@@ -235,7 +236,7 @@ def stop(c, hosts, run=None):
 @cluster_task
 def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     """Translate the test set with the best checkpoint on the first host and print SacreBLEU."""
-    from train import command
+    from train.run import command
 
     the_run = launch.Run.load(run)
     host = the_run.hosts_of(hosts)[0]  # rank 0's host: it holds the checkpoints
@@ -347,8 +348,8 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
 @cluster_task
 def report(c, hosts, run=None, link_mbps=None):
     """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
-    from train import collect
-    from train import report as report_page
+    from train.report import collect
+    from train.report import page as report_page
 
     the_run = launch.Run.load(run)
     with console.status(f"collecting {the_run.run_id} from {', '.join(the_run.hosts)}"):

@@ -104,7 +104,7 @@ def _run_each(hosts: list[Host], commands: dict[str, str]) -> dict[str, object]:
     """A command per host (each host may name its NIC differently), all at once."""
     if len(set(commands.values())) == 1:
         return run_all(hosts, next(iter(commands.values())))
-    from train.launch import on_each
+    from train.run.launch import on_each
 
     return on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, warn=True, in_stream=False))
 

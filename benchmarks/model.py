@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Predict seconds per update and the run's hours.")
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=float, help="parameters, e.g. 61e6")
-    size.add_argument("--preset", help="a train.presets preset (with --vocab)")
+    size.add_argument("--preset", help="a train.run.presets preset (with --vocab)")
     parser.add_argument("--vocab", type=int, default=32000, help="joint dictionary size (with --preset)")
     parser.add_argument("--ranks", type=int, required=True)
     parser.add_argument("--hosts", type=int, help="default: one rank per host")
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.preset:
-        from train.presets import resolve
+        from train.run.presets import resolve
 
         params = preset_params(resolve(args.preset).options, args.vocab)
     else:

@@ -1,7 +1,7 @@
 """`fab bench-net`: how fast can the hosts talk, and does all_reduce get that speed?
 
 1. iperf3 between every ordered pair of hosts (benchmarks.link; raw JSON kept).
-2. benchmarks/allreduce.py on every host at once (one rank per GPU, or one per CPU host;
+2. train/agent/allreduce.py on every host at once (one rank per GPU, or one per CPU host;
    NCCL on GPUs, gloo on CPU), buffer sizes from `--min-size` to `--max-size` by powers of
    two. The script is copied to each host first (so the controller's version runs), started
    detached with a pid file, followed from here, and killed by that pid on error or Ctrl-C.
@@ -26,15 +26,15 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from train.agent.allreduce import parse_size
 from train.cluster import TOP, ClusterError, Host, run_all
-from train.launch import on_each, venv_of
+from train.run.launch import on_each, venv_of
 
 from . import link
-from .allreduce import parse_size
 
 REPORT_DIR = TOP / "reports" / "bench"
 REMOTE_DIR = "/tmp/tandem-bench"
-SCRIPT = Path(__file__).with_name("allreduce.py")
+SCRIPT = TOP / "train" / "agent" / "allreduce.py"
 LARGE = 256 * 1024**2  # the sizes the efficiency target is about
 ENV_FILE = "/etc/tandem/env"
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from train import presets
 from train.cluster import ClusterError, Host
+from train.run import presets
 
 from . import link, model, net
 

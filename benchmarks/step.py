@@ -3,7 +3,7 @@
 1. For each rate (`10mbit`, `100mbit`, `1gbit`, ..., `none` = no cap) cap every host's
    cluster NIC (tc tbf on its egress, benchmarks.link) and measure the ring's links with
    iperf3 (2 s, all links at once).
-2. Start the configured model once on every host through train.launch (run `bench-<time>`,
+2. Start the configured model once on every host through train.run.launch (run `bench-<time>`,
    `log_interval=1`, no validation, no checkpoints; `reports/latest` is left alone) and,
    while it trains, change the cap under it: `cycles` times through the rates, each for
    `skip` updates to settle and then `updates` measured ones. Interleaving the rates in one
@@ -14,7 +14,7 @@
    (/sys/class/net/NIC/statistics/tx_bytes at the segment's first and last update).
 
 Afterwards, and on any error, Ctrl-C (SIGINT), SIGTERM or SIGHUP, the job is stopped
-(train.launch.stop) and every cap removed, then read back (`tc qdisc show`): the run prints
+(train.run.launch.stop) and every cap removed, then read back (`tc qdisc show`): the run prints
 that no cap is left, or fails naming the host that kept one.
 
 The model (benchmarks.model.predict, overlap 0: the CPU runs use fairseq's legacy_ddp) gets
@@ -36,8 +36,9 @@ import statistics
 import time
 from datetime import UTC, datetime
 
-from train import launch, logparse, presets
 from train.cluster import ClusterError, Host, connect, run_all
+from train.report import logparse
+from train.run import launch, presets
 
 from . import link, model
 from .net import REPORT_DIR, run_allreduce, write
@@ -176,7 +177,7 @@ def _signals_raise():
             signal.signal(s, h)
 
 
-# As train.launch.STATE: every process of the run names its save dir on its command line.
+# As train.run.launch.STATE: every process of the run names its save dir on its command line.
 POLL = r"""
 if pgrep -f -- "--save-dir RUN/checkpoint[s]" >/dev/null; then echo running; else echo stopped; fi
 grep -o '"num_updates": "[0-9]*"' RUN/train.log 2>/dev/null | tail -n 1 | grep -o '[0-9]*' || echo 0

@@ -75,7 +75,7 @@ def test_host_state(provisioned, name):
     assert versions[1] == want["fairseq-fixed"]
     assert versions[2] == want["numpy"]
     # tandem's own code is on the venv's path
-    host.run_test(f"{venv} -c 'import benchmarks.allreduce'")
+    host.run_test(f"{venv} -c 'import train.agent.allreduce'")
     assert host.run("nft list table inet tandem").rc == 0
 
 

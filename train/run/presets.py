@@ -1,7 +1,7 @@
 """Training presets: named sets of fairseq-train options, and type-checked overrides.
 
 A preset maps fairseq option names (underscores, as in `--set max_update=300000`) to
-values; `train.command` turns them into `--max-update 300000`. Values are typed: an
+values; `train.run.command` turns them into `--max-update 300000`. Values are typed: an
 override must parse as the preset value's type (bool options are flags).
 
     >>> p = resolve("tiny", ["max_update=200", "lr=0.002"])
@@ -9,7 +9,7 @@ override must parse as the preset value's type (bool options are flags).
     (200, 0.002)
 
 Presets:
-- `tiny`: 64-dim, 2+2 layers, 0.3M parameters; learns the synthetic corpus (train.synthetic,
+- `tiny`: 64-dim, 2+2 layers, 0.3M parameters; learns the synthetic corpus (train.data.synthetic,
   1000-piece joint sentencepiece vocabulary) on CPU. Two processes on a shared 2-core
   machine: 300 updates in ≈3 min (0.35–0.5 s/update), BLEU 0 untrained → 0.4 at 100
   updates → 50 at 200 → 74 at 300 (→ 92 at 600).
@@ -106,7 +106,7 @@ PRESETS: dict[str, dict[str, Value]] = {
 }
 
 # fairseq options a preset does not set but that may be overridden, with their types.
-# (`train.command` sets the launch-related ones itself: data, save_dir, distributed_*,
+# (`train.run.command` sets the launch-related ones itself: data, save_dir, distributed_*,
 # update_freq, fp16/bf16, cpu.)
 EXTRA_OPTIONS: dict[str, type] = {
     "attention_dropout": float,
@@ -202,7 +202,7 @@ def option_type(preset: Mapping[str, Value], key: str) -> type:
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise OverrideError(
         f"unknown option `{key}`{hint} (known: the preset's options and "
-        f"train.presets.EXTRA_OPTIONS; write names with underscores, e.g. max_update)"
+        f"train.run.presets.EXTRA_OPTIONS; write names with underscores, e.g. max_update)"
     )
 
 

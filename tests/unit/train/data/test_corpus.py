@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from train import data, download
+from train.data import corpus, download
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -96,27 +96,27 @@ def test_cleaning_normalizes_and_drops_broken_pairs(tmp_path):
     (tmp_path / "a.de").write_text("ein Haus hier\nleer\nschöne Wörter\nkurz\n")
     out = tmp_path / "out"
     out.mkdir()
-    kept = data.clean_split({"en": tmp_path / "a.en", "de": tmp_path / "a.de"}, out, "train", filter_pairs=True)
+    kept = corpus.clean_split({"en": tmp_path / "a.en", "de": tmp_path / "a.de"}, out, "train", filter_pairs=True)
     assert kept == 2
     assert (out / "train.en").read_text() == "a house here\nfine words\n"
 
 
 def test_a_source_directory_without_the_files_is_named(tmp_path):
-    with pytest.raises(data.DataError, match="train.en"):
-        data.raw_from_directory(tmp_path)
+    with pytest.raises(corpus.DataError, match="train.en"):
+        corpus.raw_from_directory(tmp_path)
 
 
 def test_the_pipeline_turns_real_text_into_fairseq_binaries_with_a_manifest(tmp_path):
-    sample = Path(__file__).resolve().parents[3] / "shared" / "data" / "wmt-en-de-sample"
+    sample = Path(__file__).resolve().parents[5] / "shared" / "data" / "wmt-en-de-sample"
     if not sample.exists():
         pytest.skip("shared/data/wmt-en-de-sample is not beside the checkout")
-    corpus = data.prepare("sample", tmp_path, source=sample, vocab_size=800, quiet=True)
-    assert corpus.train_lines > 9000 and corpus.train_mb > 2
-    bin_dir = Path(corpus.bin_dir)
+    prepared = corpus.prepare("sample", tmp_path, source=sample, vocab_size=800, quiet=True)
+    assert prepared.train_lines > 9000 and prepared.train_mb > 2
+    bin_dir = Path(prepared.bin_dir)
     listed = {line.split()[1] for line in (bin_dir / "MANIFEST.sha256").read_text().splitlines()}
     assert listed == {p.name for p in bin_dir.iterdir()} - {"MANIFEST.sha256"}
     assert {"train.en-de.en.bin", "dict.en.txt", "spm.model", "test.ref.de"} <= listed
-    assert corpus.vocab_size > 700
+    assert prepared.vocab_size > 700
 
 
 def test_wmt16_archives_are_fetched_once_and_kept(server, tmp_path, monkeypatch):
@@ -126,10 +126,10 @@ def test_wmt16_archives_are_fetched_once_and_kept(server, tmp_path, monkeypatch)
     for name in ("europarl", "news-commentary"):
         digest = make_tarball(root / f"{name}.tgz", {f"{name}.en": "a house\n", f"{name}.de": "ein Haus\n"})
         sources[name] = download.Source(f"{url}/{name}.tgz", digest, (f"{name}.en", f"{name}.de"))
-    monkeypatch.setattr(data, "WMT16_SOURCES", sources)
-    archives = data.download_wmt16(tmp_path / "downloads", quiet=True)
+    monkeypatch.setattr(corpus, "WMT16_SOURCES", sources)
+    archives = corpus.download_wmt16(tmp_path / "downloads", quiet=True)
     assert {n: p.name for n, p in archives.items()} == {"europarl": "europarl.tgz",
                                                         "news-commentary": "news-commentary.tgz"}
     assert RangeHandler.requests == ["full", "full"]
-    data.download_wmt16(tmp_path / "downloads", quiet=True)  # a second prepare-data: nothing fetched again
+    corpus.download_wmt16(tmp_path / "downloads", quiet=True)  # a second prepare-data: nothing fetched again
     assert RangeHandler.requests == ["full", "full"]

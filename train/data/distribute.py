@@ -7,8 +7,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .cluster import ClusterError, Host, run_all
-from .launch import DATA_ROOT
+from ..cluster import ClusterError, Host, run_all
+from ..run.launch import DATA_ROOT
 
 
 def ssh_command(host: Host) -> str:

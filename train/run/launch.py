@@ -2,7 +2,7 @@
 
 A run has an id. On every host its files live in /data/tandem/runs/<id>/ (train.log,
 train.pid, checkpoints/, tensorboard/); on the controller in reports/<id>/ (run.json, the
-off-host copy of the last and best checkpoints, collected logs). `train.command` builds
+off-host copy of the last and best checkpoints, collected logs). `train.run.command` builds
 each host's command; this module only moves it, and files, between machines.
 """
 
@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import command, logparse, presets
-from .cluster import TOP, ClusterError, Host, connect, run_all
+from ..cluster import TOP, ClusterError, Host, connect, run_all
+from ..report import logparse
+from . import command, presets
 
 DATA_ROOT = "/data/tandem/datasets"
 RUNS_ROOT = "/data/tandem/runs"

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import allreduce, link, model, net, predict, step
+from benchmarks import link, model, net, predict, step
+from train.agent import allreduce
 from train.cluster import ClusterError, Host
-from train.logparse import logged_params, parse_log
+from train.report.logparse import logged_params, parse_log
 
 
 def row(size: int, time_ms: float, ranks: int = 2) -> dict:
@@ -202,7 +203,7 @@ def test_a_small_all_reduce_rate_is_not_mistaken_for_a_capped_port():
 
 @pytest.mark.parametrize("module", ["net", "step", "predict"])
 def test_each_benchmark_runs_as_a_plain_module_and_names_a_wrong_host(module):
-    top = Path(__file__).resolve().parents[2]
+    top = Path(__file__).resolve().parents[3]
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--inventory", "inventory/hosts.yml",
                            "--hosts", "v100a,v100c"], cwd=top, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from train import monitor
+from train.agent import monitor
 
 
 def test_it_follows_the_run_by_its_save_dir_and_writes_samples(tmp_path):

@@ -1,6 +1,6 @@
 """The sampler that runs on every host beside the training (started and ended with it).
 
-    python -m train.monitor --out RUN/samples.jsonl --nic eth0 --watch RUN/checkpoints
+    python -m train.agent.monitor --out RUN/samples.jsonl --nic eth0 --watch RUN/checkpoints
 
 Every `--interval` seconds it appends one JSON line: the cluster NIC's sent and received
 bytes per second, CPU, memory, and per GPU its utilization and memory (NVML). Hosts

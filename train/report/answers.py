@@ -35,8 +35,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train import presets
-from train.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
+from train.report.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
+from train.run import presets
 
 # The link busy more than half the training time: the network takes most of each step, the same
 # definition `fab predict` uses (benchmarks.model.Prediction.network_bound).
@@ -65,7 +65,7 @@ class RunData:
     run_dir: Path
     run: dict
     hosts: list[str]
-    options: dict  # the resolved fairseq options (train.presets)
+    options: dict  # the resolved fairseq options (train.run.presets)
     log: Log  # rank 0's
     logs: dict[str, Log]
     log_times: list[float]  # unix times of rank 0's timestamped lines

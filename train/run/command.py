@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from train.presets import Preset, Value, to_args
+from train.run.presets import Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
@@ -180,9 +180,9 @@ def training_command(preset: Preset, launch: Launch) -> str:
 
 
 def monitor_command(launch: Launch) -> list[str]:
-    """The sampler beside the training (train/monitor.py): NIC, CPU, memory, GPUs to
+    """The sampler beside the training (train/agent/monitor.py): NIC, CPU, memory, GPUs to
     samples.jsonl every 2 s; it ends by itself when the run's processes are gone."""
-    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.monitor",
+    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.monitor",
             "--out", f"{launch.log_dir}/samples.jsonl", "--nic", launch.nic or "eth0",
             "--watch", launch.save_dir]
 

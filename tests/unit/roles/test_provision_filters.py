@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.allreduce import Result, bus_factor, parse_size, table
+from train.agent.allreduce import Result, bus_factor, parse_size, table
 
-ROLES = Path(__file__).resolve().parents[2] / "roles"
+ROLES = Path(__file__).resolve().parents[3] / "roles"
 
 
 def load(role: str, name: str):

@@ -11,9 +11,10 @@ import time
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from . import launch, logparse
-from .cluster import ClusterError, Host
-from .tasks import console
+from ..cluster import ClusterError, Host
+from ..report import logparse
+from ..tasks import console
+from . import launch
 
 
 def describe(p: logparse.Progress | None) -> str:

@@ -7,8 +7,8 @@
         reports/run-.../answers.json  every answer with its numbers
                                    and the few lines `fab report` prints
 
-The inputs and the definitions (step time, "while training", ...) are in `train.answers`;
-the figures in `train.plots`. From a shell: `python -m train.report reports/<run> [link_mbps]`.
+The inputs and the definitions (step time, "while training", ...) are in `train.report.answers`;
+the figures in `train.report.plots`. From a shell: `python -m train.report.page reports/<run> [link_mbps]`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from train import answers as A
-from train import plots
-from train.logparse import format_eta
+from train.report import answers as A
+from train.report import plots
+from train.report.logparse import format_eta
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; margin: 0; color: #222;
@@ -144,7 +144,7 @@ def render_html(an: A.Analysis, figures: dict[str, str], out_dir: Path) -> str:
 {''.join(figs)}
 </div>
 {''.join(extra)}
-<p class="small">Made by tandem (train/report.py) {made}. Numbers: answers.json beside this page.</p>
+<p class="small">Made by tandem (train/report/page.py) {made}. Numbers: answers.json beside this page.</p>
 </main></body></html>
 """
 
@@ -185,7 +185,7 @@ def summary_lines(an: A.Analysis) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m train.report reports/<run_id> [expected_link_mbps]", file=sys.stderr)
+        print("usage: python -m train.report.page reports/<run_id> [expected_link_mbps]", file=sys.stderr)
         return 2
     page, lines = build_report(Path(argv[0]), float(argv[1]) if len(argv) > 1 else None)
     print(page)

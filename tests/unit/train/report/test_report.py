@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from train import answers as A
-from train import plots
-from train.report import build_report
+from train.report import answers as A
+from train.report import plots
+from train.report.page import build_report
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "report"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "report"
 RUN = FIXTURES / "run-081616"
 PLOTS = ["loss.png", "bleu.png", "lr.png", "step_time.png", "wps.png", "gpu.png", "nic.png", "timeline.png"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -59,7 +59,7 @@ def capped(iv):
 
 
 def logged_inner(path: Path) -> list[dict]:
-    """The train_inner JSON objects of a log, read without train.logparse."""
+    """The train_inner JSON objects of a log, read without train.report.logparse."""
     out = []
     for line in path.read_text().splitlines():
         if "| train_inner |" in line:

@@ -1,4 +1,4 @@
-"""The training report's figures (matplotlib, Agg): one PNG per question, from `train.answers`.
+"""The training report's figures (matplotlib, Agg): one PNG per question, from `train.report.answers`.
 
 Every function takes an `Analysis` and a path, writes the PNG and returns its title. A figure
 with nothing to show still gets drawn, with a sentence saying why (e.g. no GPUs on the hosts),
@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from train.answers import Analysis, loss_points, lr_at, nic_mbps  # noqa: E402
+from train.report.answers import Analysis, loss_points, lr_at, nic_mbps  # noqa: E402
 
 SIZE = (7.0, 3.6)
 DPI = 100

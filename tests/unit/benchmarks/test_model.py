@@ -16,7 +16,7 @@ from benchmarks.model import (
     transformer_params,
     update_freq_for_efficiency,
 )
-from train.presets import PRESETS
+from train.run.presets import PRESETS
 
 BASE = 61_000_000
 MB = 1e6

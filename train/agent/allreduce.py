@@ -2,7 +2,7 @@
 
 One process per host, started at the same time on every host:
 
-    python -m benchmarks.allreduce --rank R --world-size N --master-addr A [--master-port 29501]
+    python -m train.agent.allreduce --rank R --world-size N --master-addr A [--master-port 29501]
         [--backend auto|gloo|nccl] [--sizes 64M | --min-size 1M --max-size 1G]
         [--iters 5] [--warmup 1] [--budget-s 20] [--json FILE]
 
@@ -134,7 +134,7 @@ def measure(dist, torch, size: int, device, world_size: int, rank: int, iters: i
 
 def main(argv: list[str] | None = None) -> int:
     env = os.environ
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.allreduce",
+    parser = argparse.ArgumentParser(prog="python -m train.agent.allreduce",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rank", type=int, default=int(env.get("RANK", 0)))

@@ -5,7 +5,7 @@ checked there against its SHA-256 manifest (`fab prepare-data`). Sources:
 - the WMT16 en→de corpora (`WMT16`: Europarl v7, Common Crawl, News Commentary v11;
   newstest2012 to validate, newstest2013 to test), downloaded resumably with checksums;
 - a local directory with {train,valid,test}.{en,de} (`--source DIR`);
-- the synthetic corpus (`train/synthetic.py`): the lab's and the demo's default.
+- the synthetic corpus (`train/data/synthetic.py`): the lab's and the demo's default.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def download_wmt16(downloads: Path, quiet: bool = False) -> dict[str, Path]:
     for name, source in WMT16_SOURCES.items():
         archives[name] = download.fetch(source.url, downloads / Path(source.url).name, source.sha256, quiet=quiet)
         if source.sha256 is None:
-            print(f"{name}: sha256 {download.sha256_of(archives[name])} (pin it in train/data.py)")
+            print(f"{name}: sha256 {download.sha256_of(archives[name])} (pin it in train/data/corpus.py)")
     return archives
 
 

@@ -1,0 +1,1 @@
+"""Preparing data on the controller: download, clean, subwords, fairseq binaries, then onto every host."""

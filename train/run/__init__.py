@@ -1,0 +1,1 @@
+"""Running a training job from the controller: presets, the one command builder, launch, follow, status, stop."""
