@@ -1,8 +1,9 @@
 """The link between the hosts: iperf3 between them, and tc caps on their cluster NICs.
 
 Everything here runs on the hosts over ssh (train.cluster.run_all, in parallel). The pure
-parts (parsing iperf3's JSON, tc's rates and commands, which pairs to measure) are separate
-so the unit tests cover them without a cluster.
+parts are separate so the unit tests cover them without a cluster: tc's rates and commands
+here, iperf3's command lines, its JSON parser and which pairs to measure in train.agent.iperf
+(the network role measures with the same).
 
 - iperf3: a server on every host (`--daemon`, pid file /run/tandem-bench-iperf3.pid, stopped
   by that pid afterwards, also on errors), then the client on the sender of each pair.
@@ -16,13 +17,14 @@ so the unit tests cover them without a cluster.
 
 from __future__ import annotations
 
-import json
 import shlex
-from dataclasses import dataclass
 
-from train.cluster import ClusterError, Host, run_all
+from train.agent import iperf as iperf3
+from train.agent.iperf import Pair, link_mbps, ordered_pairs
+from train.cluster import ClusterError, Host, on_each, run_all
 
-IPERF_PORT = 5201
+__all__ = ["Pair", "link_mbps", "ordered_pairs"]  # the pair figures, for benchmarks.net and predict
+
 IPERF_PID = "/run/tandem-bench-iperf3.pid"
 RATE_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
 
@@ -104,8 +106,6 @@ def _run_each(hosts: list[Host], commands: dict[str, str]) -> dict[str, object]:
     """A command per host (each host may name its NIC differently), all at once."""
     if len(set(commands.values())) == 1:
         return run_all(hosts, next(iter(commands.values())))
-    from train.run.launch import on_each
-
     return on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, warn=True, in_stream=False))
 
 
@@ -119,57 +119,17 @@ def _why(result: object) -> str:
     return (getattr(result, "stderr", "") or getattr(result, "stdout", "")).strip()[-300:] or "failed"
 
 
-# ---- iperf3 ----
-
-@dataclass(frozen=True)
-class Pair:
-    src: str
-    dst: str
-    mbps: float | None  # received bits per second / 1e6
-    retransmits: int | None = None
-    error: str | None = None
-
-
-def ordered_pairs(names: list[str], pattern: str = "all") -> list[tuple[str, str]]:
-    """'all': every ordered pair; 'ring': i → i+1 (the ring all-reduce's links)."""
-    if len(names) < 2:
-        return []
-    if pattern == "ring":
-        pairs = [(names[i], names[(i + 1) % len(names)]) for i in range(len(names))]
-        return list(dict.fromkeys(pairs))
-    return [(a, b) for a in names for b in names if a != b]
-
-
-def parse_iperf(src: str, dst: str, text: str) -> Pair:
-    """A Pair from `iperf3 --json` output: the receiver's rate (what arrived), the sender's retransmits."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return Pair(src, dst, None, error=(text.strip().splitlines() or ["no output"])[-1][:200])
-    if data.get("error"):
-        return Pair(src, dst, None, error=str(data["error"]))
-    end = data.get("end", {})
-    received = end.get("sum_received", {}).get("bits_per_second")
-    sent = end.get("sum_sent", {})
-    rate = received if received is not None else sent.get("bits_per_second")
-    return Pair(src, dst, round(rate / 1e6, 1) if rate is not None else None, sent.get("retransmits"))
-
-
-def link_mbps(pairs: list[Pair]) -> float | None:
-    """The link a collective can count on: the slowest pair (a ring is as fast as its slowest hop)."""
-    rates = [p.mbps for p in pairs if p.mbps]
-    return min(rates) if rates else None
-
+# ---- iperf3 (commands and parser: train.agent.iperf, shared with roles/network) ----
 
 def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int = 1,
-          port: int = IPERF_PORT) -> tuple[list[Pair], dict[str, str]]:
+          port: int = iperf3.PORT) -> tuple[list[Pair], dict[str, str]]:
     """Measure the pairs; returns (pairs, {pair: raw JSON}). The servers are always stopped."""
     by_name = {h.name: h for h in hosts}
     names = [h.name for h in hosts]
     raw: dict[str, str] = {}
     pairs: list[Pair] = []
-    start = (f"pkill -F {IPERF_PID} 2>/dev/null; iperf3 --server --daemon --port {port} "
-             f"--pidfile {IPERF_PID} && sleep 0.3")
+    # a server a failed run left behind is stopped first
+    start = f"{iperf3.stop_command(IPERF_PID)}; {iperf3.server_command(port, IPERF_PID)} && sleep 0.3"
     try:
         answers = run_all(hosts, start)
         bad = [f"{n}: {_why(r)}" for n, r in answers.items() if _failed(r)]
@@ -177,21 +137,17 @@ def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int
             raise ClusterError("iperf3 server did not start (is iperf3 installed? provision.yml installs it):\n  "
                                + "\n  ".join(bad))
 
-        def client(dst: Host) -> str:
-            return (f"iperf3 --client {shlex.quote(dst.address)} --port {port} --time {seconds:g} "
-                    f"--omit {omit} --json")
-
         todo = ordered_pairs(names, pattern)
         rounds = [todo] if pattern == "ring" else [[p] for p in todo]
         for batch in rounds:
             senders = [by_name[a] for a, _ in batch]
-            commands = {a: client(by_name[b]) for a, b in batch}
+            commands = {a: iperf3.client_command(by_name[b].address, port, seconds, omit) for a, b in batch}
             answers = _run_each(senders, commands)
             for a, b in batch:
                 result = answers[a]
                 text = getattr(result, "stdout", "") or _why(result)
                 raw[f"{a}->{b}"] = text
-                pairs.append(parse_iperf(a, b, text))
+                pairs.append(iperf3.parse(a, b, text))
     finally:
-        run_all(hosts, f"pkill -F {IPERF_PID} 2>/dev/null; rm -f {IPERF_PID}; true")
+        run_all(hosts, iperf3.stop_command(IPERF_PID))
     return pairs, raw

@@ -1,10 +1,10 @@
 """`fab bench-net`: how fast can the hosts talk, and does all_reduce get that speed?
 
 1. iperf3 between every ordered pair of hosts (benchmarks.link; raw JSON kept).
-2. train/agent/allreduce.py on every host at once (one rank per GPU, or one per CPU host;
+2. train.agent.allreduce on every host at once (one rank per GPU, or one per CPU host;
    NCCL on GPUs, gloo on CPU), buffer sizes from `--min-size` to `--max-size` by powers of
-   two. The script is copied to each host first (so the controller's version runs), started
-   detached with a pid file, followed from here, and killed by that pid on error or Ctrl-C.
+   two: the host-side agent roles/train_env installed, started detached with a pid file,
+   followed from here, and killed by that pid on error or Ctrl-C.
 3. The nccl-tests table plus one column: efficiency = busbw / the slowest iperf3 pair
    (both in bytes per second). For 2 ranks busbw = algbw = size / time: each rank sends and
    receives the whole buffer once, so it is directly comparable with the link.
@@ -26,15 +26,15 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from train.agent import allreduce
 from train.agent.allreduce import parse_size
-from train.cluster import TOP, ClusterError, Host, run_all
-from train.run.launch import on_each, venv_of
+from train.cluster import TOP, ClusterError, Host, on_each, run_all
+from train.run.launch import venv_of
 
 from . import link
 
 REPORT_DIR = TOP / "reports" / "bench"
-REMOTE_DIR = "/tmp/tandem-bench"
-SCRIPT = TOP / "train" / "agent" / "allreduce.py"
+REMOTE_DIR = "/tmp/tandem-bench"  # each host's all_reduce output and pid file (the code is installed)
 LARGE = 256 * 1024**2  # the sizes the efficiency target is about
 ENV_FILE = "/etc/tandem/env"
 
@@ -110,26 +110,19 @@ def host_info(hosts: list[Host]) -> dict[str, dict]:
 
 def allreduce_commands(hosts: list[Host], sizes: str, iters: int, warmup: int, budget_s: float,
                        port: int, timeout: float, gap_s: float = 0.0) -> dict[str, str]:
-    """Each host's detached all_reduce job (torchrun when a host has several GPUs)."""
-    master = hosts[0].address
-    world = sum(max(h.gpus, 1) for h in hosts)
+    """Each host's detached all_reduce job: train.agent.allreduce's launcher (installed by roles/train_env,
+    as roles/verify runs it), its output and pid file in REMOTE_DIR."""
     mn, sweep, mx = sizes.partition("..")
-    chosen = f"--min-size {mn} --max-size {mx}" if sweep else f"--sizes {sizes}"  # 'A..B' or 'A,B,...'
-    common = (f"{chosen} --iters {iters} --warmup {warmup} --budget-s {budget_s:g} --timeout {timeout:g}"
-              + (f" --gap-s {gap_s:g}" if gap_s else ""))
+    chosen = ["--min-size", mn, "--max-size", mx] if sweep else ["--sizes", sizes]  # 'A..B' or 'A,B,...'
+    common = [*chosen, "--iters", str(iters), "--warmup", str(warmup), "--budget-s", f"{budget_s:g}",
+              "--timeout", f"{timeout:g}", "--gap-s", f"{gap_s:g}"]
+    gpus = [h.gpus for h in hosts]
     out = {}
     for node, h in enumerate(hosts):
-        py = f"{venv_of(h)}/bin/python"
-        if h.gpus > 1:
-            job = (f"{venv_of(h)}/bin/torchrun --nnodes {len(hosts)} --node_rank {node} --nproc_per_node {h.gpus} "
-                   f"--master_addr {master} --master_port {port} {REMOTE_DIR}/allreduce.py {common}")
-        else:
-            rank = sum(max(x.gpus, 1) for x in hosts[:node])
-            job = (f"{py} {REMOTE_DIR}/allreduce.py --rank {rank} --world-size {world} --master-addr {master} "
-                   f"--master-port {port} {common}")
+        job = shlex.join(allreduce.host_argv(f"{venv_of(h)}/bin/python", node, gpus, hosts[0].address, port,
+                                             common, env_file=ENV_FILE))
         out[h.name] = (f"mkdir -p {REMOTE_DIR} && cd {REMOTE_DIR} && "
-                       f"{{ set -a; [ -f {ENV_FILE} ] && . {ENV_FILE}; set +a; "
-                       f"setsid nohup {job} > {REMOTE_DIR}/allreduce.out 2>&1 < /dev/null & "
+                       f"{{ setsid nohup {job} > {REMOTE_DIR}/allreduce.out 2>&1 < /dev/null & "
                        f"echo $! > {REMOTE_DIR}/allreduce.pid; }}")
     return out
 
@@ -144,13 +137,6 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
                   port: int = 29501, timeout: float = 1800, on_line=None, gap_s: float = 0.0) -> dict:
     """Run the sweep on every host at once; rank 0's JSON report. Every job is stopped afterwards."""
 
-    def upload(h: Host, c) -> None:
-        c.run(f"mkdir -p {REMOTE_DIR}", hide=True, in_stream=False)
-        c.put(str(SCRIPT), f"{REMOTE_DIR}/allreduce.py")
-
-    failed = {n: r for n, r in on_each(hosts, upload).items() if isinstance(r, Exception)}
-    if failed:
-        raise ClusterError("could not copy the benchmark: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
     commands = allreduce_commands(hosts, sizes, iters, warmup, budget_s, port, timeout, gap_s)
     try:
         started = on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, warn=True, in_stream=False))

@@ -30,6 +30,7 @@ bandwidth with the measured points on it.
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 import signal
 import statistics
@@ -177,26 +178,23 @@ def _signals_raise():
             signal.signal(s, h)
 
 
-# As train.run.launch.STATE: every process of the run names its save dir on its command line.
-POLL = r"""
-if pgrep -f -- "--save-dir RUN/checkpoint[s]" >/dev/null; then echo running; else echo stopped; fi
-grep -o '"num_updates": "[0-9]*"' RUN/train.log 2>/dev/null | tail -n 1 | grep -o '[0-9]*' || echo 0
-"""
-
-
 class Follower:
     """Rank 0's last logged update, asked over one kept-open connection; raises when a rank stopped."""
 
     def __init__(self, run: launch.Run, hosts: list[Host]):
         self.run, self.hosts = run, hosts
         self.conn = connect(hosts[0])
-        self.script = POLL.replace("RUN", run.remote_dir)  # run ids are [a-z0-9-]
+        self.command = launch.agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 0)
 
     def update(self) -> int:
-        out = self.conn.run(self.script, hide=True, warn=True, in_stream=False).stdout.split()
-        if not out or out[0] != "running":
+        result = self.conn.run(self.command, hide=True, warn=True, in_stream=False)
+        try:
+            state = json.loads(result.stdout)
+        except ValueError:
+            state = {}
+        if not state.get("running"):
             self._fail()
-        return int(out[1]) if len(out) > 1 else 0
+        return state.get("update") or 0
 
     def wait(self, update: int, timeout: float, poll: float = 0.5) -> int:
         deadline = time.monotonic() + timeout

@@ -1,24 +1,37 @@
-"""The lab, brought up once for the whole test session and always torn down.
+"""The lab, brought up and provisioned once for the whole test session, and always torn down.
 
 LAB_PREFIX / LAB_SUBNET pick another lab (so two checkouts can test side by side);
-TANDEM_KEEP_LAB=1 leaves it running afterwards for a look around.
+TANDEM_KEEP_LAB=1 leaves it running afterwards for a look around. Tests run in the order a
+user works: unit (no lab), the lab itself, provisioning, training, the benchmarks.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
-from labtools import Provisioned, lab_cli
+from labtools import TOP, Provisioned, lab_cli
 
 from lab.config import LabConfig
 
+ORDER = ["unit", "lab_hosts", "provision", "training", "bench"]  # tests/<dir>, in a user's order
+LAB_DIRS = set(ORDER) - {"unit"}
+
+
+def _folder(item) -> str:
+    return Path(item.path).relative_to(TOP / "tests").parts[0]
+
 
 def pytest_collection_modifyitems(items):
-    """Everything that needs the lab (root, namespaces) is marked `lab`: `pytest -m "not lab"`."""
+    """Everything outside tests/unit needs the lab (root, namespaces) and is marked `lab`:
+    `pytest -m "not lab"` (make unit) never starts one. Then the user's order."""
     for item in items:
-        if "lab" in item.fixturenames or "spare_lab" in item.fixturenames:
+        if _folder(item) in LAB_DIRS or {"lab", "spare_lab"} & set(item.fixturenames):
             item.add_marker(pytest.mark.lab)
+    items.sort(key=lambda item: ORDER.index(_folder(item)) if _folder(item) in ORDER else len(ORDER))
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +51,17 @@ def lab():
 
 @pytest.fixture(scope="session")
 def provisioned(lab, tmp_path_factory) -> Provisioned:
-    """The lab after one full provision.yml run (which must succeed), shared by the session.
-    TANDEM_ASSUME_PROVISIONED=1 skips the run on a lab you provisioned yourself."""
-    p = Provisioned(cfg=lab, inventory=lab.default_inventory, reports=tmp_path_factory.mktemp("provision"))
+    """The lab after one full provision.yml run (which must succeed), shared by the whole session:
+    provisioning's own tests, training and the benchmarks. TANDEM_ASSUME_PROVISIONED=1 skips the run
+    on a lab you provisioned yourself."""
+    # testinfra's ansible backend runs ansible-inventory: the controller venv's bin must be on PATH.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    # A snapshot of the host-side agent, so that edits in the working tree during the tests do not
+    # count as changes between provisioning's first and second run.
+    code = tmp_path_factory.mktemp("code")
+    shutil.copytree(TOP / "train", code / "train", ignore=shutil.ignore_patterns("__pycache__"))
+    p = Provisioned(cfg=lab, inventory=lab.default_inventory, reports=tmp_path_factory.mktemp("provision"),
+                    code=code)
     if os.environ.get("TANDEM_ASSUME_PROVISIONED") != "1":
         p.first = p.playbook()
         assert p.first.rc == 0, p.first.output[-6000:]

@@ -8,6 +8,7 @@ else inventory/hosts.yml.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,3 +124,19 @@ def run_all(hosts: list[Host], command: str, **kwargs) -> dict[str, object]:
         except GroupException as err:
             results = err.result
     return {conn.tandem_host.name: result for conn, result in results.items()}
+
+
+def on_each(hosts: list[Host], work) -> dict[str, object]:
+    """work(host, connection) on every host at once: {name: result or exception}."""
+
+    def one(host: Host):
+        try:
+            with connect(host) as conn:
+                return work(host, conn)
+        except Exception as err:  # reported per host by the caller
+            return err
+
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))

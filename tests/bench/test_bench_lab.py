@@ -28,7 +28,7 @@ def leftovers(cfg) -> dict[str, str]:
     out = {}
     for name in cfg.names:
         qdisc = ssh(cfg, name, "tc qdisc show dev eth0").stdout
-        procs = ssh(cfg, name, "pgrep -af 'fairseq-train|torchrun|allreduce.py|iperf3' || true").stdout
+        procs = ssh(cfg, name, "pgrep -af 'fairseq-train|torchrun|train.agent.allreduce|iperf3' || true").stdout
         procs = "\n".join(line for line in procs.splitlines() if "pgrep" not in line)
         if " tbf " in qdisc or procs:
             out[name] = qdisc + procs

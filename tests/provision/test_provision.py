@@ -74,8 +74,11 @@ def test_host_state(provisioned, name):
     assert versions[0].split("+")[0] == want["torch"]
     assert versions[1] == want["fairseq-fixed"]
     assert versions[2] == want["numpy"]
-    # tandem's own code is on the venv's path
-    host.run_test(f"{venv} -c 'import train.agent.allreduce'")
+    # tandem's host-side agent, and only it, is installed once, on the venv's path
+    probed = json.loads(host.check_output(f"{venv} -m train.agent.probe"))
+    assert probed["fairseq"] == want["fairseq-fixed"] and "import_error" not in probed
+    assert host.file("/opt/tandem/lib/train/agent/stop.py").exists
+    assert not host.file("/opt/tandem/lib/train/run").exists and not host.file("/opt/tandem/lib/benchmarks").exists
     assert host.run("nft list table inet tandem").rc == 0
 
 

@@ -1,15 +1,18 @@
-"""All-reduce bus bandwidth between hosts (nccl-tests style): provisioning's smoke test.
+"""All-reduce bus bandwidth between hosts (nccl-tests style): provisioning's smoke test, `fab bench-net`'s sweep.
 
-One process per host, started at the same time on every host:
+Every host runs one command at the same time, its index among the hosts and every host's GPU
+count (0: a CPU host, one rank) being all it needs to know (roles/verify and benchmarks.net both start it so):
 
-    python -m train.agent.allreduce --rank R --world-size N --master-addr A [--master-port 29501]
-        [--backend auto|gloo|nccl] [--sizes 64M | --min-size 1M --max-size 1G]
+    python -m train.agent.allreduce --node-rank I --gpus-per-host 0,0 --master-addr A [--master-port 29501]
+        [--env-file /etc/tandem/env] [--backend auto|gloo|nccl] [--sizes 64M | --min-size 1M --max-size 1G]
         [--iters 5] [--warmup 1] [--budget-s 20] [--json FILE]
 
-or under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK from the
-environment). `auto` picks NCCL when CUDA is available, gloo otherwise. Set
-GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the cluster NIC (provisioning writes them to
-/etc/tandem/env). Rank 0 prints
+That launcher reads the environment file, then becomes the host's rank (global rank = the ranks
+of the hosts before it), or torchrun with one worker per GPU on a host with several. A rank
+alone: `--rank R --world-size N --master-addr A`, or under torchrun (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, LOCAL_RANK from the environment). `auto` picks NCCL when CUDA is
+available, gloo otherwise. GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name the cluster NIC
+(provisioning writes them to /etc/tandem/env). Rank 0 prints
 
     size(B)  count  type  time(ms)  algbw(GB/s)  busbw(GB/s)
 
@@ -132,34 +135,149 @@ def measure(dist, torch, size: int, device, world_size: int, rank: int, iters: i
                   busbw=algbw * bus_factor(world_size), correct=wrong == 0.0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    env = os.environ
-    parser = argparse.ArgumentParser(prog="python -m train.agent.allreduce",
-                                     description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rank", type=int, default=int(env.get("RANK", 0)))
-    parser.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", 1)))
-    parser.add_argument("--local-rank", type=int, default=int(env.get("LOCAL_RANK", 0)),
-                        help="GPU index on this host (NCCL)")
-    parser.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"))
-    parser.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", 29501)))
-    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    parser.add_argument("--sizes", default="64M", help="comma-separated buffer sizes, e.g. 1M,16M,256M")
-    parser.add_argument("--min-size", help="sweep powers of two from this size (with --max-size)")
-    parser.add_argument("--max-size", help="... up to this size, e.g. 1G")
-    parser.add_argument("--budget-s", type=float, help="seconds per size: fewer iterations for slow sizes")
-    parser.add_argument("--gap-s", type=float, default=0.0,
-                        help="idle seconds before each iteration (as compute between updates); "
-                        "times only the collective")
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for every rank")
-    parser.add_argument("--json", help="where rank 0 writes the results ('-' for stdout only)")
-    args = parser.parse_args(argv)
+# ---- the launcher: one command per host, used alike by roles/verify and benchmarks.net ----
+
+def read_env_file(path: str) -> dict[str, str]:
+    """KEY=VALUE lines (/etc/tandem/env, written by roles/network and roles/train_env); # comments."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            key, eq, value = line.strip().partition("=")
+            if eq and key and not key.startswith("#"):
+                out[key.strip()] = value.strip().strip("'\"")
+    return out
+
+
+def rank_argv(node_rank: int, ranks_per_host: list[int], master_addr: str, master_port: int, python: str,
+              sweep: list[str]) -> list[str]:
+    """This host's ranks: the worker itself for one rank (its global rank from the hosts before it),
+    torchrun starting one worker per GPU for several."""
+    world = sum(ranks_per_host)
+    here = ranks_per_host[node_rank]
+    if here > 1:
+        torchrun = os.path.join(os.path.dirname(python), "torchrun")
+        return [torchrun, "--nnodes", str(len(ranks_per_host)), "--node_rank", str(node_rank),
+                "--nproc_per_node", str(here), "--master_addr", master_addr, "--master_port", str(master_port),
+                "-m", "train.agent.allreduce", *sweep]
+    return [python, "-m", "train.agent.allreduce", "--rank", str(sum(ranks_per_host[:node_rank])),
+            "--world-size", str(world), "--master-addr", master_addr, "--master-port", str(master_port), *sweep]
+
+
+def host_argv(python: str, node_rank: int, gpus_per_host: list[int], master_addr: str, master_port: int,
+              sweep: list[str], env_file: str | None = None) -> list[str]:
+    """The one command a host runs for its part of the all_reduce (what `fab bench-net` starts on each host;
+    roles/verify/tasks/allreduce.yml writes the same arguments)."""
+    return [python, "-m", "train.agent.allreduce", "--node-rank", str(node_rank),
+            "--gpus-per-host", ",".join(map(str, gpus_per_host)), "--master-addr", master_addr,
+            "--master-port", str(master_port), *(["--env-file", env_file] if env_file else []), *sweep]
+
+
+def _sweep_args(args: argparse.Namespace) -> list[str]:
+    out = ["--backend", args.backend, "--iters", str(args.iters), "--warmup", str(args.warmup),
+           "--timeout", f"{args.timeout:g}", "--gap-s", f"{args.gap_s:g}"]
     if args.max_size:
-        sizes = sizes_between(parse_size(args.min_size or "1M"), parse_size(args.max_size))
+        out += ["--min-size", args.min_size or "1M", "--max-size", args.max_size]
     else:
-        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        out += ["--sizes", args.sizes]
+    if args.budget_s:
+        out += ["--budget-s", f"{args.budget_s:g}"]
+    if args.json:
+        out += ["--json", args.json]
+    return out
+
+
+def launch(args: argparse.Namespace) -> int:
+    """--node-rank mode: read the environment file, then become this host's rank(s) (exec)."""
+    try:
+        ranks = [max(int(g), 1) for g in args.gpus_per_host.split(",")]
+    except (AttributeError, ValueError):
+        ranks = []
+    if not 0 <= args.node_rank < len(ranks):
+        raise SystemExit(f"--node-rank {args.node_rank} with --gpus-per-host {args.gpus_per_host}: "
+                         "the host's index into every host's GPU count (0 for a CPU host)")
+    if args.env_file and os.path.exists(args.env_file):
+        os.environ.update(read_env_file(args.env_file))
+    argv = rank_argv(args.node_rank, ranks, args.master_addr, args.master_port, sys.executable, _sweep_args(args))
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+    return 1  # not reached
+
+
+# ---- a rank ----
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="python -m train.agent.allreduce", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node-rank", type=int, help="launcher: this host's index among the hosts (rank 0's host first)")
+    p.add_argument("--gpus-per-host", help="launcher: every host's GPUs, comma-separated (0: a CPU host, one rank)")
+    p.add_argument("--env-file", help="launcher: KEY=VALUE lines to set first (/etc/tandem/env)")
+    p.add_argument("--rank", type=int, default=int(env.get("RANK", 0)))
+    p.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", 1)))
+    p.add_argument("--local-rank", type=int, default=int(env.get("LOCAL_RANK", 0)),
+                   help="GPU index on this host (NCCL)")
+    p.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"))
+    p.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", 29501)))
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--sizes", default="64M", help="comma-separated buffer sizes, e.g. 1M,16M,256M")
+    p.add_argument("--min-size", help="sweep powers of two from this size (with --max-size)")
+    p.add_argument("--max-size", help="... up to this size, e.g. 1G")
+    p.add_argument("--budget-s", type=float, help="seconds per size: fewer iterations for slow sizes")
+    p.add_argument("--gap-s", type=float, default=0.0,
+                   help="idle seconds before each iteration (as compute between updates); times only the collective")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=120, help="seconds to wait for every rank")
+    p.add_argument("--json", help="where rank 0 writes the results ('-' for stdout only)")
+    return p
+
+
+def sizes_of(args: argparse.Namespace) -> list[int]:
+    if args.max_size:
+        return sizes_between(parse_size(args.min_size or "1M"), parse_size(args.max_size))
+    return [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+
+
+def sweep(dist, torch, args: argparse.Namespace, sizes: list[int], device) -> list[Result]:
+    results: list[Result] = []
+    for size in sizes:
+        # the slowest rank's time (the same on every rank, so every rank plans alike)
+        estimate = results[-1].time_ms / 1e3 * size / results[-1].size if results else None
+        iters, warmup = plan(args.iters, args.warmup, estimate, args.budget_s)
+        results.append(measure(dist, torch, size, device, args.world_size, args.rank, iters, warmup, args.gap_s))
+        if args.rank == 0 and args.budget_s:  # progress for the controller, which tails the output
+            print(f"# {size} B: {results[-1].time_ms:.1f} ms x {iters}", flush=True)
+    return results
+
+
+def write_report(args: argparse.Namespace, torch, backend: str, device, hosts: list, results: list[Result]) -> None:
+    """Rank 0's table and its JSON line (`JSON {...}`, what the launchers read back)."""
+    report = {
+        "benchmark": "all_reduce",
+        "backend": backend,
+        "world_size": args.world_size,
+        "hosts": hosts,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "ok": all(r.correct for r in results),
+        "results": [asdict(r) for r in results],
+    }
+    print(f"# all_reduce, {backend}, {args.world_size} ranks on {', '.join(dict.fromkeys(hosts))}")
+    print(table(results))
+    text = json.dumps(report, indent=2)
+    if args.json and args.json != "-":
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print("JSON " + json.dumps(report))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    sizes = sizes_of(args)  # a bad size fails here, before any rendezvous
+    if args.node_rank is not None:
+        return launch(args)
 
     import torch
     import torch.distributed as dist
@@ -172,45 +290,19 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", args.local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, init_method=f"tcp://{args.master_addr}:{args.master_port}",
-                            rank=args.rank, world_size=args.world_size,
+    # Under torchrun its agent already serves the rendezvous store on the master port: join it.
+    init = "env://" if "TORCHELASTIC_RUN_ID" in os.environ else f"tcp://{args.master_addr}:{args.master_port}"
+    dist.init_process_group(backend, init_method=init, rank=args.rank, world_size=args.world_size,
                             timeout=dt.timedelta(seconds=args.timeout))
     try:
         hosts: list = [None] * args.world_size
         dist.all_gather_object(hosts, socket.gethostname())
-        results: list[Result] = []
-        for size in sizes:
-            # the slowest rank's time (the same on every rank, so every rank plans alike)
-            estimate = results[-1].time_ms / 1e3 * size / results[-1].size if results else None
-            iters, warmup = plan(args.iters, args.warmup, estimate, args.budget_s)
-            results.append(measure(dist, torch, size, device, args.world_size, args.rank, iters, warmup,
-                                   args.gap_s))
-            if args.rank == 0 and args.budget_s:  # progress for the controller, which tails the output
-                print(f"# {size} B: {results[-1].time_ms:.1f} ms x {iters}", flush=True)
+        results = sweep(dist, torch, args, sizes, device)
     finally:
         dist.destroy_process_group()
-    ok = all(r.correct for r in results)
     if args.rank == 0:
-        report = {
-            "benchmark": "all_reduce",
-            "backend": backend,
-            "world_size": args.world_size,
-            "hosts": hosts,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "ok": ok,
-            "results": [asdict(r) for r in results],
-        }
-        print(f"# all_reduce, {backend}, {args.world_size} ranks on {', '.join(dict.fromkeys(hosts))}")
-        print(table(results))
-        text = json.dumps(report, indent=2)
-        if args.json and args.json != "-":
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-        print("JSON " + json.dumps(report))
-    return 0 if ok else 1
+        write_report(args, torch, backend, device, hosts, results)
+    return 0 if all(r.correct for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from train.agent.state import save_dir_pids
+
 
 def gpu_reader():
     """A function returning per-GPU samples, or None when there is no NVML/GPU here."""
@@ -47,8 +49,7 @@ def gpu_reader():
 
 def run_alive(save_dir: str) -> bool:
     """Whether any process runs with `--save-dir SAVE_DIR` (every process of a run has it)."""
-    return any(("--save-dir", save_dir) in zip(args, args[1:], strict=False)
-               for args in (p.info.get("cmdline") or [] for p in psutil.process_iter(["cmdline"])))
+    return bool(save_dir_pids(save_dir))
 
 
 def sample(nic: str, previous: tuple[float, int, int] | None, gpus) -> tuple[dict, tuple[float, int, int]]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import shutil
 
-from ..cluster import Host
-from ..run.launch import REPORTS, Run, on_each
+from ..cluster import Host, on_each
+from ..run.launch import REPORTS, Run
 
 
 def collect(run: Run, hosts: list[Host]) -> dict[str, str]:

@@ -9,12 +9,13 @@ each host's command; this module only moves it, and files, between machines.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+import shlex
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..cluster import TOP, ClusterError, Host, connect, run_all
+from ..agent.probe import versions_differ
+from ..cluster import TOP, ClusterError, Host, connect, on_each, run_all
 from ..report import logparse
 from . import command, presets
 
@@ -118,56 +119,36 @@ def host_commands(run: Run, hosts: list[Host]) -> dict[str, str]:
     return {h.name: command.training_command(preset, launch) for h, launch in pairs}
 
 
-# What preflight asks each host, in one round trip. Prints one JSON object.
-PROBE = r"""
-import json, os, shutil, socket, sys, hashlib
-out = {"python": sys.version.split()[0]}
-try:
-    import torch, fairseq
-    out["torch"] = torch.__version__
-    out["fairseq"] = fairseq.__version__
-    out["cuda_devices"] = torch.cuda.device_count()
-except Exception as err:
-    out["import_error"] = repr(err)
-manifest = os.path.join(DATA, "MANIFEST.sha256")
-out["data"] = hashlib.sha256(open(manifest, "rb").read()).hexdigest() if os.path.exists(manifest) else None
-out["free_gb"] = round(shutil.disk_usage("/data" if os.path.isdir("/data") else "/").free / 1e9, 1)
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("0.0.0.0", PORT)); out["port_free"] = True
-except OSError as err:
-    out["port_free"] = False; out["port_error"] = str(err)
-finally:
-    s.close()
-out["running"] = None
-for entry in os.listdir("/proc"):
+def agent_command(host: Host, module: str, *args: object) -> str:
+    """The shell line that runs a host-side agent module (train/agent/, installed by roles/train_env)."""
+    return shlex.join([f"{venv_of(host)}/bin/python", "-m", f"train.agent.{module}", *map(str, args)])
+
+
+def _answer(result: object) -> dict | None:
+    """The JSON object an agent module printed last, None when there is none."""
+    lines = (getattr(result, "stdout", "") or "").strip().splitlines()
     try:
-        args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-    except OSError:
-        continue
-    if b"--save-dir" in args and args[args.index(b"--save-dir") + 1] == (RUN + "/checkpoints").encode():
-        out["running"] = int(entry)
-        break
-print(json.dumps(out))
-"""
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
 
 
 def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
-    """Every host's answers to PROBE; an unreachable host raises, naming it and why."""
-    script = (PROBE.replace("DATA", repr(run.data_dir)).replace("PORT", str(run.master_port))
-              .replace("RUN", repr(run.remote_dir)))
-    results = run_all(hosts, f"{venv_of(hosts[0])}/bin/python - <<'EOF'\n{script}\nEOF")
+    """Every host's answers to train.agent.probe, in one round trip; an unreachable host raises,
+    naming it and why."""
+    results = run_all(hosts, agent_command(hosts[0], "probe", "--data", run.data_dir, "--port", run.master_port,
+                                           "--run", run.remote_dir))
     answers, problems = {}, []
     for host in hosts:
         result = results[host.name]
         if isinstance(result, Exception):
             problems.append(f"{host.name} ({host.address}): unreachable: {result}")
-        elif result.exited != 0:
+        elif (answer := _answer(result)) is None:
             problems.append(f"{host.name}: the training environment did not answer "
                             f"({venv_of(host)}/bin/python: {result.stderr.strip()[-300:]}); provision it first")
         else:
-            answers[host.name] = json.loads(result.stdout.strip().splitlines()[-1])
+            answers[host.name] = answer
     if problems:
         raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
     return answers
@@ -182,10 +163,6 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
         if "import_error" in a:
             problems.append(f"{host.name}: torch/fairseq do not import: {a['import_error']}")
             continue
-        for key in ("torch", "fairseq", "python"):
-            if a.get(key) != answers[first].get(key):
-                problems.append(f"{host.name}: {key} {a.get(key)} but {first} has {answers[first].get(key)}: "
-                                "mismatched versions break distributed init; re-run provision.yml")
         if a.get("cuda_devices", 0) != host.gpus and host.gpus > 0:
             problems.append(f"{host.name}: expected {host.gpus} GPUs, torch sees {a.get('cuda_devices')}")
         if a.get("data") is None:
@@ -201,23 +178,10 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
         elif host.name == first and not a.get("port_free"):
             problems.append(f"{host.name}: rendezvous port {run.master_port} is in use ({a.get('port_error')}): "
                             "stop what holds it or pick another with --port")
+    importable = {h.name: answers[h.name] for h in hosts if "import_error" not in answers[h.name]}
+    problems += [f"{line}: mismatched versions break distributed init; re-run provision.yml"
+                 for line in versions_differ(importable)]
     return problems
-
-
-def on_each(hosts: list[Host], work) -> dict[str, object]:
-    """work(host, connection) on every host at once: {name: result or exception}."""
-
-    def one(host: Host):
-        try:
-            with connect(host) as conn:
-                return work(host, conn)
-        except Exception as err:  # reported per host by the caller
-            return err
-
-    if not hosts:
-        return {}
-    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))
 
 
 def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
@@ -302,55 +266,39 @@ class HostState:
     error: str | None = None
 
 
-# Every process of a run names its save dir on its command line: torchrun, and the workers
-# it starts in sessions of their own (so a process group kill would miss them).
-STATE = r"""
-if pgrep -f -- "--save-dir RUN/checkpoint[s]" >/dev/null; then echo running; else echo stopped; fi
-tail -n 400 RUN/train.log 2>/dev/null
-"""
-
-
 def states(run: Run, hosts: list[Host]) -> list[HostState]:
-    results = run_all(hosts, STATE.replace("RUN", run.remote_dir))
+    """Each host's train.agent.state: its processes alive?, and its log's last lines parsed."""
+    results = run_all(hosts, agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 400))
     out = []
     for host in hosts:
         result = results[host.name]
-        if isinstance(result, Exception):
-            out.append(HostState(host.name, False, False, None, [], error=str(result)))
+        answer = None if isinstance(result, Exception) else _answer(result)
+        if answer is None:
+            why = result if isinstance(result, Exception) else f"no answer: {result.stderr.strip()[-300:]}"
+            out.append(HostState(host.name, False, not isinstance(result, Exception), None, [], error=str(why)))
             continue
-        first, *log = result.stdout.splitlines()
+        log = answer["tail"]
         prog = logparse.progress(logparse.parse_log(log), run.max_update) if log else None
-        out.append(HostState(host.name, first == "running", True, prog, log[-8:]))
+        out.append(HostState(host.name, answer["running"], True, prog, log[-8:]))
     return out
 
 
-STOP = r"""
-pattern="--save-dir RUN/checkpoint[s]"  # [s]: never matches this script's own shell
-pgrep -f -- "$pattern" >/dev/null || { echo none; exit 0; }
-pkill -TERM -f -- "$pattern"
-for i in $(seq 1 WAIT); do pgrep -f -- "$pattern" >/dev/null || { echo stopped; exit 0; }; sleep 0.5; done
-pkill -KILL -f -- "$pattern"; sleep 1
-pgrep -f -- "$pattern" >/dev/null && { echo alive; exit 1; }
-echo killed
-"""
-
-
 def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
-    """Stop every rank on every host (the whole process group torchrun leads); confirm none is left.
-    Returns {host: stopped|killed|none}; raises naming the hosts that could not be reached or stopped."""
-    script = STOP.replace("RUN", run.remote_dir).replace("WAIT", str(int(wait_s * 2)))
-    results = run_all(hosts, script)
+    """Stop every rank on every host (train.agent.stop: every process naming the run's save dir);
+    confirm none is left. Returns {host: stopped|killed|none}; raises naming the hosts that could
+    not be reached or stopped."""
+    results = run_all(hosts, agent_command(hosts[0], "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}"))
     outcome, problems = {}, []
     for host in hosts:
         result = results[host.name]
         if isinstance(result, Exception):
             problems.append(f"{host.name}: unreachable ({result}); its rank may still run")
         elif not result.ok:
-            problems.append(f"{host.name}: training process group still alive after SIGKILL")
+            said = result.stdout.strip() or result.stderr.strip()[-300:]
+            problems.append(f"{host.name}: training processes still alive after SIGKILL ({said})" if said == "alive"
+                            else f"{host.name}: could not stop its rank: {said}")
         else:
             outcome[host.name] = result.stdout.strip()
     if problems:
         raise ClusterError("stop incomplete:\n  " + "\n  ".join(problems))
     return outcome
-
-

@@ -1,37 +1,44 @@
-"""Filters for the network role: turn iperf3's JSON into the figures provisioning reports."""
+"""Filters for the network role: iperf3's command lines and its JSON turned into per-pair figures.
+
+Both come from tandem's own train.agent.iperf, the implementation benchmarks.link uses too: this
+file only adapts it to Ansible (registered loop results in, plain dicts out).
+"""
 
 from __future__ import annotations
 
-import json
+import sys
+from pathlib import Path
+
+_TOP = str(Path(__file__).resolve().parents[3])  # the checkout: roles/network/filter_plugins/ -> ../../..
+if _TOP not in sys.path:
+    sys.path.insert(0, _TOP)
+
+from train.agent import iperf  # noqa: E402
 
 DOCUMENTATION = """
 name: network_figures
-short_description: iperf3 results to per-pair figures
+short_description: iperf3 commands and results to per-pair figures (train.agent.iperf)
 """
 
 
 def iperf_pairs(results: list) -> list[dict]:
     """Registered loop results of `iperf3 --json` (item = [src, dst]) -> one dict per pair:
-    src, dst, mbps (received, Mb/s), retransmits, error ('' when the run worked)."""
-    pairs = []
-    for result in results or []:
-        src, dst = result["item"][0], result["item"][1]
-        try:
-            data = json.loads(result.get("stdout") or "{}")
-        except ValueError:
-            data = {}
-        end = data.get("end", {})
-        mbps = end.get("sum_received", {}).get("bits_per_second", 0) / 1e6
-        failed = result.get("rc") != 0
-        error = data.get("error") or (result.get("stderr") or result.get("msg") or "iperf3 failed" if failed else "")
-        pairs.append({"src": src, "dst": dst, "mbps": round(mbps, 1),
-                      "retransmits": end.get("sum_sent", {}).get("retransmits", 0), "error": str(error).strip()})
-    return pairs
+    src, dst, mbps (received, Mb/s; 0 when it failed), retransmits, error ('' when the run worked)."""
+    return [iperf.parse(r["item"][0], r["item"][1], r.get("stdout") or "",
+                        r.get("stderr") or r.get("msg") or "").figures() for r in results or []]
 
 
 def ordered_pairs(hosts: list) -> list[list]:
     """[a, b, c] -> every ordered pair of different hosts."""
-    return [[a, b] for a in hosts for b in hosts if a != b]
+    return [list(pair) for pair in iperf.ordered_pairs(list(hosts))]
+
+
+def iperf_server(port: int, pidfile: str, bind: str | None = None) -> str:
+    return iperf.server_command(int(port), pidfile, bind)
+
+
+def iperf_client(address: str, port: int, seconds: float) -> str:
+    return iperf.client_command(address, int(port), float(seconds))
 
 
 def host_figures(hosts: list, hostvars, fields: dict) -> dict:
@@ -41,4 +48,5 @@ def host_figures(hosts: list, hostvars, fields: dict) -> dict:
 
 class FilterModule:
     def filters(self):
-        return {"iperf_pairs": iperf_pairs, "ordered_pairs": ordered_pairs, "host_figures": host_figures}
+        return {"iperf_pairs": iperf_pairs, "ordered_pairs": ordered_pairs, "iperf_server": iperf_server,
+                "iperf_client": iperf_client, "host_figures": host_figures}

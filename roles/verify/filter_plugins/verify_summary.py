@@ -1,7 +1,18 @@
 """verify_summary: every host's probed state + the network figures + the all_reduce -> one table
-and the list of problems (empty when the cluster is ready)."""
+and the list of problems (empty when the cluster is ready).
+
+The version comparison is train.agent.probe's, the one `fab train`'s preflight makes."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TOP = str(Path(__file__).resolve().parents[3])  # the checkout: roles/verify/filter_plugins/ -> ../../..
+if _TOP not in sys.path:
+    sys.path.insert(0, _TOP)
+
+from train.agent.probe import versions_differ  # noqa: E402
 
 DOCUMENTATION = """
 name: verify_summary
@@ -19,82 +30,98 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def host_problems(host: str, h: dict, net: dict) -> list[str]:
+    """What is wrong with one host: GPUs, the venv, /data, its network figures."""
+    problems = []
+    venv = h.get("venv") or {}
+    promised, found = int(h.get("gpus_promised", 0)), len(h.get("gpus") or [])
+    if found != promised:
+        problems.append(f"{host}: expected {promised} GPUs, nvidia-smi shows {found}")
+    if not venv:
+        problems.append(f"{host}: the training venv does not import torch and fairseq ({h.get('venv_error')})")
+    elif promised > 0 and not venv.get("cuda_available"):
+        problems.append(f"{host}: torch {venv.get('torch')} does not see CUDA")
+    data = h.get("data") or {}
+    if h.get("data_expected") and not data:
+        problems.append(f"{host}: nothing is mounted at /data")
+    if data and "noatime" not in str(data.get("options", "")):
+        problems.append(f"{host}: /data is mounted without noatime")
+    if float(h.get("free_gb", 0)) < float(h.get("min_free_gb", 0)):
+        problems.append(f"{host}: /data has {h.get('free_gb')} GB free, training needs {h.get('min_free_gb')} GB")
+    if not net:
+        problems.append(f"{host}: no network figures (run the network role: --tags network)")
+    return problems
+
+
+def host_row(host: str, h: dict, net: dict, out: list[float], into: list[float]) -> list[str]:
+    venv = h.get("venv") or {}
+    data = h.get("data") or {}
+    gpu_names = sorted(set(h.get("gpus") or []))
+    return [
+        host,
+        f"{len(h.get('gpus') or [])}/{int(h.get('gpus_promised', 0))}"
+        + (f" {', '.join(gpu_names)}" if gpu_names else ""),
+        h.get("driver") or "-",
+        venv.get("torch", "-"),
+        f"{venv.get('cuda')} ({venv.get('cuda_devices', 0)} dev)" if venv.get("cuda_available") else "no",
+        net.get("nic", "-"),
+        str(net.get("speed_mbps") or "unknown"),
+        f"{min(out):.0f}" if out else "-",
+        f"{min(into):.0f}" if into else "-",
+        f"{data.get('source', '-')} {data.get('fstype', '')}".strip() if data else "not mounted",
+        str(h.get("free_gb", "-")),
+        venv.get("python", "-"),
+        venv.get("fairseq", "-"),
+    ]
+
+
+def allreduce_lines(allreduce: dict, link: float | None, n_hosts: int, min_ratio: float) -> tuple[list, list]:
+    """(lines, problems) of the all_reduce: each size's bus bandwidth against the link."""
+    lines, problems = [], []
+    if not allreduce.get("ok"):
+        problems.append("all_reduce failed: " + str(allreduce.get("error") or "the reduced values were wrong"))
+    for r in allreduce.get("results") or []:
+        busbw_mbps = r["busbw"] * 8000
+        verdict = ""
+        if link and n_hosts > 1:
+            ratio = busbw_mbps / link
+            verdict = f" = {ratio:.2f} x the link ({link:.0f} Mb/s)"
+            if ratio < min_ratio:
+                problems.append(f"all_reduce bus bandwidth {busbw_mbps:.0f} Mb/s is {ratio:.2f} of the link "
+                                f"({link:.0f} Mb/s), below {min_ratio}")
+        lines.append(f"all_reduce {allreduce.get('backend')} x{allreduce.get('world_size')} "
+                     f"{r['size'] / 2**20:.0f} MiB: {r['time_ms']:.1f} ms, busbw {r['busbw']:.3f} GB/s "
+                     f"({busbw_mbps:.0f} Mb/s){verdict}")
+    return lines, problems
+
+
 def verify_summary(hosts: list, hostvars, network: dict, allreduce: dict, min_ratio: float) -> dict:
-    problems: list[str] = []
     pairs = network.get("pairs") or []
     threshold = float(network.get("threshold_mbps") or 0)
     expected = float(network.get("expected_mbps") or 0)
+    problems: list[str] = []
     rows = [list(COLUMNS)]
     hosts_out = {}
     for host in hosts:
         h = dict(hostvars[host].get("verify_host") or {})
-        venv = h.get("venv") or {}
         net = (network.get("hosts") or {}).get(host) or {}
         out = [p["mbps"] for p in pairs if p["src"] == host]
         into = [p["mbps"] for p in pairs if p["dst"] == host]
-        promised, found = int(h.get("gpus_promised", 0)), len(h.get("gpus") or [])
-        if found != promised:
-            problems.append(f"{host}: expected {promised} GPUs, nvidia-smi shows {found}")
-        if not venv:
-            problems.append(f"{host}: the training venv does not import torch and fairseq ({h.get('venv_error')})")
-        elif promised > 0 and not venv.get("cuda_available"):
-            problems.append(f"{host}: torch {venv.get('torch')} does not see CUDA")
-        data = h.get("data") or {}
-        if h.get("data_expected") and not data:
-            problems.append(f"{host}: nothing is mounted at /data")
-        if data and "noatime" not in str(data.get("options", "")):
-            problems.append(f"{host}: /data is mounted without noatime")
-        if float(h.get("free_gb", 0)) < float(h.get("min_free_gb", 0)):
-            problems.append(f"{host}: /data has {h.get('free_gb')} GB free, training needs {h.get('min_free_gb')} GB")
-        if not net:
-            problems.append(f"{host}: no network figures (run the network role: --tags network)")
-        gpu_names = sorted(set(h.get("gpus") or []))
-        rows.append([
-            host,
-            f"{found}/{promised}" + (f" {', '.join(gpu_names)}" if gpu_names else ""),
-            h.get("driver") or "-",
-            venv.get("torch", "-"),
-            (f"{venv.get('cuda')} ({venv.get('cuda_devices', 0)} dev)" if venv.get("cuda_available")
-             else "no"),
-            net.get("nic", "-"),
-            str(net.get("speed_mbps") or "unknown"),
-            f"{min(out):.0f}" if out else "-",
-            f"{min(into):.0f}" if into else "-",
-            f"{data.get('source', '-')} {data.get('fstype', '')}".strip() if data else "not mounted",
-            str(h.get("free_gb", "-")),
-            venv.get("python", "-"),
-            venv.get("fairseq", "-"),
-        ])
+        problems += host_problems(host, h, net)
+        rows.append(host_row(host, h, net, out, into))
         hosts_out[host] = {**h, "network": net, "out_mbps": min(out) if out else None,
                            "in_mbps": min(into) if into else None}
-    for p in pairs:
-        if threshold and p["mbps"] < threshold:
-            problems.append(f"{p['src']} -> {p['dst']}: measured {p['mbps']} Mb/s, below the threshold of "
-                            f"{threshold:.0f} Mb/s")
-    versions = {host: {k: v for k, v in ((hostvars[host].get("verify_host") or {}).get("venv") or {}).items()
-                       if k in ("python", "torch", "cuda", "fairseq")} for host in hosts}
-    if len({tuple(sorted(v.items())) for v in versions.values()}) > 1:
-        problems.append("versions differ across hosts: " + "; ".join(f"{h} {v}" for h, v in versions.items()))
-
-    lines = [_table(rows)]
+    problems += [f"{p['src']} -> {p['dst']}: measured {p['mbps']} Mb/s, below the threshold of {threshold:.0f} Mb/s"
+                 for p in pairs if threshold and p["mbps"] < threshold]
+    differ = versions_differ({h: hosts_out[h].get("venv") or {} for h in hosts if hosts_out[h].get("venv")})
+    if differ:
+        problems.append("versions differ across hosts: " + "; ".join(differ))
     link = min([p["mbps"] for p in pairs] + ([expected] if expected else [])) if pairs else None
+    lines = [_table(rows)]
     if allreduce:
-        results = allreduce.get("results") or []
-        if not allreduce.get("ok"):
-            problems.append("all_reduce failed: " + str(allreduce.get("error")
-                                                         or "the reduced values were wrong"))
-        for r in results:
-            busbw_mbps = r["busbw"] * 8000
-            verdict = ""
-            if link and len(hosts) > 1:
-                ratio = busbw_mbps / link
-                verdict = f" = {ratio:.2f} x the link ({link:.0f} Mb/s)"
-                if ratio < min_ratio:
-                    problems.append(f"all_reduce bus bandwidth {busbw_mbps:.0f} Mb/s is {ratio:.2f} of the link "
-                                    f"({link:.0f} Mb/s), below {min_ratio}")
-            lines.append(f"all_reduce {allreduce.get('backend')} x{allreduce.get('world_size')} "
-                         f"{r['size'] / 2**20:.0f} MiB: {r['time_ms']:.1f} ms, busbw {r['busbw']:.3f} GB/s "
-                         f"({busbw_mbps:.0f} Mb/s){verdict}")
+        more, trouble = allreduce_lines(allreduce, link, len(hosts), min_ratio)
+        lines += more
+        problems += trouble
     lines.append("OK" if not problems else "PROBLEMS:\n- " + "\n- ".join(problems))
     return {"table": "\n".join(lines), "problems": problems, "hosts": hosts_out,
             "network": network, "allreduce": allreduce, "link_mbps": link}

@@ -83,23 +83,6 @@ def test_rates_and_tc_commands():
     assert step.parse_rates("10mbit, none") == ["10mbit", "none"]
 
 
-def test_iperf_json_gives_the_receivers_rate():
-    text = json.dumps({"end": {"sum_sent": {"bits_per_second": 9.6e7, "retransmits": 3},
-                               "sum_received": {"bits_per_second": 9.56e7}}})
-    p = link.parse_iperf("a", "b", text)
-    assert (p.mbps, p.retransmits, p.error) == (95.6, 3, None)
-    assert link.parse_iperf("a", "b", json.dumps({"error": "unable to connect"})).error == "unable to connect"
-    assert link.parse_iperf("a", "b", "ssh: no route").mbps is None
-    assert link.link_mbps([p, link.Pair("b", "a", 120.0)]) == 95.6
-
-
-def test_pairs():
-    assert link.ordered_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "a"), ("b", "c"), ("c", "a"),
-                                                   ("c", "b")]
-    assert link.ordered_pairs(["a", "b", "c"], "ring") == [("a", "b"), ("b", "c"), ("c", "a")]
-    assert link.ordered_pairs(["a", "b"], "ring") == [("a", "b"), ("b", "a")]
-
-
 def test_report_json_is_written_twice_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setattr(net, "REPORT_DIR", tmp_path)
     path = net.write({"benchmark": "bench-net", "link_mbps": 95.6}, "net")

@@ -96,3 +96,21 @@ def test_bus_factor_is_nccl_tests():
 def test_table_has_nccl_tests_columns():
     out = table([Result(size=1024, count=256, type="float", time_ms=1.0, algbw=0.001, busbw=0.001, correct=True)])
     assert out.splitlines()[0].split() == ["size(B)", "count", "type", "time(ms)", "algbw(GB/s)", "busbw(GB/s)"]
+
+
+def test_the_network_role_runs_the_benchmarks_iperf3_lines():
+    net = load("network", "network_figures")
+    assert net.iperf_client("10.77.0.12", "5201", "5") == (
+        "iperf3 --client 10.77.0.12 --port 5201 --time 5 --omit 1 --json")
+    assert net.iperf_server(5201, "/run/tandem-iperf3.pid", "10.77.0.11") == (
+        "iperf3 --server --daemon --port 5201 --bind 10.77.0.11 --pidfile /run/tandem-iperf3.pid")
+
+
+def test_train_env_names_the_host_whose_versions_differ():
+    venv = {"python": "3.11.2", "torch": "2.13.0+cpu", "cuda": None, "fairseq": "0.12.3.1", "numpy": "2.4.6",
+            "cuda_available": False, "cuda_devices": 0}
+    hostvars = {"a": {"train_env_versions": venv}, "b": {"train_env_versions": {**venv, "numpy": "2.4.5",
+                                                                                 "cuda_devices": 1}}}
+    differ = load("train_env", "train_env_versions").versions_differ
+    assert differ(["a", "b"], hostvars, "train_env_versions") == ["b: numpy 2.4.5 but a has 2.4.6"]
+    assert differ(["a"], hostvars, "train_env_versions") == []

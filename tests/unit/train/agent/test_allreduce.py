@@ -1,0 +1,74 @@
+"""train.agent.allreduce's launcher: the one command each host runs, for roles/verify and fab bench-net."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from train.agent import allreduce
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cpu_hosts_get_one_rank_each_in_host_order():
+    argv = allreduce.rank_argv(1, [1, 1, 1], "10.0.0.1", 29501, "/opt/tandem/venv/bin/python", ["--sizes", "1M"])
+    assert argv == ["/opt/tandem/venv/bin/python", "-m", "train.agent.allreduce", "--rank", "1", "--world-size", "3",
+                    "--master-addr", "10.0.0.1", "--master-port", "29501", "--sizes", "1M"]
+
+
+def test_a_host_with_several_gpus_runs_torchrun_from_the_same_venv():
+    argv = allreduce.rank_argv(1, [1, 4], "10.0.0.1", 29501, "/opt/tandem/venv/bin/python", ["--sizes", "1M"])
+    assert argv[:1] == ["/opt/tandem/venv/bin/torchrun"]
+    assert argv[argv.index("--nproc_per_node") + 1] == "4" and argv[argv.index("--node_rank") + 1] == "1"
+    assert argv[-4:] == ["-m", "train.agent.allreduce", "--sizes", "1M"]
+
+
+def test_env_file_lines(tmp_path):
+    env = tmp_path / "env"
+    env.write_text("# BEGIN network\nGLOO_SOCKET_IFNAME=eth1\nNCCL_SOCKET_IFNAME='eth1'\n\nTANDEM_VENV=/opt/v\n")
+    assert allreduce.read_env_file(str(env)) == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1",
+                                                 "TANDEM_VENV": "/opt/v"}
+
+
+def launch_pair(tmp_path, env_lines: str, timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """Two 'hosts' on this machine, each running the launcher command benchmarks.net starts."""
+    env = tmp_path / "env"
+    env.write_text(env_lines)
+    port = free_port()
+    procs = [subprocess.Popen(allreduce.host_argv(sys.executable, node, [0, 0], "127.0.0.1", port,
+                                                  ["--sizes", "1M,4M", "--iters", "2", "--timeout", "30"],
+                                                  env_file=str(env)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def test_two_hosts_reduce_correctly_through_the_launcher(tmp_path):
+    rank0, rank1 = launch_pair(tmp_path, "GLOO_SOCKET_IFNAME=lo\n")
+    assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:] + rank1.stderr[-2000:]
+    report = json.loads(next(line[5:] for line in rank0.stdout.splitlines() if line.startswith("JSON ")))
+    assert report["world_size"] == 2 and report["backend"] == "gloo" and report["ok"]
+    assert [r["size"] for r in report["results"]] == [2**20, 4 * 2**20]
+    assert "busbw(GB/s)" in rank0.stdout and "JSON" not in rank1.stdout  # rank 0 reports
+
+
+def test_the_environment_file_reaches_the_ranks(tmp_path):
+    """An interface that does not exist, from the file: gloo refuses it, so the file was read."""
+    rank0, rank1 = launch_pair(tmp_path, "GLOO_SOCKET_IFNAME=tandem-none0\n", timeout=60)
+    assert rank0.returncode != 0 and rank1.returncode != 0
+    assert "tandem-none0" in rank0.stderr
+
+
+def test_a_node_rank_beyond_the_hosts_is_refused():
+    proc = subprocess.run([sys.executable, "-m", "train.agent.allreduce", "--node-rank", "2", "--gpus-per-host", "0,0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--node-rank 2 with --gpus-per-host 0,0" in proc.stderr

@@ -1,0 +1,70 @@
+"""What `fab train`'s preflight, roles/train_env and roles/verify ask every host: train.agent.probe."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+
+from train.agent import probe
+
+
+def ask(*args: str) -> tuple[int, dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "train.agent.probe", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+def test_versions_of_this_environment():
+    code, answer, _ = ask()
+    import fairseq
+    import torch
+
+    assert code == 0
+    assert answer["torch"] == torch.__version__ and answer["fairseq"] == fairseq.__version__
+    assert answer["python"] == sys.version.split()[0] and answer["cuda_devices"] == torch.cuda.device_count()
+    assert "data" not in answer and "port_free" not in answer  # only what was asked
+
+
+def test_a_run_preflight_sees_the_dataset_the_port_and_a_running_rank(tmp_path, spawn):
+    data = tmp_path / "synthetic"
+    data.mkdir()
+    (data / "MANIFEST.sha256").write_text("abc  train.en-de.en.bin\n")
+    run = tmp_path / "run-1"
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    rank = spawn([sys.executable, "-c", "import time; time.sleep(60)", "--save-dir", f"{run}/checkpoints"])
+    try:
+        code, answer, _ = ask("--data", data, "--port", holder.getsockname()[1], "--run", run)
+    finally:
+        holder.close()
+    assert code == 0
+    assert answer["data"] == hashlib.sha256(b"abc  train.en-de.en.bin\n").hexdigest()
+    assert answer["port_free"] is False and "in use" in answer["port_error"]
+    assert answer["running"] == rank.pid
+    assert answer["free_gb"] > 0
+
+
+def test_no_dataset_and_a_free_port(tmp_path):
+    answer = probe.probe(data=str(tmp_path / "missing"), port=0, run=str(tmp_path / "run"))
+    assert answer["data"] is None and answer["port_free"] is True and answer["running"] is None
+
+
+def test_a_venv_without_fairseq_is_named_with_exit_1(tmp_path):
+    """A host whose environment is broken: the import error comes back, on stdout and stderr."""
+    (tmp_path / "fairseq.py").write_text("raise ImportError('no module named fairseq.models (test)')\n")
+    proc = subprocess.run([sys.executable, "-m", "train.agent.probe"], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": f"{tmp_path}:{'.'}", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1
+    assert "no module named fairseq.models (test)" in json.loads(proc.stdout)["import_error"]
+    assert "torch/fairseq do not import" in proc.stderr
+
+
+def test_versions_differ_names_the_host_and_both_versions():
+    same = {"python": "3.11.2", "torch": "2.13.0", "cuda": None, "fairseq": "0.12.3.1", "numpy": "2.4.6"}
+    assert probe.versions_differ({"a": same, "b": dict(same)}) == []
+    assert probe.versions_differ({"a": same, "b": {**same, "fairseq": "0.12.0"}, "c": {**same, "torch": "2.12.0"}}) == [
+        "b: fairseq 0.12.0 but a has 0.12.3.1", "c: torch 2.12.0 but a has 2.13.0"]

@@ -1,0 +1,79 @@
+"""A run's processes on a host, found by the save directory on their command lines; stopping them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from train.agent import state, stop
+
+
+def rank(spawn, run_dir, code: str = "import time; time.sleep(60)") -> subprocess.Popen:
+    """A stand-in for a rank: a real process naming the run's save dir on its command line."""
+    return spawn([sys.executable, "-c", code, "--save-dir", f"{run_dir}/checkpoints"])
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "runs" / "run-1"
+    d.mkdir(parents=True)
+    return d
+
+
+def agent(module: str, *args: str) -> subprocess.CompletedProcess:
+    """The module as fab runs it on a host: `python -m train.agent.X`."""
+    return subprocess.run([sys.executable, "-m", f"train.agent.{module}", *map(str, args)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_state_names_the_runs_processes_its_last_update_and_log_tail(run_dir, spawn):
+    lines = [f'2026-11-22 08:16:{i:02d} | INFO | train_inner | {{"num_updates": "{i}", "loss": "5.1"}}'
+             for i in range(1, 31)]
+    (run_dir / "train.log").write_text("\n".join(lines) + "\ndone training\n")
+    mine = rank(spawn, run_dir)
+    other = rank(spawn, f"{run_dir}-2")  # another run whose directory shares the prefix
+    answer = json.loads(agent("state", "--run", run_dir, "--tail", "5").stdout)
+    assert answer["running"] and answer["pids"] == [mine.pid]
+    assert answer["update"] == 30
+    assert answer["tail"] == [*lines[-4:], "done training"]
+    mine.kill()
+    mine.wait()
+    assert json.loads(agent("state", "--run", run_dir).stdout)["running"] is False
+    assert other.poll() is None
+
+
+def test_state_of_a_run_without_a_log_yet():
+    answer = state.state("/nonexistent/run", lines=10)
+    assert answer == {"running": False, "pids": [], "update": None, "tail": []}
+
+
+def test_a_worker_started_through_bash_c_is_found(run_dir, spawn):
+    """torchrun with several GPUs runs each worker as `bash -c 'exec fairseq-train ... --save-dir X'`."""
+    worker = spawn(["bash", "-c", f"sleep 60; : --save-dir {run_dir}/checkpoints --other"])
+    assert state.run_pids(str(run_dir)) == [worker.pid]
+
+
+def test_stop_ends_the_run_with_sigterm(run_dir, spawn):
+    ranks = [rank(spawn, run_dir), rank(spawn, run_dir)]
+    out = agent("stop", "--run", run_dir, "--wait", "10")
+    assert (out.returncode, out.stdout.strip()) == (0, "stopped")
+    assert all(r.wait(timeout=5) is not None for r in ranks)
+    assert state.run_pids(str(run_dir)) == []
+
+
+def test_stop_kills_a_rank_that_ignores_sigterm(run_dir, spawn):
+    stubborn = rank(spawn, run_dir, "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                              "print('ready', flush=True); time.sleep(60)")
+    time.sleep(0.5)  # its handler is set
+    started = time.monotonic()
+    out = agent("stop", "--run", run_dir, "--wait", "1")
+    assert (out.returncode, out.stdout.strip()) == (0, "killed")
+    assert stubborn.wait(timeout=5) == -9 and time.monotonic() - started < 10
+
+
+def test_stop_with_nothing_running_says_so(run_dir):
+    assert stop.stop(str(run_dir)) == "none"

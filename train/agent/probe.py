@@ -1,0 +1,107 @@
+"""What a host's training environment is: versions, GPUs, and (for a run) data, disk, port, processes.
+
+    python -m train.agent.probe                                   # versions only (provisioning)
+    python -m train.agent.probe --data DIR --port 29500 --run DIR # + what `fab train` checks first
+
+prints one JSON object: python, torch, cuda, cuda_available, cuda_devices, fairseq, numpy;
+with --data the sha256 of the dataset's MANIFEST.sha256 (null when absent) and the free GB on
+/data; with --port whether the rendezvous port is free; with --run the pid of a process of that
+run already there (null when none). When torch or fairseq does not import, `import_error` says
+why and the exit status is 1. roles/train_env and roles/verify ask it once per host; `fab train`
+asks it in its preflight; `versions_differ` is the one comparison all three use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+
+VERSION_KEYS = ("python", "torch", "cuda", "fairseq", "numpy")  # what must be equal on every host of a run
+
+
+def versions() -> dict:
+    out: dict = {"python": platform.python_version()}
+    try:
+        import fairseq
+        import numpy
+        import torch
+
+        out.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(),
+                   cuda_devices=torch.cuda.device_count(), fairseq=fairseq.__version__, numpy=numpy.__version__)
+    except Exception as err:  # reported, not raised: the caller names the host
+        out["import_error"] = repr(err)
+    return out
+
+
+def manifest_sha256(data_dir: str) -> str | None:
+    manifest = os.path.join(data_dir, "MANIFEST.sha256")
+    if not os.path.exists(manifest):
+        return None
+    with open(manifest, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def free_gb(path: str = "/data") -> float:
+    return round(shutil.disk_usage(path if os.path.isdir(path) else "/").free / 1e9, 1)
+
+
+def port_free(port: int) -> tuple[bool, str | None]:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))
+        return True, None
+    except OSError as err:
+        return False, str(err)
+    finally:
+        s.close()
+
+
+def probe(data: str | None = None, port: int | None = None, run: str | None = None) -> dict:
+    out = versions()
+    if data is not None:
+        out["data"] = manifest_sha256(data)
+        out["free_gb"] = free_gb()
+    if port is not None:
+        out["port_free"], error = port_free(port)
+        if error:
+            out["port_error"] = error
+    if run is not None:
+        from train.agent.state import run_pids
+
+        pids = run_pids(run)
+        out["running"] = pids[0] if pids else None
+    return out
+
+
+def versions_differ(answers: dict[str, dict], keys=VERSION_KEYS) -> list[str]:
+    """Each host whose versions differ from the first host's, named with both: [] when all agree."""
+    if not answers:
+        return []
+    first, *others = answers
+    return [f"{host}: {key} {answers[host].get(key)} but {first} has {answers[first].get(key)}"
+            for host in others for key in keys if answers[host].get(key) != answers[first].get(key)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.agent.probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", help="a dataset directory: its manifest's checksum, and the free space on /data")
+    p.add_argument("--port", type=int, help="a port that must be free (the rendezvous on rank 0's host)")
+    p.add_argument("--run", help="a run directory: is a process of that run already here?")
+    args = p.parse_args(argv)
+    out = probe(args.data, args.port, args.run)
+    print(json.dumps(out))
+    if "import_error" in out:
+        print(f"torch/fairseq do not import: {out['import_error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
