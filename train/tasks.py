@@ -1,8 +1,11 @@
-"""What every fab task shares: the hosts it acts on, once per invocation.
+"""What every fab task shares: the hosts it acts on, all of them in one call.
 
-`fab --hosts v100a,v100b TASK` makes Fabric call TASK once per host, serially. A cluster
-job must act on all of them together (one rendezvous, ranks in host order), so a
-cluster task runs its body once, on the whole list, and the later per-host calls return.
+Fabric's own executor turns `fab --hosts v100a,v100b TASK` into one call of TASK per host,
+serially, each with a Connection. A cluster job must act on all of them together (one
+rendezvous, ranks in host order), so tandem's fabric.yaml names `ClusterExecutor` as the
+executor (`tasks.executor_class`, Invoke's supported way to change it): it reads the same
+`--hosts` value Fabric's executor reads, hands the names to the task through the config
+(`cluster_hosts`) and calls the task once. `cluster_task` resolves them through the inventory.
 """
 
 from __future__ import annotations
@@ -11,28 +14,28 @@ import functools
 import inspect
 import sys
 
+from fabric import Connection
+from fabric.executor import Executor
 from rich.console import Console
 
 from .cluster import ClusterError, Host, inventory_path, load_hosts, select
 
 console = Console(highlight=False, soft_wrap=True)
-_ran: set[str] = set()
 
 
-def cli_hosts() -> list[str] | None:
-    """The hosts given with fab's core --hosts flag, if any."""
-    try:
-        from fabric.main import program
+class ClusterExecutor(Executor):
+    """Every task once, for all the hosts given with `--hosts` (in that order), not once per host."""
 
-        value = program.core[0].args.hosts.value
-    except (ImportError, AttributeError, IndexError, TypeError):
-        return None
-    return [h.strip() for h in value.split(",") if h.strip()] if value else None
+    def expand_calls(self, calls, apply_hosts=True):
+        value = self.core[0].args.hosts.value if self.core else None
+        self.config.cluster_hosts = [h.strip() for h in (value or "").split(",") if h.strip()] or None
+        return super().expand_calls(calls, apply_hosts=False)
 
 
 def cluster_hosts(c) -> list[Host]:
-    configured = c.config.get("inventory") if hasattr(c, "config") else None
-    return select(load_hosts(inventory_path(configured)), cli_hosts())
+    """The inventory's hosts (`FABRIC_INVENTORY`, else fabric.yaml's `inventory`), those named with
+    --hosts when given."""
+    return select(load_hosts(inventory_path(c.config.get("inventory"))), c.config.get("cluster_hosts"))
 
 
 def cluster_task(body):
@@ -40,9 +43,10 @@ def cluster_task(body):
 
     @functools.wraps(body)
     def wrapper(c, *args, **kwargs):
-        if body.__name__ in _ran:
-            return None
-        _ran.add(body.__name__)
+        if isinstance(c, Connection):  # Fabric's own executor: one call per host
+            console.print("[red]error:[/] fab expanded --hosts into one call per host: tandem's fabric.yaml sets "
+                          "tasks.executor_class: train.tasks.ClusterExecutor; run fab from the checkout")
+            sys.exit(2)
         try:
             return body(c, cluster_hosts(c), *args, **kwargs)
         except ClusterError as err:
