@@ -246,6 +246,65 @@ def summarize(rates: list[str], segments: list[dict], updates: dict[int, dict[st
     return points
 
 
+def measure_links(hosts: list[Host], rates: list[str], size: int, ranks: int, port: int,
+                  say=print) -> tuple[dict[str, float | None], dict[str, float]]:
+    """Under each cap: iperf3 on the ring's links, and the gradient's own all-reduce (short transfers lose
+    more to TCP than iperf3), with an idle second before each as between updates (TCP restarts slow start
+    after idle). ({rate: iperf3 Mbit/s}, {rate: all-reduce Mbit/s})."""
+    links: dict[str, float | None] = {}
+    effective: dict[str, float] = {}
+    per_rank = model.allreduce_bytes_per_rank(size, ranks)
+    for rate in dict.fromkeys(rates):
+        link.apply_caps(hosts, rate)
+        pairs, _ = link.iperf(hosts, "ring", seconds=2)
+        links[rate] = link.link_mbps(pairs)
+        result = run_allreduce(hosts, str(size - size % 4), iters=5, warmup=1, budget_s=15, port=port + 1,
+                               gap_s=1.0)
+        ms = result["results"][0]["time_ms"]
+        effective[rate] = per_rank / (ms / 1e3) * 8 / 1e6
+        say(f"[{rate}] iperf3 {links[rate]} Mbit/s (slowest ring link); all_reduce of the "
+            f"{size / 1e6:.1f} MB gradient {ms:.0f} ms = {effective[rate]:.1f} Mbit/s")
+    return links, effective
+
+
+def sweep(follower: Follower, hosts: list[Host], rates: list[str], cycles: int, updates: int, skip: int,
+          warmup: int, say=print) -> list[dict]:
+    """Change the cap under the running job, `cycles` times through the rates: per segment its rate, cycle,
+    first and last update, and the bytes each host's NIC sent meanwhile."""
+    segments = []
+    follower.wait(warmup, timeout=600)
+    for cycle in range(cycles):
+        for rate in rates:
+            link.apply_caps(hosts, rate)
+            now = follower.update()
+            first = follower.wait(now + skip, timeout=120 + skip * 120)
+            before = tx_bytes(hosts)
+            last = follower.wait(first + updates, timeout=120 + updates * 120)
+            after = tx_bytes(hosts)
+            segments.append({"rate": rate, "cycle": cycle, "first": first + 1, "last": last,
+                             "tx": {n: after[n] - before[n] for n in after}})
+            say(f"[{rate}] cycle {cycle + 1}: updates {first + 1}..{last}")
+    return segments
+
+
+def clean_up(run: launch.Run, hosts: list[Host], started: bool, follower: Follower | None, say=print) -> None:
+    """Stop the job (when it was started) and remove every cap, even on a second Ctrl-C."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
+    try:
+        if follower:
+            follower.close()
+        if started:
+            try:
+                launch.stop(run, hosts)
+                say(f"stopped {run.run_id} on every host")
+            except ClusterError as err:  # said, and the caps still come off
+                say(f"could not stop {run.run_id}: {err}")
+        link.remove_caps(hosts)
+        say(f"cap removed on {', '.join(h.name for h in hosts)} (tc qdisc show: no tbf left)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overrides: list[str] | None = None,
                dataset: str = "synthetic", updates: int = 8, cycles: int = 2, skip: int = 1, warmup: int = 3,
                port: int = 29500, precision: str = "fp32", say=print) -> dict:
@@ -264,27 +323,11 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     run = launch.Run(run_id=f"bench-{stamp}", hosts=[h.name for h in hosts], preset=preset,
                      overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES], dataset=dataset,
                      master_port=port, precision=precision)
-    links: dict[str, float | None] = {}
-    effective: dict[str, float] = {}
-    segments: list[dict] = []
     started = False
     follower = None
     with _signals_raise():
         try:
-            size = model.gradient_bytes(params, precision)
-            per_rank = model.allreduce_bytes_per_rank(size, ranks)
-            for rate in dict.fromkeys(rates):
-                link.apply_caps(hosts, rate)
-                pairs, _ = link.iperf(hosts, "ring", seconds=2)
-                links[rate] = link.link_mbps(pairs)
-                # the gradient's own all-reduce under this cap: short transfers lose more to TCP than iperf3
-                # with an idle second before each, as between updates (TCP restarts slow start after idle)
-                result = run_allreduce(hosts, str(size - size % 4), iters=5, warmup=1, budget_s=15, port=port + 1,
-                                       gap_s=1.0)
-                ms = result["results"][0]["time_ms"]
-                effective[rate] = per_rank / (ms / 1e3) * 8 / 1e6
-                say(f"[{rate}] iperf3 {links[rate]} Mbit/s (slowest ring link); all_reduce of the "
-                    f"{size / 1e6:.1f} MB gradient {ms:.0f} ms = {effective[rate]:.1f} Mbit/s")
+            links, effective = measure_links(hosts, rates, model.gradient_bytes(params, precision), ranks, port, say)
             link.apply_caps(hosts, "none")
             problems = launch.check(run, hosts, launch.probe(run, hosts))
             if problems:
@@ -294,49 +337,29 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
             say(f"training {preset} on {len(hosts)} hosts ({run.run_id}); the cap changes under it: "
                 f"{cycles} x ({', '.join(rates)}), {updates} updates each after {skip} to settle")
             follower = Follower(run, hosts)
-            follower.wait(warmup, timeout=600)
-            for cycle in range(cycles):
-                for rate in rates:
-                    link.apply_caps(hosts, rate)
-                    now = follower.update()
-                    first = follower.wait(now + skip, timeout=120 + skip * 120)
-                    before = tx_bytes(hosts)
-                    last = follower.wait(first + updates, timeout=120 + updates * 120)
-                    after = tx_bytes(hosts)
-                    segments.append({"rate": rate, "cycle": cycle, "first": first + 1, "last": last,
-                                     "tx": {n: after[n] - before[n] for n in after}})
-                    say(f"[{rate}] cycle {cycle + 1}: updates {first + 1}..{last}")
+            segments = sweep(follower, hosts, rates, cycles, updates, skip, warmup, say)
         finally:
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
-            try:
-                if follower:
-                    follower.close()
-                if started:
-                    try:
-                        launch.stop(run, hosts)
-                        say(f"stopped {run.run_id} on every host")
-                    except ClusterError as err:  # said, and the caps still come off
-                        say(f"could not stop {run.run_id}: {err}")
-                link.remove_caps(hosts)
-                say(f"cap removed on {', '.join(h.name for h in hosts)} (tc qdisc show: no tbf left)")
-            finally:
-                signal.signal(signal.SIGINT, previous)
-    log_text = launch.read_log(hosts[0], run, lines=100000)
+            clean_up(run, hosts, started, follower, say)
+    report = {"run_id": run.run_id, "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks,
+              "preset": preset, "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
+              "precision": precision, "gradient_bytes": model.gradient_bytes(params, precision), "overlap": 0.0,
+              "updates": updates, "cycles": cycles, "skip": skip, "segments": segments}
+    return finish(report, launch.read_log(hosts[0], run, lines=100000), rates, links, effective)
+
+
+def finish(report: dict, log_text: str, rates: list[str], links: dict, effective: dict) -> dict:
+    """The points (medians per rate from rank 0's log), the model's predictions, JSON and plot written."""
     log = logparse.parse_log(log_text.splitlines())
-    points = summarize(rates, segments, per_update(log.records), links)
+    points = summarize(rates, report["segments"], per_update(log.records), links)
     for p in points:
         p["devices"] = log.devices
         p["allreduce_mbps"] = effective.get(p["rate"])
-    compute_s, compute_from = with_predictions(points, params, ranks, len(hosts), precision=precision)
+    compute_s, compute_from = with_predictions(points, report["params"], report["ranks"], report["n_hosts"],
+                                               precision=report["precision"])
     now = datetime.now(UTC)
-    report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), "run_id": run.run_id,
-              "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks, "preset": preset,
-              "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
-              "params_logged": logparse.logged_params(log_text), "precision": precision,
-              "gradient_bytes": model.gradient_bytes(params, precision),
-              "compute_s": compute_s, "compute_from": compute_from, "overlap": 0.0,
-              "updates": updates, "cycles": cycles, "skip": skip,
-              "segments": segments, "points": points}
+    report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), **report,
+              "params_logged": logparse.logged_params(log_text), "compute_s": compute_s,
+              "compute_from": compute_from, "points": points}
     path = write(report, "step", now)
     png = path.with_suffix(".png")
     plot(report, png)

@@ -80,41 +80,36 @@ def refresh_inventory(cfg: LabConfig) -> Path | None:
     return path
 
 
-def up(cfg: LabConfig, inventory_path: Path) -> None:
+def already_up(cfg: LabConfig) -> bool:
+    """True when this very lab runs already (its inventory refreshed); raises for a different one."""
     running = saved_config(cfg.prefix)
-    if running is not None and healthy(running):
-        if (running.hosts, running.subnet, running.slow_nic_hosts) != (cfg.hosts, cfg.subnet, cfg.slow_nic_hosts):
-            raise LabError(
-                f"a lab of {running.hosts} hosts on {running.subnet} is running: "
-                f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
-            )
-        refreshed = refresh_inventory(running)
-        console.print(f"[green]✓[/] the lab is already up ({', '.join(cfg.names)}): "
-                      + (f"inventory {refreshed} rewritten (this checkout writes it differently)" if refreshed
-                         else "nothing changed"))
-        return
-    network.require_privileges()
-    if running is not None or network.existing_namespaces(cfg) or cfg.state.exists():
-        with step("clearing what a crashed or half-finished lab left"):
-            down(running or cfg, quiet=True)
-    network.require_free_subnet(cfg)
-    started = time.monotonic()
+    if running is None or not healthy(running):
+        return False
+    if (running.hosts, running.subnet, running.slow_nic_hosts) != (cfg.hosts, cfg.subnet, cfg.slow_nic_hosts):
+        raise LabError(
+            f"a lab of {running.hosts} hosts on {running.subnet} is running: "
+            f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
+        )
+    refreshed = refresh_inventory(running)
+    console.print(f"[green]✓[/] the lab is already up ({', '.join(cfg.names)}): "
+                  + (f"inventory {refreshed} rewritten (this checkout writes it differently)" if refreshed
+                     else "nothing changed"))
+    return True
 
+
+def cached_images(cfg: LabConfig) -> Path:
+    """The Debian root filesystem and the training wheelhouse, built once; the wheelhouse's path."""
     if not rootfs.is_built(cfg.cache):
         with step("building the hosts' Debian root filesystem with mmdebstrap (once, cached)"):
             rootfs.build(cfg.cache)
     from train import wheelhouse
 
     with step("the training wheelhouse the hosts install from (built once, cached)"):
-        wheels = wheelhouse.build()
+        return wheelhouse.build()
 
-    cfg.state.mkdir(parents=True, exist_ok=True)
-    (cfg.state / "lab.json").write_text(json.dumps(
-        {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
-         "slow_nic_hosts": list(cfg.slow_nic_hosts)}))
-    run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
-    public_key = cfg.key.with_suffix(".pub").read_text()
 
+def serve_packages(cfg: LabConfig, wheels: Path) -> None:
+    """The bridge, and the apt repository and wheelhouse served on its address (the hosts' only source)."""
     with step(f"bridge {cfg.bridge} on {cfg.subnet} (no route off this machine)"):
         network.create_bridge(cfg)
         www = cfg.state / "www"
@@ -129,6 +124,9 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
         )
         (cfg.state / "http.pid").write_text(str(server.pid))
 
+
+def start_hosts(cfg: LabConfig, public_key: str) -> dict[str, str]:
+    """Every host: namespace, overlay root, data disk, sshd; their keys in known_hosts. {name: data device}."""
     known, devices = [], {}
     for name in cfg.names:
         with step(f"host {name} at {cfg.host_ip(name)}: namespace, overlay root, data disk, sshd"):
@@ -143,7 +141,27 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     with step("waiting for sshd on every host"):
         for name in cfg.names:
             hosts.wait_for_ssh(cfg, name)
+    return devices
 
+
+def up(cfg: LabConfig, inventory_path: Path) -> None:
+    if already_up(cfg):
+        return
+    network.require_privileges()
+    running = saved_config(cfg.prefix)
+    if running is not None or network.existing_namespaces(cfg) or cfg.state.exists():
+        with step("clearing what a crashed or half-finished lab left"):
+            down(running or cfg, quiet=True)
+    network.require_free_subnet(cfg)
+    started = time.monotonic()
+    wheels = cached_images(cfg)
+    cfg.state.mkdir(parents=True, exist_ok=True)
+    (cfg.state / "lab.json").write_text(json.dumps(
+        {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
+         "slow_nic_hosts": list(cfg.slow_nic_hosts)}))
+    run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
+    serve_packages(cfg, wheels)
+    devices = start_hosts(cfg, cfg.key.with_suffix(".pub").read_text())
     inventory_path.parent.mkdir(parents=True, exist_ok=True)
     inventory_path.write_text(inventory.render(cfg, devices))
     (cfg.state / "inventory").write_text(str(inventory_path))

@@ -466,30 +466,40 @@ def answer_gpus(data: RunData, ivs: list[Interval]) -> Answer:
                                     "absent_hosts": absent}, verdict)
 
 
+def nic_usage(data: RunData, ivs: list[Interval]) -> dict[str, dict]:
+    """Per host: mean and peak NIC Mbit/s while training (all samples when none overlaps the log)."""
+    per_host = {}
+    for host, samples in data.samples.items():
+        training = during(samples, ivs)
+        values = [nic_mbps(s) for s in training or samples]
+        if values:
+            per_host[host] = {"mean_mbps": sum(values) / len(values), "peak_mbps": max(values),
+                              "samples": len(values), "while_training": bool(training)}
+    return per_host
+
+
+def step_against_nic(samples: list[dict], ivs: list[Interval]) -> tuple[list[float], list[float]]:
+    """Step time and the host's mean NIC throughput, interval by interval (those with samples)."""
+    xs, ys = [], []
+    for iv in ivs:
+        inside = [nic_mbps(s) for s in samples if iv.start <= s["t"] <= iv.end]
+        if inside:
+            xs.append(iv.step_s)
+            ys.append(sum(inside) / len(inside))
+    return xs, ys
+
+
 def answer_network(data: RunData, ivs: list[Interval], expected_mbps: float | None) -> Answer:
     q = "Was the network the bottleneck?"
     rate, source = link(data, expected_mbps)
     if not data.samples:
         return Answer("network", q, "not measured: no samples collected.", {"link_mbps": rate}, "unknown")
-    per_host = {}
-    for host, samples in data.samples.items():
-        training = during(samples, ivs)
-        used = training or samples
-        values = [nic_mbps(s) for s in used]
-        if values:
-            per_host[host] = {"mean_mbps": sum(values) / len(values), "peak_mbps": max(values),
-                              "samples": len(values), "while_training": bool(training)}
+    per_host = nic_usage(data, ivs)
     if not per_host:
         return Answer("network", q, "not measured: the sample files are empty.", {"link_mbps": rate}, "unknown")
     busiest = max(per_host, key=lambda h: per_host[h]["mean_mbps"])
     b = per_host[busiest]
-    # step time against the busiest host's NIC throughput, interval by interval
-    xs, ys = [], []
-    for iv in ivs:
-        inside = [nic_mbps(s) for s in data.samples[busiest] if iv.start <= s["t"] <= iv.end]
-        if inside:
-            xs.append(iv.step_s)
-            ys.append(sum(inside) / len(inside))
+    xs, ys = step_against_nic(data.samples[busiest], ivs)
     r = pearson(xs, ys)
     numbers = {"link_mbps": rate, "link_source": source, "busiest_host": busiest, "per_host": per_host,
                "mean_mbps": b["mean_mbps"], "peak_mbps": b["peak_mbps"], "correlation": r,

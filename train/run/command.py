@@ -229,6 +229,15 @@ def launches(
     ]
 
 
+def generate_argv(venv: str, data_dir: str, checkpoint: str, subset: str, beam: int, batch_size: int, cpu: bool,
+                  bpe: str, max_len_a: float, max_len_b: int) -> list[str]:
+    """fairseq-generate's arguments: every sentence kept (batch multiple 1), subwords joined back."""
+    argv = [f"{venv}/bin/fairseq-generate", data_dir, "--path", checkpoint, "--gen-subset", subset,
+            "--beam", str(beam), "--batch-size", str(batch_size), "--required-batch-size-multiple", "1",
+            "--remove-bpe", bpe, "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b)]
+    return [*argv, "--cpu"] if cpu else argv
+
+
 def evaluation_command(
     *,
     data_dir: str,
@@ -255,28 +264,7 @@ def evaluation_command(
     venv = venv.rstrip("/")
     out = PurePosixPath(out_dir)
     q = shlex.quote
-    generate = [
-        f"{venv}/bin/fairseq-generate",
-        data_dir,
-        "--path",
-        checkpoint,
-        "--gen-subset",
-        subset,
-        "--beam",
-        str(beam),
-        "--batch-size",
-        str(batch_size),
-        "--required-batch-size-multiple",
-        "1",
-        "--remove-bpe",
-        bpe,
-        "--max-len-a",
-        str(max_len_a),
-        "--max-len-b",
-        str(max_len_b),
-    ]
-    if cpu:
-        generate.append("--cpu")
+    generate = generate_argv(venv, data_dir, checkpoint, subset, beam, batch_size, cpu, bpe, max_len_a, max_len_b)
     gen, hyp, bleu = out / "generate.txt", out / "hyp.txt", out / "bleu.json"
     env = " ".join(f"{k}={q(v)}" for k, v in ENV_ALWAYS.items())
     return (
