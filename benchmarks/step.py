@@ -226,7 +226,8 @@ def per_update(records: list[logparse.Record]) -> dict[int, dict[str, float]]:
 
 def summarize(rates: list[str], segments: list[dict], updates: dict[int, dict[str, float]],
               links: dict[str, float | None]) -> list[dict]:
-    """One point per rate: medians over every update of its segments, bytes per update from the counters."""
+    """One point per rate: medians over every update of its segments (and of each segment alone: the
+    repeats, measured side by side with the other rates), bytes per update from the counters."""
     points = []
     for rate in dict.fromkeys(rates):
         segs = [g for g in segments if g["rate"] == rate]
@@ -236,9 +237,11 @@ def summarize(rates: list[str], segments: list[dict], updates: dict[int, dict[st
         for g in segs:
             for host, b in g["tx"].items():
                 sent[host] = sent.get(host, 0) + b
+        per_cycle = [[updates[u]["s"] for u in range(g["first"], g["last"] + 1) if u in updates] for g in segs]
         points.append({
             "rate": rate, "link_mbps": links.get(rate), "segments": len(segs), "updates_measured": len(ups),
             "s_per_update": statistics.median([u["s"] for u in ups]) if ups else None,
+            "cycle_s": [statistics.median(c) for c in per_cycle if c],  # each repeat's own median, in cycle order
             "wps": statistics.median([u["wps"] for u in ups]) if ups else None,
             "wpb": statistics.median([u["wpb"] for u in ups]) if ups else None,
             "tx_bytes": sent, "tx_per_update": statistics.mean(sent.values()) / n if sent and n else None,

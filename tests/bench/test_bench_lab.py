@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -44,18 +45,26 @@ def data(provisioned):
 
 @pytest.mark.parametrize("rate", ["100mbit", "1gbit"])
 def test_allreduce_busbw_reaches_85_percent_of_iperf3(provisioned, rate):
+    """The median of three rounds, each iperf3 then the all_reduce right after it (side by side), so a
+    moment the 2-core machine is busy elsewhere does not decide; bench-net's --threshold exit follows
+    each round's own figure."""
+    rounds = []
     provisioned.shape(rate)
     try:
-        proc = fab(provisioned, "bench-net", "--min-size", "256M", "--max-size", "256M", "--iters", "2",
-                   "--budget-s", "10", "--threshold", "0.85", check=False)
+        for _ in range(3):
+            proc = fab(provisioned, "bench-net", "--min-size", "256M", "--max-size", "256M", "--iters", "1",
+                       "--budget-s", "10", "--threshold", "0.85", check=False)
+            report = json.loads((BENCH / "net-latest.json").read_text())
+            big = [r for r in report["allreduce"]["results"] if r["size"] >= 256 * 2**20]
+            assert big and report["caps"] and all(report["caps"].values()), proc.stdout + proc.stderr
+            assert "busbw(GB/s)" in proc.stdout
+            efficiency = min(r["efficiency"] for r in big)
+            assert (proc.returncode == 0) == (efficiency >= 0.85), proc.stdout + proc.stderr  # the threshold's exit
+            rounds.append((efficiency, report["link_mbps"]))
     finally:
         provisioned.shape("none")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((BENCH / "net-latest.json").read_text())
-    big = [r for r in report["allreduce"]["results"] if r["size"] >= 256 * 2**20]
-    assert big and all(r["efficiency"] >= 0.85 for r in big), report["allreduce"]["results"]
-    assert report["caps"] and all(report["caps"].values())  # it saw the cap it measured under
-    assert "busbw(GB/s)" in proc.stdout
+    print(f"{rate}: busbw / iperf3 per round " + ", ".join(f"{e:.0%} of {m} Mbit/s" for e, m in rounds))
+    assert statistics.median(e for e, _ in rounds) >= 0.85, rounds
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +83,19 @@ def big_sweep(data, tiny_sweep):
 
 
 def check_sweep(report):
+    """Every capped rate predicted within ±15%: the median over the sweep's cycles (repeats measured side
+    by side, the rates interleaved), so one cycle a noisy 2-core machine slowed does not decide."""
     assert report["compute_from"] == "none"  # C: the uncapped step less its own all-reduce
     for p in report["points"]:
         assert p["devices"] == 2, p  # both ranks took part
         if p["rate"] == "none":
             continue  # predicted = measured there by construction
-        assert abs(p["error"]) <= 0.15, (f"{p['rate']}: predicted {p['predicted_s']:.3f}, "
-                                         f"measured {p['s_per_update']:.3f}")
+        errors = [p["predicted_s"] / s - 1 for s in p["cycle_s"]]
+        print(f"{report['preset']} {p['rate']}: predicted {p['predicted_s']:.3f} s/update, measured per cycle "
+              + ", ".join(f"{s:.3f}" for s in p["cycle_s"]) + f" (errors {', '.join(f'{e:+.0%}' for e in errors)})")
+        assert len(errors) == report["cycles"]
+        assert abs(statistics.median(errors)) <= 0.15, (
+            f"{p['rate']}: predicted {p['predicted_s']:.3f}, measured per cycle {p['cycle_s']}")
         # the NIC really carried the all-reduce: at least the model's 2(n-1)/n x S per update
         assert p["tx_per_update"] >= 0.8 * p["model_tx_bytes"], p  # counters read between polls: ±10%
     assert (BENCH / f"step-{report['timestamp'][:19].replace('-', '').replace(':', '').replace('T', '-')}.png").exists()

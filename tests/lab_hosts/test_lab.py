@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import time
 
@@ -35,16 +36,23 @@ def test_hosts_have_no_route_off_this_machine(lab):
 
 
 def test_fabric_runs_on_every_host_in_parallel(lab):
+    """Three rounds side by side, each host's start time and the whole round's; the medians decide, so one
+    round a busy 2-core machine delayed does not."""
     hosts = load_hosts(lab.default_inventory)
     assert [h.name for h in hosts] == lab.names
-    started = time.monotonic()
-    results = run_all(hosts, "date +%s.%N; sleep 2; hostname")
-    assert all(hasattr(r, "stdout") for r in results.values()), results
-    elapsed = time.monotonic() - started
-    assert [results[h.name].stdout.split()[1] for h in hosts] == lab.names
-    starts = [float(results[h.name].stdout.split()[0]) for h in hosts]
-    assert max(starts) - min(starts) < 1.5, "hosts started their command one after another"
-    assert elapsed < 2 * len(hosts), f"{elapsed:.1f} s for {len(hosts)} x 2 s: not parallel"
+    spreads, elapsed = [], []
+    for _ in range(3):
+        started = time.monotonic()
+        results = run_all(hosts, "date +%s.%N; sleep 2; hostname")
+        elapsed.append(time.monotonic() - started)
+        assert all(hasattr(r, "stdout") for r in results.values()), results
+        assert [results[h.name].stdout.split()[1] for h in hosts] == lab.names
+        starts = [float(results[h.name].stdout.split()[0]) for h in hosts]
+        spreads.append(max(starts) - min(starts))
+    print("start spread per round " + ", ".join(f"{s:.2f}" for s in spreads) + " s; round "
+          + ", ".join(f"{e:.1f}" for e in elapsed) + " s")
+    assert statistics.median(spreads) < 1.5, f"hosts started their command one after another: {spreads}"
+    assert statistics.median(elapsed) < 2 * len(hosts), f"{elapsed} s for {len(hosts)} x 2 s: not parallel"
 
 
 def test_lab_up_on_a_running_lab_changes_nothing(lab):

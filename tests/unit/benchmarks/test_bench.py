@@ -110,6 +110,7 @@ def test_each_rate_takes_the_median_of_its_segments_updates():
     ten, none = step.summarize(["10mbit", "none", "10mbit"], segments, updates, {"10mbit": 9.6, "none": 9000.0})
     assert ten["segments"] == 2 and ten["updates_measured"] == 5
     assert ten["s_per_update"] == pytest.approx(4 / 3)  # of 4, 2, 1.33, 0.5, 1.0
+    assert ten["cycle_s"] == pytest.approx([2.0, 0.75])  # each repeat alone: of 4, 2, 1.33 and of 0.5, 1.0
     assert ten["tx_per_update"] == pytest.approx((5_000_000 + 5_200_000) / 2 / 5)
     assert none["s_per_update"] == pytest.approx(0.5) and none["link_mbps"] == 9000.0
     assert logged_params(LOG) == 298560
