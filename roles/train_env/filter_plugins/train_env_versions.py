@@ -6,9 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-_TOP = str(Path(__file__).resolve().parents[3])  # the checkout: roles/train_env/filter_plugins/ -> ../../..
-if _TOP not in sys.path:
-    sys.path.insert(0, _TOP)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for tandem's train.agent
 
 from train.agent import probe  # noqa: E402
 
