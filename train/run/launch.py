@@ -184,6 +184,42 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
     return problems
 
 
+CHECKPOINTS = ["checkpoint_last.pt", "checkpoint_best.pt"]
+
+
+def fetch_checkpoints(source: Host, save_dir: str, local: Path) -> list[str]:
+    """Copy rank 0's checkpoints to the controller, each only when it changed there (size, mtime):
+    following a run backs up every 30 s, and a big preset's checkpoint is GBs on the link being
+    trained over. Returns the names copied."""
+    fetched = []
+    with connect(source) as conn:
+        for name in CHECKPOINTS:
+            stat = conn.run(f"stat -c '%s %Y' {save_dir}/{name}", warn=True, hide=True, in_stream=False)
+            stamp = local / f".{name}.remote-stat"
+            if not stat.ok or ((local / name).exists() and stamp.exists()
+                               and stamp.read_text() == stat.stdout.strip()):
+                continue
+            conn.get(f"{save_dir}/{name}", str(local / name))
+            stamp.write_text(stat.stdout.strip())
+            fetched.append(name)
+    return fetched
+
+
+def upload_checkpoints(hosts: list[Host], save_dir: str, local: Path, names: list[str], fresh: list[str]) -> None:
+    """The controller's copies onto every host given, where missing, different in size, or `fresh`."""
+
+    def upload(host: Host, conn) -> None:
+        conn.run(f"mkdir -p {save_dir}", hide=True, in_stream=False)
+        for name in names:
+            there = conn.run(f"stat -c %s {save_dir}/{name}", warn=True, hide=True, in_stream=False)
+            if name in fresh or not there.ok or int(there.stdout) != (local / name).stat().st_size:
+                conn.put(str(local / name), f"{save_dir}/{name}")
+
+    failed = {n: r for n, r in on_each(hosts, upload).items() if isinstance(r, Exception)}
+    if failed:
+        raise ClusterError("could not share the checkpoint: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+
+
 def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
     """Make rank 0's checkpoint_last.pt (and best) available on every host and on the
     controller: fairseq saves on rank 0 only, and at a resume a rank that finds no
@@ -194,38 +230,11 @@ def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
     have = run_all(hosts, f"ls {save_dir}/checkpoint_last.pt 2>/dev/null")
     source = next((h for h in hosts if not isinstance(have[h.name], Exception) and have[h.name].ok
                    and have[h.name].stdout.strip()), None)
-    names = ["checkpoint_last.pt", "checkpoint_best.pt"]
-    if source is None:
-        backups = [n for n in names if (local / n).exists()]
-        if not backups:
-            return None
-    fetched: list[str] = []
-    if source is not None:
-        # Copied only when rank 0's file changed (size, mtime): following a run backs up every 30 s,
-        # and a big preset's checkpoint is GBs on the link being trained over.
-        with connect(source) as conn:
-            for name in names:
-                stat = conn.run(f"stat -c '%s %Y' {save_dir}/{name}", warn=True, hide=True, in_stream=False)
-                stamp = local / f".{name}.remote-stat"
-                if not stat.ok or ((local / name).exists() and stamp.exists()
-                                   and stamp.read_text() == stat.stdout.strip()):
-                    continue
-                conn.get(f"{save_dir}/{name}", str(local / name))
-                stamp.write_text(stat.stdout.strip())
-                fetched.append(name)
-        backups = [n for n in names if (local / n).exists()]
-
-    def upload(host: Host, conn) -> None:
-        conn.run(f"mkdir -p {save_dir}", hide=True, in_stream=False)
-        for name in backups:
-            there = conn.run(f"stat -c %s {save_dir}/{name}", warn=True, hide=True, in_stream=False)
-            if name in fetched or not there.ok or int(there.stdout) != (local / name).stat().st_size:
-                conn.put(str(local / name), f"{save_dir}/{name}")
-
-    failed = {n: r for n, r in on_each([h for h in hosts if h is not source], upload).items()
-              if isinstance(r, Exception)}
-    if failed:
-        raise ClusterError("could not share the checkpoint: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+    fetched = fetch_checkpoints(source, save_dir, local) if source is not None else []
+    backups = [n for n in CHECKPOINTS if (local / n).exists()]
+    if source is None and not backups:
+        return None
+    upload_checkpoints([h for h in hosts if h is not source], save_dir, local, backups, fetched)
     return local / "checkpoint_last.pt"
 
 
