@@ -1,1 +1,1 @@
-"""tandem's per-run jobs: data, launch, monitoring, report (driven by fabfile.py)."""
+"""tandem's per-run side (fabfile.py): data/, run/, agent/ (what runs on the hosts), report/; cluster.py shared."""
