@@ -137,6 +137,15 @@ def environment(launch: Launch) -> dict[str, str]:
     return env
 
 
+def trainer_argv(launch: Launch) -> list[str]:
+    """fairseq-train, or for bf16 tandem's entry point that keeps fairseq's --bf16 on the GPU
+    (fairseq 0.12 alone takes --bf16 to mean a TPU and every rank dies: train/agent/fairseq_train.py)."""
+    venv = launch.venv.rstrip("/")
+    if launch.precision == "bf16":
+        return [f"{venv}/bin/python", "-m", "train.agent.fairseq_train"]
+    return [f"{venv}/bin/fairseq-train"]
+
+
 def foreground_command(preset: Preset, launch: Launch) -> list[str]:
     """The torchrun argv (no environment, no detaching): what runs on the host."""
     venv = launch.venv.rstrip("/")
@@ -153,8 +162,10 @@ def foreground_command(preset: Preset, launch: Launch) -> list[str]:
         "--nproc_per_node",
         str(launch.nproc_per_node),
     ]
-    train = [f"{venv}/bin/fairseq-train", *fairseq_train_args(preset, launch)]
+    train = [*trainer_argv(launch), *fairseq_train_args(preset, launch)]
     if launch.nproc_per_node == 1:
+        if train[1:3] == ["-m", "train.agent.fairseq_train"]:  # torchrun runs a module with its own python
+            return head + train[1:]
         return head + train
     # several processes per host: each passes the global rank torchrun gives it
     inner = f'exec {shlex.join(train)} --distributed-rank "$RANK" --device-id "$LOCAL_RANK"'

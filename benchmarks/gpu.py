@@ -1,0 +1,173 @@
+"""On one GPU machine, without SSH to itself: tandem's training commands run there, figures kept.
+
+    python -m benchmarks.gpu --data DIR --work DIR --out DIR [--runs base-fp16,big-fp16,...]
+
+`fab train` needs SSH to its hosts; a lent GPU machine (one GPU, no sshd, no internet) has
+none. Each run here starts the exact line `fab train` would start on rank 0 of a one-host
+cluster (`train.command.training_command`: torchrun, fairseq-train, the monitor beside it),
+waits for it, and records what the users ask of a GPU: s/update and words/s (median of the
+logged intervals of the run's second half: a GPU run speeds up for its first few hundred
+updates while the caching allocator and cuBLAS meet each new batch shape), the loss, peak GPU memory and utilization
+from the monitor's NVML samples. The first run also gets tandem's report (`train.report`).
+Writes OUT/gpu.json, OUT/<run>.log and OUT/report-<run>/ (answers.json, the GPU plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from train import command, logparse, presets
+
+# name → (preset, precision, overrides). Throughput runs keep no checkpoints (GBs for big).
+RUNS: dict[str, tuple[str, str, list[str]]] = {
+    "base-fp16": ("transformer_wmt_en_de", "fp16", ["max_update=600", "log_interval=10"]),
+    "base-fp16-16k": ("transformer_wmt_en_de", "fp16", ["max_update=300", "log_interval=10", "max_tokens=16384",
+                                                         "no_save=true"]),
+    "big-fp16": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10", "no_save=true"]),
+    "big-bf16": ("transformer_vaswani_wmt_en_de_big", "bf16", ["max_update=300", "log_interval=10", "no_save=true"]),
+    "big-fp16-10k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10",
+                                                                   "max_tokens=10240", "no_save=true"]),
+    "big-bf16-10k": ("transformer_vaswani_wmt_en_de_big", "bf16", ["max_update=300", "log_interval=10",
+                                                                   "max_tokens=10240", "no_save=true"]),
+}
+
+
+def cluster_nic() -> str:
+    """The first NIC that is not loopback (the monitor samples it)."""
+    names = [n for n in psutil.net_if_addrs() if n != "lo"]
+    return names[0] if names else "lo"
+
+
+def gpu_count() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True)
+    return len(out.stdout.split())
+
+
+def wait_for(pid_file: Path, timeout_s: float) -> float:
+    """Seconds until the process in `pid_file` (torchrun's session) is gone."""
+    started = time.monotonic()
+    while not pid_file.exists():
+        time.sleep(0.2)
+    pid = int(pid_file.read_text())
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() - started > timeout_s:
+            subprocess.run(["kill", "--", f"-{pid}"], check=False)
+            raise TimeoutError(f"run {pid_file.parent.name} still going after {timeout_s:.0f} s: stopped")
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def figures(log_text: str, samples: list[dict]) -> dict:
+    """The run's medians over its second half (the warm part), and its GPU samples."""
+    log = logparse.parse_log(log_text.splitlines())
+    last = max((r.update or 0) for r in log.of("train_inner")) if log.of("train_inner") else 0
+    inner = [r for r in log.of("train_inner") if (r.update or 0) > last / 2]
+    per_update = [r.get("wpb") / r.get("wps") for r in inner if r.get("wps") and r.get("wpb")]
+    gpu = [g for s in samples for g in (s.get("gpus") or [])]
+    busy = [g["util_percent"] for g in gpu]
+    return {
+        "updates": max((r.update or 0) for r in log.records) if log.records else 0,
+        "finished": log.finished,
+        "params": logparse.logged_params(log_text),
+        "s_per_update": statistics.median(per_update) if per_update else None,
+        "wps": statistics.median([r.get("wps") for r in inner]) if inner else None,
+        "wpb": statistics.median([r.get("wpb") for r in inner]) if inner else None,
+        "loss_first": log.of("train_inner")[0].get("loss") if log.of("train_inner") else None,
+        "loss_last": inner[-1].get("loss") if inner else None,
+        "gpu_util_median": statistics.median(busy) if busy else None,
+        "gpu_util_samples": busy,
+        "gpu_mem_peak_mb": max(g["mem_used_mb"] for g in gpu) if gpu else None,
+        "samples": len(samples),
+        "errors": log.errors[-3:],
+    }
+
+
+def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: float) -> dict:
+    preset_name, precision, overrides = RUNS[name]
+    preset = presets.resolve(preset_name, overrides)
+    run_dir = work / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    (launch,) = command.launches(name, [{"address": "127.0.0.1", "gpus": gpus, "nic": cluster_nic()}],
+                                 master_port=29500, data_dir=str(data), run_dir=str(run_dir), venv=venv,
+                                 precision=precision)
+    line = command.training_command(preset, launch)
+    print(f"== {name}: {line}", flush=True)
+    subprocess.run(["bash", "-c", line], check=True)
+    seconds = wait_for(Path(launch.pid_file), timeout_s)
+    time.sleep(3)  # the monitor's last sample, then it ends by itself
+    log_text = Path(launch.log_path).read_text(errors="replace")
+    samples_path = run_dir / "samples.jsonl"
+    samples = [json.loads(x) for x in samples_path.read_text().splitlines()] if samples_path.exists() else []
+    result = {"run": name, "preset": preset_name, "precision": precision, "overrides": overrides,
+              "gpus": gpus, "wall_s": round(seconds, 1), "command": line, **figures(log_text, samples)}
+    print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)
+    return result
+
+
+def report_for(result: dict, work: Path, data: Path, out: Path) -> Path:
+    """tandem's report page on one run, from the files `fab report` would have collected."""
+    from train import report
+
+    name = result["run"]
+    local = out / f"report-{name}"
+    shutil.rmtree(local, ignore_errors=True)
+    for sub in ("logs", "samples"):
+        (local / sub).mkdir(parents=True)
+    shutil.copy2(work / name / "train.log", local / "logs" / "gpu0.log")
+    if (work / name / "samples.jsonl").exists():
+        shutil.copy2(work / name / "samples.jsonl", local / "samples" / "gpu0.jsonl")
+    if (data / "corpus.json").exists():
+        shutil.copy2(data / "corpus.json", local / "corpus.json")
+    listing = subprocess.run(["ls", "-l", "--time-style=+%s", str(work / name / "checkpoints")],
+                             capture_output=True, text=True)
+    (local / "checkpoints.txt").write_text(listing.stdout)
+    run = {"run_id": name, "hosts": ["gpu0"], "preset": result["preset"], "overrides": result["overrides"],
+           "dataset": data.name, "precision": result["precision"]}
+    (local / "run.json").write_text(json.dumps(run))
+    page, lines = report.build_report(local, None)
+    print("\n".join(lines), flush=True)
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, type=Path, help="a prepared dataset's bin directory")
+    p.add_argument("--work", required=True, type=Path, help="where the runs' directories go")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--runs", default="base-fp16,big-fp16,big-bf16", help=f"of {', '.join(RUNS)}")
+    p.add_argument("--venv", default=sys.prefix, help="the training environment (default: this Python's)")
+    p.add_argument("--timeout-s", type=float, default=240)
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    gpus = gpu_count()
+    results = []
+    for name in [r for r in a.runs.split(",") if r]:
+        try:
+            result = run_one(name, a.data, a.work, a.venv, gpus, a.timeout_s)
+        except (subprocess.CalledProcessError, TimeoutError) as e:
+            result = {"run": name, "error": str(e)}
+        results.append(result)
+        log = a.work / name / "train.log"
+        if log.exists():
+            shutil.copy2(log, a.out / f"{name}.log")
+        if name == "base-fp16" and "error" not in result:
+            try:
+                result["report"] = str(report_for(result, a.work, a.data, a.out))
+            except Exception as e:  # the figures above still count
+                result["report_error"] = repr(e)
+        (a.out / "gpu.json").write_text(json.dumps(results, indent=1))
+    return 0 if all("error" not in r and r.get("finished") for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
