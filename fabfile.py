@@ -14,7 +14,7 @@ from rich.table import Table
 
 from train.cluster import ClusterError, run_all
 from train.data import corpus, distribute, download
-from train.run import launch, presets
+from train.run import command, launch, presets
 from train.run.follow import describe, follow
 from train.tasks import cluster_task, console
 
@@ -112,7 +112,7 @@ def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq,
     "run": "run id (default: the latest run, resumed from its last checkpoint)",
     "new": "start a new run even if the latest can be resumed",
     "update_freq": "gradient accumulation: updates every K batches (divides traffic per sample by K)",
-    "precision": "fp32, fp16 or bf16 (the last two on GPUs)",
+    "precision": "fp32, fp16 or bf16 (the last two on GPUs); default fp16 on GPU hosts, fp32 on CPU hosts",
     "port": "rendezvous port on the first host (default 29500)",
     "dry_run": "print every host's command and check them, start nothing",
     "detach": "start and return without following",
@@ -120,8 +120,9 @@ def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq,
 })
 @cluster_task
 def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=1,
-          precision="fp32", port=29500, dry_run=False, detach=False, accept_slow_network=False):
+          precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume."""
+    precision = precision or command.default_precision([h.gpus for h in hosts])
     the_run, resuming = _pick_run(hosts, run, new, preset, set, dataset, port, update_freq, precision)
     commands = launch.host_commands(the_run, hosts)
     if dry_run:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from train import command, logparse, presets
+from train.report import logparse
+from train.run import command, presets
 
 # name → (preset, precision, overrides). Throughput runs keep no checkpoints (GBs for big).
 RUNS: dict[str, tuple[str, str, list[str]]] = {
@@ -116,7 +117,7 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
 
 def report_for(result: dict, work: Path, data: Path, out: Path) -> Path:
     """tandem's report page on one run, from the files `fab report` would have collected."""
-    from train import report
+    from train.report import page
 
     name = result["run"]
     local = out / f"report-{name}"
@@ -134,9 +135,9 @@ def report_for(result: dict, work: Path, data: Path, out: Path) -> Path:
     run = {"run_id": name, "hosts": ["gpu0"], "preset": result["preset"], "overrides": result["overrides"],
            "dataset": data.name, "precision": result["precision"]}
     (local / "run.json").write_text(json.dumps(run))
-    page, lines = report.build_report(local, None)
+    index, lines = page.build_report(local, None)
     print("\n".join(lines), flush=True)
-    return page
+    return index
 
 
 def main(argv: list[str] | None = None) -> int:

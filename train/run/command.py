@@ -99,6 +99,12 @@ class Launch:
         return str(PurePosixPath(self.log_path).parent)
 
 
+def default_precision(gpus_per_host: list[int]) -> str:
+    """fp16 where every host has GPUs (V100 tensor cores need it; fairseq's GPU recipes use it),
+    fp32 where any host is CPU-only (fp16/bf16 need a GPU)."""
+    return "fp16" if gpus_per_host and all(g > 0 for g in gpus_per_host) else "fp32"
+
+
 def _fill(options: Mapping[str, Value], launch: Launch) -> dict[str, Value]:
     names = {"log_dir": launch.log_dir, "save_dir": launch.save_dir, "run_id": launch.run_id}
     return {k: v.format(**names) if isinstance(v, str) else v for k, v in options.items()}
