@@ -4,7 +4,8 @@ Fixtures (tests/fixtures/report/): `run-081616/` is a real 2-host lab run of the
 (rank 0's and rank 1's logs, stopped by hand at update 230; its checkpoint listing and the
 dataset's corpus.json as collected; bleu.json from a sibling run); `resumed-084104-v100a.log`
 is a real rank-0 log with a stop and a resume in it. Samples are synthesized around the
-log's own timestamps.
+log's own timestamps. `h100-base-fp16/` is a real run on one H100 (Transformer base, fp16, 600
+updates) with the monitor's own NVML samples (benchmarks/gpu.py; benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -275,3 +276,21 @@ def test_the_page_renders_its_plots_in_headless_chromium(report, tmp_path):
         return int((np.abs(plots - np.array(rgb)).max(axis=2) < 30).sum())
 
     assert near((0x1F, 0x77, 0xB4)) > 500 and near((0xD6, 0x27, 0x28)) > 200  # blue train, red valid lines
+
+
+def test_a_real_h100_run_reads_as_an_underused_gpu(tmp_path, monkeypatch):
+    """The monitor's NVML samples of a real GPU run: the answer and the plot are measured numbers."""
+    run_dir = shutil.copytree(FIXTURES / "h100-base-fp16", tmp_path / "run")
+    samples = [json.loads(line) for line in (run_dir / "samples" / "gpu0.jsonl").read_text().splitlines()]
+    assert all(len(s["gpus"]) == 1 and s["gpus"][0]["mem_total_mb"] > 80_000 for s in samples)
+    placeholders, draw = [], plots._empty
+    monkeypatch.setattr(plots, "_empty", lambda ax, message: (placeholders.append(message), draw(ax, message)))
+    build_report(run_dir)
+    assert not [p for p in placeholders if "GPU" in p], placeholders  # the GPU plot is drawn from samples
+    an = A.analyze(A.load(run_dir))
+    gpus = an.get("gpus")
+    assert gpus.verdict == "underused"
+    assert 5 < gpus.numbers["mean_util_percent"] < 15
+    assert 5_000 < gpus.numbers["peak_mem_mb"]["gpu0:0"] < 7_000
+    assert an.get("duration").numbers["update"] == 600
+    assert an.get("checkpoints").numbers["params"] == 60_104_704
