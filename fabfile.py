@@ -321,12 +321,13 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "precision": "fp32, fp16 or bf16 (bytes per gradient element)",
     "update_freq": "gradient accumulation K",
     "max_update": "updates of the whole run (default: the preset's)",
-    "overlap": "fraction of compute the all-reduce hides behind (0 for legacy_ddp on CPU; <= 0.6 c10d)",
+    "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
+               "bench-step's fit for pytorch_ddp)",
     "json": "print the figures as JSON",
 })
 @cluster_task
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
-            precision="fp32", update_freq=1, max_update=None, overlap=0.0, json=False):
+            precision="fp32", update_freq=1, max_update=None, overlap=None, json=False):
     """Predict s/update, the run's hours, network-bound or not, the update-freq for 90% (exit 3 if network-bound)."""
     import json as json_module
 
@@ -335,7 +336,8 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
     verdict = bench_predict.predict_for(
         hosts, preset, [o for o in (set or "").split(",") if o], dataset, str(link),
         compute_s=float(compute_s) if compute_s is not None else None, precision=precision,
-        update_freq=int(update_freq), max_update=int(max_update) if max_update else None, overlap=float(overlap))
+        update_freq=int(update_freq), max_update=int(max_update) if max_update else None,
+        overlap=float(overlap) if overlap is not None else None)
     if json:
         print(json_module.dumps(verdict.as_dict(), indent=1, default=str))
     else:

@@ -204,6 +204,37 @@ def update_freq_for_efficiency(compute_s: float, exposed_comm_s: float, target: 
     return max(k, 1)
 
 
+OVERLAPPING_BACKENDS = ("pytorch_ddp", "c10d")
+
+
+def ddp_backend(options: Mapping[str, object], cpu: bool) -> str:
+    """The DDP backend a run uses: the preset's, else tandem's default (legacy_ddp on CPU hosts,
+    fairseq's pytorch_ddp on GPUs)."""
+    return str(options.get("ddp_backend") or ("legacy_ddp" if cpu else "pytorch_ddp"))
+
+
+def compute_given_overlap(step_s: float, comm_s: float, overlap: float) -> float:
+    """C from one measured step, given the overlap: step = C + max(0, comm − overlap × C)."""
+    if comm_s <= overlap * step_s:
+        return step_s
+    return max((step_s - comm_s) / (1 - overlap), 1e-6)
+
+
+def fit_overlap(fastest: tuple[float, float], points: Iterable[tuple[float, float]]) -> float:
+    """The overlap (0 to 1, in steps of 0.01) that predicts `points` [(comm_s, measured step_s)]
+    best (least squares of the relative error), C following from the `fastest` (comm_s, step_s).
+    On a tie the smaller overlap: the prediction that promises less."""
+    points = list(points)
+    if not points:
+        return 0.0
+
+    def squared_error(overlap: float) -> float:
+        c = compute_given_overlap(fastest[1], fastest[0], overlap)
+        return sum(((c + max(0.0, comm - overlap * c)) / step - 1) ** 2 for comm, step in points)
+
+    return min((squared_error(k / 100), k / 100) for k in range(101))[1]
+
+
 def predict(
     params: int,
     ranks: int,

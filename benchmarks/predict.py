@@ -20,6 +20,7 @@ default, is a capped port, the field reports' 100 Mb/s case) and says how to mea
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -82,6 +83,19 @@ def compute_from_bench(params: int, n_hosts: int, ranks: int, preset: str | None
     return None, "unknown: run `fab bench-step --rates none` with the same model (or pass --compute-s)"
 
 
+def overlap_for(backend: str, hosts: list[Host]) -> tuple[float, str]:
+    """The overlap of `backend` on these hosts: 0 for legacy_ddp (the all-reduce starts after the
+    backward pass), else the newest bench-step's fit for that backend, else 0 said as unmeasured."""
+    if backend not in model.OVERLAPPING_BACKENDS:
+        return 0.0, f"{backend}: the all-reduce starts after the backward pass"
+    names = sorted(h.name for h in hosts)
+    for path in sorted(net.REPORT_DIR.glob("step-2*.json"), reverse=True):
+        report = json.loads(path.read_text())
+        if report.get("ddp_backend") == backend and sorted(report.get("hosts", [])) == names:
+            return float(report.get("overlap", 0.0)), f"{backend}, fitted by fab bench-step of {report['timestamp']}"
+    return 0.0, f"{backend}: not measured on these hosts, 0 assumed (`fab bench-step --set ddp_backend={backend}`)"
+
+
 def allreduce_rate_at(report: dict, size_bytes: float) -> tuple[float, int] | None:
     """bench-net's busbw (Mbit/s) for the all_reduce size nearest the gradient's (log scale) and
     that size: small buffers are latency-bound, so a 1 MB gradient does not get iperf3's rate."""
@@ -121,7 +135,7 @@ def link_figure(hosts: list[Host], source: str,
 
 def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str, compute_s: float | None,
            compute_source: str, port_mbps: float | None = None, precision: str = "fp32", update_freq: int = 1,
-           max_update: int | None = None, overlap: float = 0.0) -> Verdict:
+           max_update: int | None = None, overlap: float = 0.0, overlap_source: str = "given") -> Verdict:
     """Pure: figures in, verdict and the lines explaining it out."""
     ranks = sum(max(h.gpus, 1) for h in hosts)
     expected = hosts[0].vars.get("network_expected_mbps")
@@ -134,7 +148,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
                    + (f"; the inventory expects {v.expected_mbps:.0f} Mbit/s" if v.expected_mbps else ""))
     if compute_s is not None:
         v.prediction = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, **kw)
-        v.lines.append(f"compute-only {compute_s:.3f} s/update ({compute_source})")
+        v.lines.append(f"compute-only {compute_s:.3f} s/update ({compute_source}); overlap {overlap:.2f} "
+                       f"({overlap_source})")
         v.lines += model.explain(v.prediction).splitlines()
         if v.expected_mbps:
             v.at_expected = model.predict(params, ranks, model.mbit_to_bytes_per_s(v.expected_mbps), compute_s, **kw)
@@ -161,7 +176,9 @@ def model_params(hosts: list[Host], preset: str, overrides: list[str], dataset: 
 
 def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, link_source: str = "measure",
                 compute_s: float | None = None, precision: str = "fp32", update_freq: int = 1,
-                max_update: int | None = None, overlap: float = 0.0) -> Verdict:
+                max_update: int | None = None, overlap: float | None = None) -> Verdict:
+    """The verdict for this preset on these hosts; `overlap` None: the measured one for the DDP
+    backend the run uses (overlap_for)."""
     if len(hosts) < 2:
         raise ClusterError("a prediction of the network's cost needs at least two hosts")
     params = model_params(hosts, preset, overrides, dataset)
@@ -170,11 +187,16 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
     if compute_s is None:
         compute_s, source = compute_from_bench(params, len(hosts), ranks, preset, overrides)
     mbps, where, port = link_figure(hosts, link_source, model.gradient_bytes(params, precision))
+    options = presets.resolve(preset, overrides).options
     if max_update is None:
-        max_update = presets.resolve(preset, overrides).options.get("max_update")
+        max_update = options.get("max_update")
+    if overlap is None:
+        overlap, overlap_source = overlap_for(model.ddp_backend(options, cpu=any(h.gpus == 0 for h in hosts)), hosts)
+    else:
+        overlap_source = "given"
     return assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
-                  compute_source=source,
-                  precision=precision, update_freq=update_freq, max_update=max_update, overlap=overlap)
+                  compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
+                  overlap=overlap, overlap_source=overlap_source)
 
 
 def for_run(run, hosts: list[Host]) -> Verdict | None:
@@ -200,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32", choices=sorted(model.BYTES_PER_ELEMENT))
     p.add_argument("--update-freq", type=int, default=1)
     p.add_argument("--max-update", type=int)
-    p.add_argument("--overlap", type=float, default=0.0)
+    p.add_argument("--overlap", type=float, help="default: measured by bench-step for the run's DDP backend")
     p.add_argument("--json", action="store_true")
 
     def body(a, hosts):

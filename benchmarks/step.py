@@ -79,33 +79,55 @@ def comm_mbps(point: dict) -> float:
     return point.get("allreduce_mbps") or point["link_mbps"]
 
 
-def compute_only(points: list[dict], params: int, ranks: int, hosts: int,
-                 precision: str = "fp32") -> tuple[float, str]:
-    """C from the uncapped run (or the fastest), less what its own link costs per update."""
-    base = next((p for p in points if p["rate"] == "none"), None) or max(points, key=lambda p: p["link_mbps"] or 0)
+def comm_s(point: dict, params: int, ranks: int, hosts: int, precision: str = "fp32") -> float:
+    """The all-reduce's seconds per update at this point's rate (0 on one host)."""
+    if hosts < 2:
+        return 0.0
     size = model.gradient_bytes(params, precision)
-    comm = model.allreduce_bytes_per_rank(size, ranks) / model.mbit_to_bytes_per_s(
-        comm_mbps(base)) if hosts > 1 else 0.0
-    return max(base["s_per_update"] - comm, 1e-6), base["rate"]
+    return model.allreduce_bytes_per_rank(size, ranks) / model.mbit_to_bytes_per_s(comm_mbps(point))
 
 
-def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, overlap: float = 0.0,
-                     precision: str = "fp32") -> tuple[float, str | None]:
-    """Adds predicted_s, error and network_share to every point; returns the compute-only C and
-    the rate it came from (whose error is 0 by construction)."""
+def fastest(points: list[dict]) -> dict:
+    """The point C comes from: the uncapped rate, else the fastest link."""
+    return next((p for p in points if p["rate"] == "none"), None) or max(points, key=lambda p: p["link_mbps"] or 0)
+
+
+def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, backend: str = "legacy_ddp",
+                     precision: str = "fp32") -> tuple[float, str | None, float]:
+    """Adds predicted_s, error and network_share to every point; returns the compute-only C, the rate
+    it came from (whose error is 0 by construction) and the overlap.
+
+    legacy_ddp all-reduces after the backward pass: overlap 0. An overlapping backend
+    (pytorch_ddp) hides part of the all-reduce behind the backward pass: its overlap is fitted to
+    the capped rates, and each capped rate's prediction uses the overlap fitted to the *other*
+    capped rates (leave one out), so that no point checks itself."""
     ok = [p for p in points if p.get("s_per_update") and p.get("link_mbps")]
     if not ok:
-        return 0.0, None
-    c, source = compute_only(ok, params, ranks, hosts, precision)
+        return 0.0, None, 0.0
+    source = fastest(ok)["rate"]
+    measured = {p["rate"]: (comm_s(p, params, ranks, hosts, precision), p["s_per_update"]) for p in ok}
+    fast = measured[source]
+    capped = [r for r in measured if r != source]
+    fits = backend in model.OVERLAPPING_BACKENDS and hosts > 1
+
+    def overlap_without(rate: str | None) -> float:
+        others = [measured[r] for r in capped if r != rate]
+        return model.fit_overlap(fast, others) if fits else 0.0
+
+    overlap = overlap_without(None)
+    c = model.compute_given_overlap(fast[1], fast[0], overlap)
     for p in ok:
-        pred = model.predict(params, ranks, model.mbit_to_bytes_per_s(comm_mbps(p)), c, hosts=hosts,
-                             overlap=overlap, precision=precision)
+        ov = overlap_without(p["rate"]) if p["rate"] != source and len(capped) > 1 else overlap
+        c_p = model.compute_given_overlap(fast[1], fast[0], ov)
+        pred = model.predict(params, ranks, model.mbit_to_bytes_per_s(comm_mbps(p)), c_p, hosts=hosts,
+                             overlap=ov, precision=precision)
         p["predicted_s"] = pred.step_s
         p["error"] = pred.step_s / p["s_per_update"] - 1
+        p["overlap_used"] = ov
         p["gives_compute"] = p["rate"] == source  # C is taken from it: its error is 0 by construction
         p["network_share"] = pred.comm_share
         p["model_tx_bytes"] = model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
-    return c, source
+    return c, source, overlap
 
 
 def table(points: list[dict]) -> str:
@@ -345,7 +367,8 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
             clean_up(run, hosts, started, follower, say)
     report = {"run_id": run.run_id, "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks,
               "preset": preset, "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
-              "precision": precision, "gradient_bytes": model.gradient_bytes(params, precision), "overlap": 0.0,
+              "precision": precision, "gradient_bytes": model.gradient_bytes(params, precision),
+              "ddp_backend": model.ddp_backend(options, cpu=bool(cpu_only)),
               "updates": updates, "cycles": cycles, "skip": skip, "segments": segments}
     return finish(report, launch.read_log(hosts[0], run, lines=100000), rates, links, effective)
 
@@ -357,11 +380,12 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
     for p in points:
         p["devices"] = log.devices
         p["allreduce_mbps"] = effective.get(p["rate"])
-    compute_s, compute_from = with_predictions(points, report["params"], report["ranks"], report["n_hosts"],
-                                               precision=report["precision"])
+    backend = report.get("ddp_backend", "legacy_ddp")
+    compute_s, compute_from, overlap = with_predictions(points, report["params"], report["ranks"], report["n_hosts"],
+                                                        backend=backend, precision=report["precision"])
     now = datetime.now(UTC)
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), **report,
-              "params_logged": logparse.logged_params(log_text), "compute_s": compute_s,
+              "params_logged": logparse.logged_params(log_text), "compute_s": compute_s, "overlap": overlap,
               "compute_from": compute_from, "points": points}
     path = write(report, "step", now)
     png = path.with_suffix(".png")
@@ -376,7 +400,10 @@ def summary(report: dict) -> str:
     head = (f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB of "
             f"{report.get('precision', 'fp32')} gradients), {report['ranks']} ranks; compute-only C "
             f"{report['compute_s']:.3f} s/update (the {report['compute_from']} step less its all-reduce, marked (C): "
-            "its error is 0 by construction)")
+            f"its error is 0 by construction); {report.get('ddp_backend', 'legacy_ddp')}, overlap "
+            f"{report.get('overlap', 0.0):.2f}"
+            + (" (fitted to the capped rates; each rate's prediction uses the others' fit)"
+               if report.get("ddp_backend") in model.OVERLAPPING_BACKENDS else " (all-reduce after the backward pass)"))
     return f"{head}\n{table(report['points'])}\nJSON {report['path']}\nplot {report['plot']}"
 
 

@@ -1,6 +1,12 @@
-"""fairseq-train with `--bf16` meaning bfloat16 on the GPU (tandem runs bf16 runs through it).
+"""fairseq-train with two of fairseq 0.12's device assumptions fixed (tandem starts such runs with it).
 
-    python -m train.agent.fairseq_train DATA --bf16 ...      (same arguments as fairseq-train)
+    python -m train.agent.fairseq_train DATA ...      (the same arguments as fairseq-train)
+
+- `--bf16` means bfloat16 on the GPU, not on a TPU (below);
+- `--ddp-backend pytorch_ddp` works on CPU hosts: fairseq hands DistributedDataParallel
+  `device_ids=[device_id]`, which torch refuses for a CPU module, so CPU runs could only use
+  legacy_ddp, whose all-reduce never overlaps the backward pass. The lab measures that overlap
+  (benchmarks.step) with this.
 
 fairseq 0.12 ties `--bf16` to TPUs: `options.add_defaults` sets `tpu=True`, and
 `distributed_init` then imports torch_xla, which a GPU host lacks, so every rank dies at start.
@@ -35,11 +41,31 @@ def patch_parser() -> None:
     options.parse_args_and_arch = parse_args_and_arch
 
 
+def ddp_on_cpu() -> None:
+    """Give fairseq a DistributedDataParallel that leaves device_ids unset for a CPU module."""
+    import torch
+    from fairseq.models import distributed_fairseq_model as dfm
+
+    if getattr(dfm.DistributedDataParallel, "_tandem_cpu", False):
+        return
+
+    class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
+        _tandem_cpu = True
+
+        def __init__(self, module, *args, device_ids=None, output_device=None, **kwargs):
+            on_cpu = all(p.device.type == "cpu" for p in module.parameters())
+            super().__init__(module, *args, device_ids=None if on_cpu else device_ids,
+                             output_device=None if on_cpu else output_device, **kwargs)
+
+    dfm.DistributedDataParallel = DistributedDataParallel
+
+
 def main() -> None:
     # fairseq_cli.train sets up fairseq's log format when imported: before anything else logs.
     from fairseq_cli.train import cli_main
 
     patch_parser()
+    ddp_on_cpu()
     cli_main()
 
 

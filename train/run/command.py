@@ -125,8 +125,10 @@ def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
         "env://",
         "--distributed-no-spawn",
     ]
-    if launch.cpu:
-        args += ["--cpu", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    if launch.cpu:  # legacy_ddp unless the preset asks for another (pytorch_ddp: train.agent.fairseq_train)
+        args += ["--cpu", "--distributed-backend", "gloo"]
+        if "ddp_backend" not in preset.options:
+            args += ["--ddp-backend", "legacy_ddp"]
     if launch.nproc_per_node == 1:
         args += ["--distributed-rank", str(launch.node_rank)]
     return args
@@ -143,11 +145,13 @@ def environment(launch: Launch) -> dict[str, str]:
     return env
 
 
-def trainer_argv(launch: Launch) -> list[str]:
-    """fairseq-train, or for bf16 tandem's entry point that keeps fairseq's --bf16 on the GPU
-    (fairseq 0.12 alone takes --bf16 to mean a TPU and every rank dies: train/agent/fairseq_train.py)."""
+def trainer_argv(launch: Launch, preset: Preset) -> list[str]:
+    """fairseq-train, or tandem's entry point where fairseq 0.12 alone would fail
+    (train/agent/fairseq_train.py): bf16 (fairseq takes it to mean a TPU and every rank dies) and
+    pytorch_ddp on CPU hosts (fairseq gives DDP a GPU device id)."""
     venv = launch.venv.rstrip("/")
-    if launch.precision == "bf16":
+    cpu_ddp = launch.cpu and preset.options.get("ddp_backend") in ("pytorch_ddp", "c10d")
+    if launch.precision == "bf16" or cpu_ddp:
         return [f"{venv}/bin/python", "-m", "train.agent.fairseq_train"]
     return [f"{venv}/bin/fairseq-train"]
 
@@ -168,7 +172,7 @@ def foreground_command(preset: Preset, launch: Launch) -> list[str]:
         "--nproc_per_node",
         str(launch.nproc_per_node),
     ]
-    train = [*trainer_argv(launch), *fairseq_train_args(preset, launch)]
+    train = [*trainer_argv(launch, preset), *fairseq_train_args(preset, launch)]
     if launch.nproc_per_node == 1:
         if train[1:3] == ["-m", "train.agent.fairseq_train"]:  # torchrun runs a module with its own python
             return head + train[1:]

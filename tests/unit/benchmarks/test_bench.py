@@ -123,7 +123,7 @@ def points() -> list[dict]:
 
 def test_predictions_use_the_uncapped_run_as_compute_only():
     pts = points()
-    c, source = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
+    c, source, _ = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
     assert c == pytest.approx(0.20 - 1.2e6 / 1.25e9) and source == "none"
     assert pts[1]["predicted_s"] == pytest.approx(0.20)
     assert pts[0]["predicted_s"] == pytest.approx(c + 1.2e6 / (95e6 / 8))
@@ -137,13 +137,13 @@ def test_predictions_use_the_uncapped_run_as_compute_only():
 def test_the_gradients_own_all_reduce_rate_wins_over_iperf3():
     pts = points()
     pts[0]["allreduce_mbps"] = 50.0  # short transfers through the cap: half of iperf3's steady state
-    c, _ = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
+    c, _, _ = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
     assert pts[0]["predicted_s"] == pytest.approx(c + 1.2e6 / (50e6 / 8))
 
 
 def test_plot_is_a_png(tmp_path):
     pts = points()
-    c, _ = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
+    c, _, _ = step.with_predictions(pts, params=300_000, ranks=2, hosts=2)
     report = {"points": pts, "params": 300_000, "ranks": 2, "n_hosts": 2, "compute_s": c, "preset": "tiny"}
     step.plot(report, tmp_path / "step.png")
     assert (tmp_path / "step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -208,3 +208,42 @@ def test_predict_from_bench_net_takes_the_all_reduce_rate_at_the_gradients_size(
     assert predict.allreduce_rate_at(report, 1.19e6) == (pytest.approx(48.0), 2**20)
     assert predict.allreduce_rate_at(report, 200e6) == (pytest.approx(94.4), 256 * 2**20)
     assert predict.allreduce_rate_at({"link_mbps": 95.0}, 1e6) is None  # no sweep: iperf3 stands in
+
+
+def overlapped_points(c: float, overlap: float, mbit_rates: list[float], params: int = 4_000_000) -> list[dict]:
+    """Step times a DDP that hides `overlap` × C of the all-reduce would show (2 hosts, fp32)."""
+    out = []
+    for mbit in mbit_rates:
+        comm = model.allreduce_bytes_per_rank(model.gradient_bytes(params), 2) / model.mbit_to_bytes_per_s(mbit)
+        out.append({"rate": f"{mbit:g}mbit" if mbit < 10_000 else "none", "link_mbps": mbit,
+                    "s_per_update": c + max(0.0, comm - overlap * c)})
+    return out
+
+
+def test_pytorch_ddp_overlap_is_fitted_and_each_rate_predicted_from_the_others():
+    pts = overlapped_points(0.8, 0.4, [100, 300, 1000, 20_000])
+    c, source, overlap = step.with_predictions(pts, params=4_000_000, ranks=2, hosts=2, backend="pytorch_ddp")
+    assert source == "none" and overlap == pytest.approx(0.4, abs=0.01) and c == pytest.approx(0.8, rel=0.01)
+    for p in pts:
+        assert p["error"] == pytest.approx(0, abs=0.02), p
+        if p["rate"] != "none":
+            assert p["overlap_used"] == pytest.approx(0.4, abs=0.01)  # fitted without this rate
+
+
+def test_legacy_ddp_keeps_overlap_zero_even_when_a_fit_would_flatter_it():
+    pts = overlapped_points(0.8, 0.4, [100, 1000, 20_000])
+    _, _, overlap = step.with_predictions(pts, params=4_000_000, ranks=2, hosts=2, backend="legacy_ddp")
+    assert overlap == 0.0 and all(p["overlap_used"] == 0.0 for p in pts)
+    assert pts[0]["error"] > 0.05  # the same steps read as legacy_ddp: the model (rightly) over-predicts
+
+
+def test_fit_overlap_prefers_the_smaller_overlap_on_a_tie():
+    # every capped point fully hidden or fully exposed the same way: any overlap >= 0.5 fits; 0.5 is kept
+    assert model.fit_overlap((0.0, 1.0), [(0.5, 1.0)]) == 0.5
+    assert model.fit_overlap((0.0, 1.0), []) == 0.0
+
+
+def test_the_run_uses_its_presets_ddp_backend_else_tandems_default():
+    assert model.ddp_backend({}, cpu=True) == "legacy_ddp"
+    assert model.ddp_backend({}, cpu=False) == "pytorch_ddp"
+    assert model.ddp_backend({"ddp_backend": "pytorch_ddp"}, cpu=True) == "pytorch_ddp"

@@ -98,3 +98,13 @@ def test_fairseq_alone_takes_bf16_for_a_tpu():
 @pytest.mark.parametrize(("gpus", "expected"), [([2, 2], "fp16"), ([0, 0], "fp32"), ([2, 0], "fp32"), ([], "fp32")])
 def test_gpu_hosts_default_to_fp16_cpu_hosts_to_fp32(gpus, expected):
     assert command.default_precision(gpus) == expected
+
+
+def test_pytorch_ddp_on_cpu_hosts_goes_through_tandems_entry_point():
+    """fairseq alone gives DDP a GPU device id on CPU hosts; the preset's ddp_backend must win over
+    tandem's legacy_ddp default, and the run must start through train.agent.fairseq_train."""
+    launch = launches_for(2, 0, "fp32")[-1]
+    args, through_tandem = per_process_argv(launch, presets.resolve("tiny", ["ddp_backend=pytorch_ddp"]), 0)
+    parsed = parse(args, through_tandem)
+    assert through_tandem and parsed.cpu and parsed.ddp_backend == "pytorch_ddp"
+    assert args.count("--ddp-backend") == 1
