@@ -82,6 +82,14 @@ def big_sweep(data, tiny_sweep):
     return json.loads((BENCH / "step-latest.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def ddp_sweep(data, big_sweep):
+    """13x tiny with pytorch_ddp (the GPU path's DDP, over gloo): its overlap is fitted (about 2.5 min)."""
+    fab(data, "bench-step", "--rates", "100mbit,1gbit,none", "--updates", "4", "--cycles", "3", "--set",
+        f"{BIG},ddp_backend=pytorch_ddp", timeout=900)
+    return json.loads((BENCH / "step-latest.json").read_text())
+
+
 def check_sweep(report):
     """Every capped rate predicted within ±15%: the median over the sweep's cycles (repeats measured side
     by side, the rates interleaved), so one cycle a noisy 2-core machine slowed does not decide."""
@@ -109,6 +117,15 @@ def test_tiny_predicted_within_15_percent(tiny_sweep, provisioned):
 def test_10x_model_predicted_within_15_percent(big_sweep, tiny_sweep, provisioned):
     assert big_sweep["params"] >= 10 * tiny_sweep["params"]
     check_sweep(big_sweep)
+    assert not leftovers(provisioned.cfg)
+
+
+def test_pytorch_ddp_overlap_fitted_and_each_rate_predicted_from_the_others(ddp_sweep, big_sweep, provisioned):
+    assert ddp_sweep["ddp_backend"] == "pytorch_ddp" and big_sweep["ddp_backend"] == "legacy_ddp"
+    assert big_sweep["overlap"] == 0.0
+    print(f"pytorch_ddp overlap {ddp_sweep['overlap']:.2f}; per rate, fitted without it: "
+          + ", ".join(f"{p['rate']} {p['overlap_used']:.2f}" for p in ddp_sweep["points"]))
+    check_sweep(ddp_sweep)  # each capped rate's prediction uses the overlap fitted to the other rate
     assert not leftovers(provisioned.cfg)
 
 
