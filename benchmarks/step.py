@@ -20,8 +20,9 @@ that no cap is left, or fails naming the host that kept one.
 The model (benchmarks.model.predict) gets the compute-only time C from the uncapped rate:
 C = step(none) − comm(none) at the uncapped link, less what the overlap hides. The overlap is 0
 for fairseq's legacy_ddp (the CPU default: all-reduce after the backward pass); for pytorch_ddp
-it is fitted to the capped rates (each capped rate is predicted from the others' fit). Without a `none` rate, the fastest rate stands in for it. Every rate's prediction is
-then C + 2(n−1)/n × S / B with B the rate an all_reduce of exactly S reached under that cap
+it is fitted to the capped rates (each capped rate is predicted from the others' fit). Without
+a `none` rate, the fastest rate stands in for it. Every rate's prediction is then
+C + 2(n−1)/n × S / B − hidden, with B the rate an all_reduce of exactly S reached under that cap
 (iperf3's steady state is shown beside it; short transfers through a shaped link lose more to
 TCP retransmission timeouts than a long stream): the table shows predicted
 against measured, and the plot (reports/bench/step-<time>.png) the model's curve over
