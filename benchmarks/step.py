@@ -126,10 +126,18 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ba
         p["predicted_s"] = pred.step_s
         p["error"] = pred.step_s / p["s_per_update"] - 1
         p["overlap_used"] = ov
+        # one capped rate alone: the overlap was fitted to it, so its error is no check
+        p["fitted_on_itself"] = fits and p["rate"] != source and len(capped) == 1
         p["gives_compute"] = p["rate"] == source  # C is taken from it: its error is 0 by construction
         p["network_share"] = pred.comm_share
         p["model_tx_bytes"] = model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
     return c, source, overlap
+
+
+def _error_cell(p: dict, f) -> str:
+    if p.get("gives_compute"):
+        return "(C)"
+    return "(fit)" if p.get("fitted_on_itself") else f("error", "+.0%")
 
 
 def table(points: list[dict]) -> str:
@@ -142,7 +150,7 @@ def table(points: list[dict]) -> str:
             return format(v * scale, fmt) if v is not None else "-"
         lines.append(f"{p['rate']:>8} {f('link_mbps', '.1f'):>12} {f('allreduce_mbps', '.1f'):>17} "
                      f"{f('s_per_update', '.3f'):>9} "
-                     f"{f('predicted_s', '.3f'):>9} {'(C)' if p.get('gives_compute') else f('error', '+.0%'):>6} "
+                     f"{f('predicted_s', '.3f'):>9} {_error_cell(p, f):>6} "
                      f"{f('wps', '.0f'):>8} "
                      f"{f('tx_per_update', '.2f', 1e-6):>13} {f('model_tx_bytes', '.2f', 1e-6):>9} "
                      f"{f('network_share', '.0%'):>9}")

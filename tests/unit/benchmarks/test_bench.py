@@ -247,3 +247,9 @@ def test_the_run_uses_its_presets_ddp_backend_else_tandems_default():
     assert model.ddp_backend({}, cpu=True) == "legacy_ddp"
     assert model.ddp_backend({}, cpu=False) == "pytorch_ddp"
     assert model.ddp_backend({"ddp_backend": "pytorch_ddp"}, cpu=True) == "pytorch_ddp"
+
+
+def test_one_capped_rate_alone_is_marked_as_fitted_not_checked():
+    pts = overlapped_points(0.8, 0.4, [100, 20_000])
+    step.with_predictions(pts, params=4_000_000, ranks=2, hosts=2, backend="pytorch_ddp")
+    assert pts[0]["fitted_on_itself"] and step.table(pts).splitlines()[1].split()[5] == "(fit)"
