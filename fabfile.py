@@ -294,13 +294,16 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
     "cycles": "times the rates are gone through, interleaved in one run (default 2)",
     "skip": "updates after each cap change left out, to settle (default 1)",
     "port": "rendezvous port (default 29500)",
-    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in",
+    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in; "
+                 "default fp16 on GPU hosts, fp32 on CPU hosts",
 })
 @cluster_task
 def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
-               updates=8, cycles=2, skip=1, port=29500, precision="fp32"):
+               updates=8, cycles=2, skip=1, port=29500, precision=None):
     """Train on all hosts while capping the link at each rate (tc): s/update, wps, bytes sent; table + plot."""
     from benchmarks import step
+
+    precision = precision or command.default_precision([h.gpus for h in hosts])  # as fab train
 
     try:
         rate_list = step.parse_rates(rates)
@@ -318,7 +321,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "dataset": "dataset whose dictionary sizes the embeddings (default synthetic)",
     "link": "measure (iperf3 now), bench (latest fab bench-net) or Mbit/s (default measure)",
     "compute_s": "compute-only s/update (default: the latest fab bench-step of the same model)",
-    "precision": "fp32, fp16 or bf16 (bytes per gradient element)",
+    "precision": "fp32, fp16 or bf16 (bytes per gradient element; default as fab train: fp16 on GPU hosts)",
     "update_freq": "gradient accumulation K",
     "max_update": "updates of the whole run (default: the preset's)",
     "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
@@ -327,8 +330,9 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
 })
 @cluster_task
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
-            precision="fp32", update_freq=1, max_update=None, overlap=None, json=False):
+            precision=None, update_freq=1, max_update=None, overlap=None, json=False):
     """Predict s/update, the run's hours, network-bound or not, the update-freq for 90% (exit 3 if network-bound)."""
+    precision = precision or command.default_precision([h.gpus for h in hosts])  # as fab train
     import json as json_module
 
     from benchmarks import predict as bench_predict

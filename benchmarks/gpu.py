@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from train.agent import stop
 from train.report import logparse
 from train.run import command, presets
 
@@ -55,14 +56,14 @@ def gpu_count() -> int:
 
 
 def wait_for(pid_file: Path, timeout_s: float) -> float:
-    """Seconds until the process in `pid_file` (torchrun's session) is gone."""
+    """Seconds until the process in `pid_file` (torchrun's session) is gone; TimeoutError after
+    `timeout_s` (the caller stops the run)."""
     started = time.monotonic()
-    while not pid_file.exists():
+    while not pid_file.exists() and time.monotonic() - started < 30:
         time.sleep(0.2)
-    pid = int(pid_file.read_text())
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+    pid = int(pid_file.read_text()) if pid_file.exists() else None
+    while pid and psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         if time.monotonic() - started > timeout_s:
-            subprocess.run(["kill", "--", f"-{pid}"], check=False)
             raise TimeoutError(f"run {pid_file.parent.name} still going after {timeout_s:.0f} s: stopped")
         time.sleep(0.5)
     return time.monotonic() - started
@@ -104,7 +105,11 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
     line = command.training_command(preset, launch)
     print(f"== {name}: {line}", flush=True)
     subprocess.run(["bash", "-c", line], check=True)
-    seconds = wait_for(Path(launch.pid_file), timeout_s)
+    try:
+        seconds = wait_for(Path(launch.pid_file), timeout_s)
+    except BaseException:  # a timeout, Ctrl-C: no rank (torchrun's workers have sessions of their own) is left
+        stop.stop(str(run_dir))
+        raise
     time.sleep(3)  # the monitor's last sample, then it ends by itself
     log_text = Path(launch.log_path).read_text(errors="replace")
     samples_path = run_dir / "samples.jsonl"
