@@ -8,6 +8,7 @@ HOSTS ?= 2
 SUBNET ?= 10.77.0.0/24
 RATE ?= none
 SLOW_NIC ?=
+CLUSTER_NET ?=
 LAB := $(PY) -m lab
 
 .PHONY: bench-targets require-root setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
@@ -22,7 +23,7 @@ require-root:
 	@[ "$$(id -u)" -eq 0 ] || { echo "the lab needs root (network namespaces, mounts, loop devices): run sudo make $(MAKECMDGOALS)" >&2; exit 2; }
 
 lab-up: require-root setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24, SLOW_NIC=v100b)
-	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET) --slow-nic "$(SLOW_NIC)"
+	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET) --slow-nic "$(SLOW_NIC)" $(if $(CLUSTER_NET),--cluster-net)
 
 lab-down:  ## remove everything the lab made
 	@if [ -x $(PY) ]; then $(LAB) down; else bash lab/bootstrap.sh && $(LAB) down; fi

@@ -12,10 +12,12 @@ from pathlib import Path
 from fabric import task
 from rich.table import Table
 
-from train.cluster import ClusterError, run_all
+from train.cluster import ClusterError, inventory_path, load_hosts, run_all, select
 from train.data import corpus, distribute, download
+from train.report import logparse
 from train.run import command, launch, presets
-from train.run.follow import describe, follow
+from train.run import rejoin as rejoining
+from train.run.follow import describe, follow, why_stopped_early
 from train.tasks import cluster_task, console
 
 
@@ -67,6 +69,8 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
             raise ClusterError(str(err)) from err
     console.print(f"[green]✓[/] {name}: {prepared.train_lines:,} training pairs, {prepared.train_mb} MB of text, "
                   f"vocabulary {prepared.vocab_size}")
+    if prepared.vocab_note:
+        console.print(f"[yellow]note:[/] {prepared.vocab_note}")
     with console.status(f"copying to {', '.join(h.name for h in hosts)} and checking checksums"):
         sums = distribute.upload(Path(prepared.bin_dir), name, hosts)
     console.print(f"[green]✓[/] identical on every host ({', '.join(sums)}): manifest "
@@ -83,7 +87,10 @@ def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq,
             if run_id:
                 raise  # a named run that does not exist; without a name: nothing to resume, start one
     if existing is not None:
-        if existing.hosts != [h.name for h in hosts]:
+        given = [h.name for h in hosts]
+        grows = set(existing.hosts) < set(given) and set(given) - set(existing.hosts) <= set(
+            rejoining.lost_hosts(existing.members, existing.hosts))  # hosts it lost, back: train grows to them
+        if existing.hosts != given and not grows:
             raise ClusterError(f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
                                f"{', '.join(h.name for h in hosts)}: pass the same --hosts, or --new")
         extra = [o for o in (overrides or "").split(",") if o]
@@ -117,13 +124,34 @@ def _pick_run(hosts, run_id, new, preset, overrides, dataset, port, update_freq,
     "dry_run": "print every host's command and check them, start nothing",
     "detach": "start and return without following",
     "accept_slow_network": "start even when the network would take most of each step (see fab predict)",
+    "elastic": "when a host is lost, go on from the last checkpoint on the hosts left (default; --no-elastic stops)",
+    "comm": "how ranks share updates: sync (default), fp16 (compressed gradients), local-sgd:H (average every H "
+            "updates), auto (the least invasive that reaches 90% on the measured link; see fab predict)",
+    "rejoin": "grow the run back to every host it lost (its first membership): at its next checkpoint if it is "
+              "training, else resume on them; --hosts naming hosts it lost does the same",
 })
 @cluster_task
 def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=1,
-          precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False):
+          precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
+          comm=None, rejoin=False):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume."""
+    known = load_hosts(inventory_path(c.config.get("inventory")))  # hosts a run lost can come back from
+    if rejoin:
+        hosts = _rejoin_hosts(known, run)
     precision = precision or command.default_precision([h.gpus for h in hosts])
     the_run, resuming = _pick_run(hosts, run, new, preset, set, dataset, port, update_freq, precision)
+    joining = [h for h in hosts if h.name not in the_run.hosts] if resuming else []
+    current = the_run.hosts_of(hosts) if joining else hosts
+    if joining and not dry_run and any(s.running for s in launch.states(the_run, current)):
+        _grow_running(the_run, current, joining, known, detach, elastic)
+        return
+    if joining:  # a stopped run, resumed on more hosts: the membership grows from its checkpoint
+        names, the_run.update_freq = rejoining.membership_after(the_run, [h.name for h in joining])
+        hosts = [next(h for h in hosts if h.name == n) for n in names]
+    if comm and comm != "auto":
+        _set_comm(the_run, comm, resuming)
+    elif comm == "auto" and resuming:  # its strategy was chosen when it started: a resume keeps it
+        console.print(f"{the_run.run_id} goes on with --comm {the_run.comm} (chosen when it started)")
     commands = launch.host_commands(the_run, hosts)
     if dry_run:
         for host in hosts:
@@ -134,36 +162,102 @@ def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
-    the_run.link_mbps = _network_check(the_run, hosts, accept_slow_network)
+    the_run.link_mbps = _network_check(the_run, hosts, accept_slow_network, auto=comm == "auto" and not resuming)
     if resuming:
-        copy = launch.share_checkpoint(the_run, hosts)
+        copy = launch.share_checkpoint(the_run, [*current, *joining])  # from its rank 0: a joiner's copy is stale
         if copy is not None:
             console.print(f"resuming {the_run.run_id} from update {launch.checkpoint_update(copy)} "
                           "(checkpoint copied to every host)")
+        if joining:
+            at = launch.checkpoint_update(copy) if copy else 0
+            console.print(f"[cyan]{rejoining.record(the_run, [h.name for h in joining], at)}[/]")
     the_run.save()
     launch.start(the_run, hosts)
+    from train.run import interval  # bounded loss: what a resume may redo
+
+    every, step = interval.save_interval(the_run), interval.measured_step(the_run, hosts, resuming)
     console.print(f"[green]✓[/] {the_run.run_id} started on {len(hosts)} hosts "
-                  f"({the_run.preset}; logs {the_run.remote_dir}/train.log on each)")
+                  f"({the_run.preset}; {interval.start_phrase(every, step)}; "
+                  f"logs {the_run.remote_dir}/train.log on each)")
+    if over := interval.over_bound(every, step):
+        console.print(f"[yellow]{over}[/]")
     if not detach:
-        _summarize(follow(the_run, hosts))
+        _follow_to_the_end(the_run, hosts, elastic, known)
 
 
-def _network_check(the_run, hosts, accept):
-    """The cost model on the measured link (benchmarks/predict.py): refuse a network-bound run unless accepted."""
+def _follow_to_the_end(the_run, hosts, elastic, known):
+    why = why_stopped_early(_summarize(follow(the_run, hosts, elastic=elastic, known=known)))
+    if why:
+        console.print(f"[red]{why}[/]")
+        sys.exit(1)
+
+
+def _rejoin_hosts(known, run_id):
+    """`--rejoin`: the run's hosts and every host it lost that the inventory has, in the order they
+    first trained in (train.run.rejoin)."""
+    the_run = launch.Run.load(run_id)
+    lost = [n for n in rejoining.lost_hosts(the_run.members, the_run.hosts) if n in {h.name for h in known}]
+    if not lost:
+        raise ClusterError(f"{the_run.run_id} trains on {', '.join(the_run.hosts)} and lost no host the inventory "
+                           "has: nothing to rejoin")
+    return select(known, rejoining.grown_hosts(the_run.members, the_run.hosts, lost))
+
+
+def _grow_running(the_run, current, joining, known, detach, elastic):
+    """A run training on fewer hosts than asked: the joining hosts' preflight, then it grows at rank
+    0's next checkpoint (train.run.rejoin.grow_once), then following as usual."""
+    names = ", ".join(h.name for h in joining)
+    console.print(f"{the_run.run_id} is training on {', '.join(h.name for h in current)}; "
+                  f"{names} rejoin{'s' if len(joining) == 1 else ''} at its next checkpoint")
+    grown = rejoining.grow_once(the_run, current, joining, say=lambda text: console.print(f"[cyan]{text}[/]"))
+    if grown is None:
+        console.print(f"{the_run.run_id} stopped before its next checkpoint; `fab train` resumes it on "
+                      f"{', '.join(h.name for h in [*current, *joining])}")
+        return
+    if not detach:
+        _follow_to_the_end(the_run, grown, elastic, known)
+
+
+def _set_comm(the_run, comm, resuming):
+    """The run's communication strategy; a resumed run keeps its own unless told otherwise."""
+    from train.run.comm import CommError, Strategy
+
+    try:
+        chosen = str(Strategy.parse(comm))
+    except CommError as err:
+        raise ClusterError(str(err)) from None
+    if resuming and chosen != the_run.comm:
+        console.print(f"[yellow]{the_run.run_id} trained with --comm {the_run.comm}; it goes on with {chosen}[/]")
+    the_run.comm = chosen
+
+
+def _network_check(the_run, hosts, accept, auto=False):
+    """The cost model on the measured link (benchmarks/predict.py): refuse a network-bound run unless
+    accepted; with `auto`, pick the communication strategy from it (model.choose) and say why."""
     from benchmarks import predict as bench_predict
+    from benchmarks.link import PeerUnreachable
 
     try:
         with console.status("measuring the link (iperf3) and predicting the step time"):
-            verdict = bench_predict.for_run(the_run, hosts)
+            verdict = bench_predict.for_run(the_run, hosts, comm="auto" if auto else None)
+    except PeerUnreachable:
+        raise  # the rendezvous would hang: not a check to skip
     except ClusterError as err:
+        if auto:
+            raise  # no figures to choose from: say how to get them rather than train sync
         console.print(f"[yellow]network check skipped:[/] {err}")
         return None
     if verdict is None:
         return None
+    if auto and verdict.choice:
+        the_run.comm, the_run.update_freq = verdict.choice.comm, verdict.choice.update_freq
+        console.print(f"[green]--comm auto[/] chose {verdict.choice.flag()}")
     text = "\n  ".join(verdict.lines)
     if verdict.network_bound and not accept:
-        raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}\n"
-                           "fix the link, or pass --accept-slow-network to train anyway")
+        better = (f"\n{verdict.choice.flag()} would reach {verdict.choice.prediction.efficiency:.0%} "
+                  "(or --comm auto)" if verdict.choice and not auto else "")
+        raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}{better}\n"
+                           "fix the link, choose a --comm strategy, or pass --accept-slow-network to train anyway")
     console.print("[yellow]network-bound, accepted (--accept-slow-network):[/]" if verdict.network_bound
                   else "[green]✓[/] network check:")
     console.print("  " + text, markup=False)
@@ -171,20 +265,39 @@ def _network_check(the_run, hosts, accept):
 
 
 def _summarize(states):
+    """Each rank's real state and last meaningful log line, then the run's state in one line."""
+    rank0 = states[0].progress if states else None
+    finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
     table = Table()
-    for column in ("host", "rank", "state", "update", "loss", "s/update", "last log line"):
+    for column in ("host", "rank", "state", "update", "loss", "s/update"):
         table.add_column(column)
+    table.add_column("last log line", overflow="fold")  # folded, never cut with an ellipsis
     for rank, s in enumerate(states):
-        p = s.progress
-        state = "[red]unreachable[/]" if not s.reachable else ("running" if s.running else "stopped")
-        if s.reachable and not s.running and p is not None and not p.finished and rank == 0:
-            state = "[red]stopped early[/]"
-        table.add_row(s.name, str(rank), state, str(p.update) if p else "-",
+        p = s.progress if rank == 0 else None  # only rank 0 logs updates
+        state = s.describe(finished)
+        colour = {"running": "", "finished": "green", "stopped by fab stop": "yellow"}.get(state, "red")
+        table.add_row(s.name, str(rank), f"[{colour}]{state}[/]" if colour else state, str(p.update) if p else "-",
                       f"{p.loss:.3f}" if p and p.loss is not None else "-",
                       f"{p.seconds_per_update:.2f}" if p and p.seconds_per_update else "-",
-                      (s.tail[-1][-70:] if s.tail else s.error or "")[:70])
+                      logparse.message(s.tail[-1])[:70] if s.tail else (s.error or "")[:70])
     console.print(table)
+    console.print(run_state_line(states))
     return states
+
+
+def run_state_line(states) -> str:
+    """The run in one line: running at update N, finished, stopped by fab stop, or why it ended early."""
+    rank0 = states[0].progress if states else None
+    last = f"{rank0.max_update:,}" if rank0 and rank0.max_update else "?"
+    at = f"update {rank0.update:,}/{last}" if rank0 else "no update yet"
+    if any(s.running for s in states):
+        return f"running, {at}"
+    if rank0 and rank0.finished:
+        return f"[green]finished[/], {at}"
+    died = [s for s in states if (s.ended and not s.stopped_by_user) or not s.reachable]
+    if not died and any(s.stopped_by_user for s in states):
+        return f"[yellow]stopped by fab stop[/] at {at}; `fab train` resumes it"
+    return f"[red]ended early[/]: {why_stopped_early(states)}"
 
 
 @task(help={"run": "run id (default: the latest)"})
@@ -198,12 +311,40 @@ def status(c, hosts, run=None):
         console.print(f"{the_run.run_id}: update {rank0.update}/{rank0.max_update}, {describe(rank0)}")
     finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
     for s in states:
-        if s.reachable and not s.running and s.tail and not finished:
-            console.print(f"[red]{s.name} stopped[/]; its last log lines:")
+        if s.reachable and not s.running and s.tail and not finished and not s.stopped_by_user:
+            console.print(f"[red]{s.name} {s.describe(finished)}[/]; its last log lines:")
             for line in s.tail:
                 console.print(f"  {line}")
     if any(not s.reachable for s in states):
         sys.exit(1)
+
+
+@task(help={"run": "run id (default: the latest)", "every": "seconds between refreshes (default 2)",
+            "link_mbps": "the link's speed when the run measured none (default: the inventory's)",
+            "once": "print one frame and return (no full screen)"})
+@cluster_task
+def watch(c, hosts, run=None, every=2.0, link_mbps=None, once=False):
+    """Live full-screen view of a run: per host GPUs, NIC against the link, CPU; loss, s/update, ETA, verdict."""
+    from dataclasses import asdict
+
+    from train.watch.live import watch as watch_run
+
+    the_run = launch.Run.load(run)
+    chosen = the_run.hosts_of(hosts)
+    expected = link_mbps or chosen[0].vars.get("network_expected_mbps")
+    watch_run(asdict(the_run), the_run.remote_dir, chosen, console, every_s=float(every),
+              link_mbps=float(expected) if expected else None, once=bool(once))
+
+
+@task(help={"run": "run id (default: the latest)", "port": "the local port to open it on (default 6006)"})
+@cluster_task
+def tensorboard(c, hosts, run=None, port=6006):
+    """TensorBoard of a run on rank 0's host (127.0.0.1 there), forwarded over SSH to a local port; Ctrl-C stops it."""
+    from train.watch import tensorboard as tb
+
+    the_run = launch.Run.load(run)
+    host = the_run.hosts_of(hosts)[0]  # rank 0 writes the run's TensorBoard logs
+    tb.serve(host, launch.venv_of(host), the_run.remote_dir, int(port), lambda line: console.print(line, markup=False))
 
 
 @task(help={"run": "run id (default: the latest)", "lines": "lines per host (default 20)"})
@@ -296,11 +437,14 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
     "port": "rendezvous port (default 29500)",
     "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in; "
                  "default fp16 on GPU hosts, fp32 on CPU hosts",
+    "comm": "communication strategies, comma-separated, one training job each: sync (default), fp16, "
+            "local-sgd:H; several are compared side by side at the end",
 })
 @cluster_task
 def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
-               updates=8, cycles=2, skip=1, port=29500, precision=None):
+               updates=8, cycles=2, skip=1, port=29500, precision=None, comm="sync"):
     """Train on all hosts while capping the link at each rate (tc): s/update, wps, bytes sent; table + plot."""
+    from benchmarks import net as bench_net
     from benchmarks import step
 
     precision = precision or command.default_precision([h.gpus for h in hosts])  # as fab train
@@ -309,10 +453,24 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
         rate_list = step.parse_rates(rates)
     except ValueError as err:
         raise ClusterError(str(err)) from err
-    report = step.bench_step(hosts, rate_list, preset=preset, overrides=[o for o in (set or "").split(",") if o],
-                             dataset=dataset, updates=int(updates), cycles=int(cycles), skip=int(skip), port=int(port),
-                             precision=precision, say=_say)
-    console.print(step.summary(report), markup=False)
+    from train.run.comm import CommError, Strategy
+
+    try:
+        strategies = [str(Strategy.parse(x)) for x in str(comm).split(",") if x.strip()]
+    except CommError as err:
+        raise ClusterError(str(err)) from None
+    reports = []
+    for strategy in strategies:
+        report = step.bench_step(hosts, rate_list, preset=preset, overrides=[o for o in (set or "").split(",") if o],
+                                 dataset=dataset, updates=int(updates), cycles=int(cycles), skip=int(skip),
+                                 port=int(port), precision=precision, comm=strategy, say=_say)
+        console.print(step.summary(report), markup=False)
+        reports.append(report)
+    if len(reports) > 1:
+        console.print(step.compare(reports), markup=False)
+        png = step.REPORT_DIR / f"step-compare-{reports[-1]['timestamp'].replace(':', '')}.png"
+        step.plot_compare(reports, png, quality=bench_net.latest("quality"))
+        console.print(f"plot {png}", markup=False)
 
 
 @task(help={
@@ -327,10 +485,11 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
                "bench-step's fit for pytorch_ddp)",
     "json": "print the figures as JSON",
+    "comm": "sync (default), fp16, local-sgd:H, or auto: the least invasive that reaches 90% scaling efficiency",
 })
 @cluster_task
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
-            precision=None, update_freq=1, max_update=None, overlap=None, json=False):
+            precision=None, update_freq=1, max_update=None, overlap=None, json=False, comm="sync"):
     """Predict s/update, the run's hours, network-bound or not, the update-freq for 90% (exit 3 if network-bound)."""
     precision = precision or command.default_precision([h.gpus for h in hosts])  # as fab train
     import json as json_module
@@ -341,7 +500,7 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
         hosts, preset, [o for o in (set or "").split(",") if o], dataset, str(link),
         compute_s=float(compute_s) if compute_s is not None else None, precision=precision,
         update_freq=int(update_freq), max_update=int(max_update) if max_update else None,
-        overlap=float(overlap) if overlap is not None else None)
+        overlap=float(overlap) if overlap is not None else None, comm=str(comm))
     if json:
         print(json_module.dumps(verdict.as_dict(), indent=1, default=str))
     else:
@@ -369,3 +528,34 @@ def report(c, hosts, run=None, link_mbps=None):
     for line in lines:
         console.print(line)
     console.print(f"[bold]report:[/] {page}")
+
+
+@task(help={
+    "comm": "strategies, comma-separated, one fresh training run each: sync (always run: the reference), fp16, "
+            "local-sgd:H, update-freq:K (default sync,fp16,local-sgd:16)",
+    "preset": "the model (default tiny)",
+    "set": "fairseq option overrides, comma-separated (not max_update: --updates sets it)",
+    "dataset": "dataset on /data/tandem/datasets (default synthetic)",
+    "updates": "updates of every run, rounded up to a multiple of each H and K (update-freq:K runs N/K; default 300)",
+    "port": "rendezvous port (default 29500)",
+    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts); default as fab train",
+    "bleu": "also translate the test set with each final model (SacreBLEU, as fab evaluate); --no-bleu: loss only",
+    "timeout": "seconds each run may take (default 3600)",
+})
+@cluster_task
+def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=None, dataset="synthetic",
+                  updates=300, port=29500, precision=None, bleu=True, timeout=3600):
+    """Train once per strategy for the same samples: final valid loss (and BLEU) against sync's; table + JSON."""
+    from benchmarks import quality
+
+    precision = precision or command.default_precision([h.gpus for h in hosts])  # as fab train
+    try:
+        entries = quality.parse_entries(comm)
+        quality.common_updates(int(updates), entries)
+    except ValueError as err:
+        raise ClusterError(str(err)) from err
+    report = quality.bench_quality(hosts, entries, updates=int(updates), preset=preset,
+                                   overrides=[o for o in (set or "").split(",") if o], dataset=dataset,
+                                   port=int(port), precision=precision, bleu=bool(bleu), timeout=float(timeout),
+                                   say=_say)
+    console.print(quality.summary(report), markup=False)

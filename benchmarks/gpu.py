@@ -16,22 +16,39 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 
-from train.agent import stop
+from train.agent import profile, stop
 from train.report import logparse
 from train.run import command, presets
 
 # name → (preset, precision, overrides). Throughput runs keep no checkpoints (GBs for big).
 RUNS: dict[str, tuple[str, str, list[str]]] = {
     "base-fp16": ("transformer_wmt_en_de", "fp16", ["max_update=600", "log_interval=10"]),
+    # where an update's time goes (run with --profile 300:20), and whether more data workers help
+    "base-fp16-400": ("transformer_wmt_en_de", "fp16", ["max_update=400", "log_interval=10", "no_save=true"]),
+    "base-fp16-400-w4": ("transformer_wmt_en_de", "fp16", ["max_update=400", "log_interval=10", "no_save=true",
+                                                            "num_workers=4"]),
+    "big-fp16-10k-400": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=400", "log_interval=10",
+                                                                       "max_tokens=10240", "no_save=true"]),
+    "base-fp16-400-cudnn": ("transformer_wmt_en_de", "fp16", ["max_update=400", "log_interval=10", "no_save=true"]),
+    "big-fp16-10k-400-cudnn": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=400", "log_interval=10",
+                                                                             "max_tokens=10240", "no_save=true"]),
+    # larger batches per GPU: the H100's 80 GB take them, and its launch-bound small updates fill up
+    "base-fp16-32k": ("transformer_wmt_en_de", "fp16", ["max_update=300", "log_interval=10", "max_tokens=32768",
+                                                         "no_save=true"]),
+    "big-fp16-20k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10",
+                                                                   "max_tokens=20480", "no_save=true"]),
     "base-fp16-16k": ("transformer_wmt_en_de", "fp16", ["max_update=300", "log_interval=10", "max_tokens=16384",
                                                          "no_save=true"]),
     "big-fp16": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10", "no_save=true"]),
@@ -41,6 +58,10 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     "big-bf16-10k": ("transformer_vaswani_wmt_en_de_big", "bf16", ["max_update=300", "log_interval=10",
                                                                    "max_tokens=10240", "no_save=true"]),
 }
+
+# Runs with torch's cuDNN attention left on, as fairseq-train alone would run (see
+# train.agent.fairseq_train.attention_without_cudnn), to compare side by side.
+RUN_ENV: dict[str, dict[str, str]] = {name: {"TANDEM_CUDNN_ATTENTION": "1"} for name in RUNS if name.endswith("-cudnn")}
 
 
 def cluster_nic() -> str:
@@ -69,6 +90,13 @@ def wait_for(pid_file: Path, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
+def while_busy(util: list[float]) -> list[float]:
+    """The samples from the GPU's first busy one to its last: start-up (data loading, CUDA init)
+    and the end leave it idle, and would drag the median to 0."""
+    busy = [i for i, u in enumerate(util) if u > 0]
+    return util[busy[0]: busy[-1] + 1] if busy else []
+
+
 def figures(log_text: str, samples: list[dict]) -> dict:
     """The run's medians over its second half (the warm part), and its GPU samples."""
     log = logparse.parse_log(log_text.splitlines())
@@ -76,7 +104,7 @@ def figures(log_text: str, samples: list[dict]) -> dict:
     inner = [r for r in log.of("train_inner") if (r.update or 0) > last / 2]
     per_update = [r.get("wpb") / r.get("wps") for r in inner if r.get("wps") and r.get("wpb")]
     gpu = [g for s in samples for g in (s.get("gpus") or [])]
-    busy = [g["util_percent"] for g in gpu]
+    busy = while_busy([g["util_percent"] for g in gpu])
     return {
         "updates": max((r.update or 0) for r in log.records) if log.records else 0,
         "finished": log.finished,
@@ -94,7 +122,40 @@ def figures(log_text: str, samples: list[dict]) -> dict:
     }
 
 
-def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: float) -> dict:
+def updates_logged(log_path: Path) -> int:
+    found = re.findall(r'"num_updates": "(\d+)"', log_path.read_text(errors="replace")) if log_path.exists() else []
+    return int(found[-1]) if found else 0
+
+
+def sample_stacks(run_dir: Path, log_path: Path, first: int, seconds: int, out: Path) -> None:
+    """py-spy on the training process once it passed update `first`: where its threads spend the
+    wall time (idle waits included), beside torch.profiler's operator view. Best effort: the
+    run's own figures do not depend on it."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    deadline = time.monotonic() + 600
+    while updates_logged(log_path) < first and time.monotonic() < deadline:
+        time.sleep(1)
+    workers = [p for p in psutil.process_iter(["cmdline"])
+               if "train.agent.fairseq_train" in " ".join(p.info["cmdline"] or []) and str(run_dir) in
+               " ".join(p.info["cmdline"] or []) and "torchrun" not in " ".join(p.info["cmdline"] or [])]
+    if not workers or not Path(spy).exists():
+        out.write_text(f"no py-spy run: workers {[w.pid for w in workers]}, py-spy at {spy}\n")
+        return
+    raw = out.with_suffix(".raw")
+    done = subprocess.run([spy, "record", "--pid", str(workers[0].pid), "--duration", str(seconds), "--rate", "200",
+                           "--format", "raw", "--idle", "--threads", "--nonblocking", "--output", str(raw)],
+                          capture_output=True, text=True)
+    if not raw.exists():
+        out.write_text(f"py-spy failed (exit {done.returncode}): {done.stderr[-2000:]}\n")
+        return
+    summary = profile.stack_summary(raw.read_text())
+    out.write_text("\n".join([f"py-spy, {seconds} s of pid {workers[0].pid} from update {first}; share of samples",
+                              "inclusive:", *[f"  {s:6.1%}  {f}" for f, s in summary["inclusive"]],
+                              "self:", *[f"  {s:6.1%}  {f}" for f, s in summary["self"]]]) + "\n")
+
+
+def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: float,
+            profile_window: tuple[int, int] | None = None, out: Path | None = None) -> dict:
     preset_name, precision, overrides = RUNS[name]
     preset = presets.resolve(preset_name, overrides)
     run_dir = work / name
@@ -103,14 +164,28 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
                                  master_port=29500, data_dir=str(data), run_dir=str(run_dir), venv=venv,
                                  precision=precision)
     line = command.training_command(preset, launch)
+    env = dict(os.environ)
+    spy = None
+    env.update(RUN_ENV.get(name, {}))
+    if profile_window and out:
+        # tandem's entry point (train/agent/fairseq_train.py) profiles a window of updates; py-spy
+        # samples after it, so that the two do not measure each other
+        first, count = profile_window
+        env["TANDEM_PROFILE"] = f"{first}:{count}:{out}/profile-{name}"
+        spy = threading.Thread(target=sample_stacks, daemon=True,
+                               args=(run_dir, Path(launch.log_path), first + count + 20, 10, out / f"pyspy-{name}.txt"))
     print(f"== {name}: {line}", flush=True)
-    subprocess.run(["bash", "-c", line], check=True)
+    subprocess.run(["bash", "-c", line], check=True, env=env)
+    if spy:
+        spy.start()
     try:
         seconds = wait_for(Path(launch.pid_file), timeout_s)
     except BaseException:  # a timeout, Ctrl-C: no rank (torchrun's workers have sessions of their own) is left
         stop.stop(str(run_dir))
         raise
     time.sleep(3)  # the monitor's last sample, then it ends by itself
+    if spy:
+        spy.join(timeout=30)
     log_text = Path(launch.log_path).read_text(errors="replace")
     samples_path = run_dir / "samples.jsonl"
     samples = [json.loads(x) for x in samples_path.read_text().splitlines()] if samples_path.exists() else []
@@ -153,13 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="base-fp16,big-fp16,big-bf16", help=f"of {', '.join(RUNS)}")
     p.add_argument("--venv", default=sys.prefix, help="the training environment (default: this Python's)")
     p.add_argument("--timeout-s", type=float, default=240)
+    p.add_argument("--profile", help="FIRST:COUNT: profile these updates (torch.profiler, then py-spy)")
+    p.add_argument("--profile-runs", help="the runs to profile (default: all)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     gpus = gpu_count()
     results = []
     for name in [r for r in a.runs.split(",") if r]:
         try:
-            result = run_one(name, a.data, a.work, a.venv, gpus, a.timeout_s)
+            profiled = a.profile and (not a.profile_runs or name in a.profile_runs.split(","))
+            window = tuple(int(x) for x in a.profile.split(":")) if profiled else None
+            result = run_one(name, a.data, a.work, a.venv, gpus, a.timeout_s, window, a.out)
         except (subprocess.CalledProcessError, TimeoutError) as e:
             result = {"run": name, "error": str(e)}
         results.append(result)

@@ -5,7 +5,7 @@ parts are separate so the unit tests cover them without a cluster: tc's rates an
 here, iperf3's command lines, its JSON parser and which pairs to measure in train.agent.iperf
 (the network role measures with the same).
 
-- iperf3: a server on every host (`--daemon`, pid file /run/tandem-bench-iperf3.pid, stopped
+- iperf3: a server on every host (`--daemon`, pid file /tmp/tandem-bench-iperf3-USER.pid, stopped
   by that pid afterwards, also on errors), then the client on the sender of each pair.
   `pairs="all"` measures every ordered pair one after the other (bench-net); `pairs="ring"`
   measures host i → host i+1 for every i at once: exactly the traffic of a ring all-reduce,
@@ -25,8 +25,27 @@ from train.cluster import ClusterError, Host, on_each, run_all
 
 __all__ = ["Pair", "link_mbps", "ordered_pairs"]  # the pair figures, for benchmarks.net and predict
 
-IPERF_PID = "/run/tandem-bench-iperf3.pid"
+
+
+def iperf_pidfile(host: Host) -> str:
+    """Where the benchmark's iperf3 server keeps its pid on `host`: Fabric runs as the inventory's
+    user (ubuntu on a cloud image, not root), who cannot write /run; one file per user."""
+    return f"/tmp/tandem-bench-iperf3-{host.user}.pid"
 RATE_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+
+
+class PeerUnreachable(ClusterError):
+    """A host cannot connect to a peer's cluster address on a port provisioning opened between
+    them: torchrun's rendezvous would hang there, so `fab train` stops instead of starting."""
+
+
+def require_reachable(pairs: list[Pair], hosts: list[Host]) -> None:
+    by_name = {h.name: h for h in hosts}
+    lost = iperf3.unreachable(pairs)
+    if lost:
+        raise PeerUnreachable("the cluster network does not connect, nothing started:\n  " + "\n  ".join(
+            f"{p.src} cannot reach {p.dst} at {by_name[p.dst].cluster_address} (iperf3: {p.error})" for p in lost)
+            + "\n  check the cluster NIC and address on those hosts (`ip addr`), and the firewall between them")
 
 
 def rate_bits(rate: str) -> int | None:
@@ -121,6 +140,18 @@ def _why(result: object) -> str:
 
 # ---- iperf3 (commands and parser: train.agent.iperf, shared with roles/network) ----
 
+def client_commands(batch: list[tuple[str, str]], by_name: dict[str, Host], port: int, seconds: float,
+                    omit: int) -> dict[str, str]:
+    """{sender: its iperf3 client line} for pairs (sender, receiver): to the receiver's cluster
+    address, the one training uses (its ssh address may be a public one the firewall drops), with
+    parallel streams where the sender's expected link calls for them (as provisioning measures)."""
+    def streams(h: Host) -> int:
+        return iperf3.streams(h.vars.get("network_iperf_streams"), h.vars.get("network_expected_mbps"))
+
+    return {a: iperf3.client_command(by_name[b].cluster_address, port, seconds, omit, streams(by_name[a]))
+            for a, b in batch}
+
+
 def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int = 1,
           port: int = iperf3.PORT) -> tuple[list[Pair], dict[str, str]]:
     """Measure the pairs; returns (pairs, {pair: raw JSON}). The servers are always stopped."""
@@ -128,10 +159,11 @@ def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int
     names = [h.name for h in hosts]
     raw: dict[str, str] = {}
     pairs: list[Pair] = []
-    # a server a failed run left behind is stopped first
-    start = f"{iperf3.stop_command(IPERF_PID)}; {iperf3.server_command(port, IPERF_PID)} && sleep 0.3"
+    # a server a failed run left behind is stopped first; each listens on its cluster address
+    start = {h.name: f"{iperf3.stop_command(iperf_pidfile(h))}; "
+                     f"{iperf3.server_command(port, iperf_pidfile(h), h.cluster_address)}" for h in hosts}
     try:
-        answers = run_all(hosts, start)
+        answers = _run_each(hosts, start)
         bad = [f"{n}: {_why(r)}" for n, r in answers.items() if _failed(r)]
         if bad:
             raise ClusterError("iperf3 server did not start (is iperf3 installed? provision.yml installs it):\n  "
@@ -141,7 +173,7 @@ def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int
         rounds = [todo] if pattern == "ring" else [[p] for p in todo]
         for batch in rounds:
             senders = [by_name[a] for a, _ in batch]
-            commands = {a: iperf3.client_command(by_name[b].address, port, seconds, omit) for a, b in batch}
+            commands = client_commands(batch, by_name, port, seconds, omit)
             answers = _run_each(senders, commands)
             for a, b in batch:
                 result = answers[a]
@@ -149,5 +181,5 @@ def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int
                 raw[f"{a}->{b}"] = text
                 pairs.append(iperf3.parse(a, b, text))
     finally:
-        run_all(hosts, iperf3.stop_command(IPERF_PID))
+        _run_each(hosts, {h.name: iperf3.stop_command(iperf_pidfile(h)) for h in hosts})
     return pairs, raw

@@ -24,6 +24,10 @@ step time C (one rank, no communication).
   it); the smallest K with efficiency ≥ 90% is K = ⌈9 × exposed / C⌉.
 - Network-bound: the exposed communication (comm − hidden) is more than half of the step.
 - The run: max_update × step(K) seconds.
+- Communication strategies (train.run.comm): `fp16` all-reduces 2 bytes per gradient instead
+  of 4; `local-sgd:H` all-reduces the fp32 parameters' deltas once every H updates, after the
+  optimizer step (nothing hides it): comm per update = 2(n−1)/n × 4P / B / H.
+  `choose` picks the least invasive one that reaches 90% (sync, fp16, update-freq, local SGD).
 
 The field reports' numbers come out of it (tests/unit/test_model.py): Transformer base ≈
 61M parameters = 244 MB of fp32 gradients; two ranks over 100 Mb/s (12.5 MB/s) spend
@@ -37,6 +41,8 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+
+from train.run.comm import Strategy
 
 # Dimensions the fairseq architectures set (fairseq/models/transformer/transformer_legacy.py)
 ARCH_DIMS: dict[str, dict[str, int | bool]] = {
@@ -153,6 +159,7 @@ class Prediction:
     step_s: float  # predicted seconds per update
     max_update: int | None
     update_freq_for_90: int  # the --update-freq that brings efficiency to 90%
+    comm: str = "sync"  # the communication strategy (train.run.comm)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -248,12 +255,15 @@ def predict(
     max_update: int | None = None,
     intra_host_bytes_per_s: float | None = None,
     target_efficiency: float = 0.9,
+    comm: str = "sync",
 ) -> Prediction:
     """Predict seconds per update (and the run's hours) for `ranks` ranks on `hosts` hosts.
 
     `hosts` defaults to `ranks` (one rank per host). With one host the all-reduce never
-    crosses a NIC: it costs 0 unless `intra_host_bytes_per_s` is given.
+    crosses a NIC: it costs 0 unless `intra_host_bytes_per_s` is given. `comm`: the
+    communication strategy; `comm_s` is then its average per update.
     """
+    strategy = Strategy.parse(comm)
     hosts = ranks if hosts is None else hosts
     if not 1 <= hosts <= ranks:
         raise ValueError(f"hosts must be between 1 and ranks ({ranks}), not {hosts}")
@@ -261,8 +271,8 @@ def predict(
         raise ValueError(f"overlap is a fraction between 0 and 1, not {overlap}")
     if update_freq < 1:
         raise ValueError(f"update_freq must be at least 1, not {update_freq}")
-    size = gradient_bytes(params, precision)
-    per_rank = allreduce_bytes_per_rank(size, ranks)
+    size = params * strategy.bytes_per_element(precision)
+    per_rank = allreduce_bytes_per_rank(size, ranks) / strategy.syncs_every
     if hosts > 1:
         if link_bytes_per_s <= 0:
             raise ValueError("link bandwidth must be positive")
@@ -271,7 +281,7 @@ def predict(
         comm = per_rank / intra_host_bytes_per_s
     else:
         comm = 0.0
-    hidden = min(comm, overlap * compute_s)
+    hidden = min(comm, overlap * compute_s) if strategy.overlaps else 0.0
     step = update_freq * compute_s + comm - hidden
     return Prediction(
         params=params,
@@ -287,7 +297,70 @@ def predict(
         step_s=step,
         max_update=max_update,
         update_freq_for_90=update_freq_for_efficiency(compute_s, comm - hidden, target_efficiency),
+        comm=str(strategy),
     )
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What `--comm auto` picked, with the prediction that decided it and the ones it passed over."""
+
+    prediction: Prediction
+    tried: list[Prediction]
+    reached: bool  # the pick reaches the target (else it is the best there was)
+    target: float
+
+    @property
+    def comm(self) -> str:
+        return self.prediction.comm
+
+    @property
+    def update_freq(self) -> int:
+        return self.prediction.update_freq
+
+    def flag(self) -> str:
+        """The fab train options that run it."""
+        extra = f" --update-freq {self.update_freq}" if self.update_freq > 1 else ""
+        return f"--comm {self.comm}{extra}"
+
+    def lines(self) -> list[str]:
+        def line(p: Prediction) -> str:
+            k = f" --update-freq {p.update_freq}" if p.update_freq > 1 else ""
+            return f"{p.comm}{k}: {p.step_s / p.update_freq:.3f} s per batch, efficiency {p.efficiency:.0%}"
+        out = [f"tried, least invasive first (target {self.target:.0%}):", *("  " + line(p) for p in self.tried)]
+        p = self.prediction
+        verdict = "reaches" if self.reached else "misses; the best there is"
+        out.append(f"choice: {self.flag()}: {p.step_s:.3f} s/update, {p.efficiency:.0%} of the compute-only speed "
+                   f"({verdict} {self.target:.0%})")
+        return out
+
+
+def choose(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, *, overlaps: Mapping[str, float],
+           max_update_freq: int = 4, max_period: int = 1000, target: float = 0.9, **kwargs: object) -> Choice:
+    """The least invasive strategy predicted to reach `target` scaling efficiency: sync as the run
+    would run it; fp16 compression; --update-freq up to `max_update_freq` (the effective batch
+    grows with it); local SGD with the smallest H that reaches it (at most `max_period`).
+    `overlaps`: the overlap each strategy gets ({"sync": ..., "fp16": ...})."""
+    def at(comm: str, update_freq: int = 1) -> Prediction:
+        return predict(params, ranks, link_bytes_per_s, compute_s, comm=comm, update_freq=update_freq,
+                       overlap=overlaps.get(comm.split(":")[0], 0.0), **kwargs)  # type: ignore[arg-type]
+
+    tried = [at("sync")]
+    if tried[0].efficiency < target and kwargs.get("precision", "fp32") == "fp32":
+        tried.append(at("fp16"))
+    k = 2
+    while tried[-1].efficiency < target and k <= max_update_freq:
+        tried.append(at("sync", k))
+        k *= 2
+    if tried[-1].efficiency < target:
+        every_update = at("local-sgd:2").comm_s * 2  # the deltas' all-reduce, were it every update
+        # smallest H with C / (C + comm/H) ≥ target: H ≥ comm × target / ((1 − target) × C)
+        h = max(2, math.ceil(every_update * target / ((1 - target) * compute_s) - 1e-9)) if compute_s > 0 \
+            else max_period
+        tried.append(at(f"local-sgd:{min(h, max_period)}"))
+    good = [p for p in tried if p.efficiency >= target]
+    pick = good[0] if good else max(tried, key=lambda p: p.efficiency)
+    return Choice(pick, tried, bool(good), target)
 
 
 def sweep(params: int, ranks: int, compute_s: float, rates_mbit: Iterable[float], **kwargs: object) -> list[Prediction]:
@@ -301,8 +374,11 @@ def sweep(params: int, ranks: int, compute_s: float, rates_mbit: Iterable[float]
 def explain(p: Prediction) -> str:
     """A few lines a user can act on: the numbers behind the verdict."""
     mb = p.gradient_bytes / 1e6
+    strategy = Strategy.parse(p.comm)
+    what = {"sync": "gradients per update", "fp16": "fp16-compressed gradients per update"}.get(
+        strategy.kind, f"fp32 parameter deltas every {strategy.period} updates (local SGD)")
     lines = [
-        f"model: {p.params / 1e6:.1f}M parameters → {mb:.0f} MB of gradients per update",
+        f"model: {p.params / 1e6:.1f}M parameters → {mb:.0f} MB of {what}",
         f"ring all-reduce over {p.ranks} ranks on {p.hosts} hosts: "
         f"{allreduce_bytes_per_rank(p.gradient_bytes, p.ranks) / 1e6:.0f} MB per rank"
         + (f" at {p.link_bytes_per_s * 8 / 1e6:.0f} Mbit/s" if p.hosts > 1 else ""),
@@ -314,7 +390,7 @@ def explain(p: Prediction) -> str:
     if p.run_hours is not None:
         lines.append(f"{p.max_update} updates ≈ {duration(p.run_hours * 3600)} (training steps only: validation "
                      "and checkpoints come on top)")
-    if p.update_freq_for_90 > p.update_freq:
+    if p.update_freq_for_90 > p.update_freq and strategy.kind != "local-sgd":
         lines.append(f"--update-freq {p.update_freq_for_90} would bring scaling efficiency to 90%")
     return "\n".join(lines)
 
@@ -334,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", type=float, default=0.0)
     parser.add_argument("--update-freq", type=int, default=1)
     parser.add_argument("--max-update", type=int)
+    parser.add_argument("--comm", default="sync", help="sync, fp16, local-sgd:H or auto")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.preset:
@@ -342,18 +419,20 @@ def main(argv: list[str] | None = None) -> int:
         params = preset_params(resolve(args.preset).options, args.vocab)
     else:
         params = int(args.params)
-    p = predict(
-        params,
-        args.ranks,
-        mbit_to_bytes_per_s(args.link_mbit),
-        args.compute_s,
-        hosts=args.hosts,
-        precision=args.precision,
-        overlap=args.overlap,
-        update_freq=args.update_freq,
-        max_update=args.max_update,
-    )
-    print(json.dumps(p.as_dict(), indent=1) if args.json else explain(p))
+    kw = {"hosts": args.hosts, "precision": args.precision, "max_update": args.max_update}
+    link = mbit_to_bytes_per_s(args.link_mbit)
+    choice = None
+    if args.comm == "auto":
+        choice = choose(params, args.ranks, link, args.compute_s,
+                        overlaps={"sync": args.overlap, "fp16": args.overlap}, **kw)  # type: ignore[arg-type]
+        p = choice.prediction
+    else:
+        p = predict(params, args.ranks, link, args.compute_s, overlap=args.overlap, update_freq=args.update_freq,
+                    comm=args.comm, **kw)  # type: ignore[arg-type]
+    if args.json:
+        print(json.dumps(p.as_dict(), indent=1))
+    else:
+        print("\n".join([*(choice.lines() if choice else []), explain(p)]))
     return 3 if p.network_bound else 0
 
 

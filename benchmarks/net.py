@@ -29,6 +29,7 @@ from pathlib import Path
 from train.agent import allreduce
 from train.agent.allreduce import parse_size
 from train.cluster import TOP, ClusterError, Host, on_each, run_all
+from train.run.command import ENV_FILE
 from train.run.launch import venv_of
 
 from . import link
@@ -36,7 +37,6 @@ from . import link
 REPORT_DIR = TOP / "reports" / "bench"
 REMOTE_DIR = "/tmp/tandem-bench"  # each host's all_reduce output and pid file (the code is installed)
 LARGE = 256 * 1024**2  # the sizes the efficiency target is about
-ENV_FILE = "/etc/tandem/env"
 
 
 def default_max_size(hosts: list[Host]) -> str:
@@ -100,7 +100,7 @@ def host_info(hosts: list[Host]) -> dict[str, dict]:
     for h in hosts:
         r = answers[h.name]
         lines = (getattr(r, "stdout", "") or "").splitlines() + ["", "", "", ""]
-        info[h.name] = {"address": h.address, "nic": h.nic, "gpus": h.gpus,
+        info[h.name] = {"address": h.cluster_address, "ssh_address": h.address, "nic": h.nic, "gpus": h.gpus,
                         "speed_mbps": int(lines[0]) if lines[0].lstrip("-").isdigit() else None,
                         "mtu": int(lines[1]) if lines[1].isdigit() else None,
                         "kernel": lines[2], "iperf3": lines[3],
@@ -119,7 +119,7 @@ def allreduce_commands(hosts: list[Host], sizes: str, iters: int, warmup: int, b
     gpus = [h.gpus for h in hosts]
     out = {}
     for node, h in enumerate(hosts):
-        job = shlex.join(allreduce.host_argv(f"{venv_of(h)}/bin/python", node, gpus, hosts[0].address, port,
+        job = shlex.join(allreduce.host_argv(f"{venv_of(h)}/bin/python", node, gpus, hosts[0].cluster_address, port,
                                              common, env_file=ENV_FILE))
         out[h.name] = (f"mkdir -p {REMOTE_DIR} && cd {REMOTE_DIR} && "
                        f"{{ setsid nohup {job} > {REMOTE_DIR}/allreduce.out 2>&1 < /dev/null & "

@@ -7,6 +7,8 @@
 #   OUT=DIR        where figures, logs and the report go
 #   RUNS=...       benchmarks.gpu's runs (default base-fp16,big-fp16,big-bf16)
 #   REPEAT=30      the training text repeated, so that an epoch outlasts a run
+#   PROFILE=F:C    profile updates F..F+C-1 (torch.profiler; py-spy too if KIT/tools has its wheel)
+#   PROFILE_RUNS=  the runs to profile (default: every run)
 set -uo pipefail
 KIT=${KIT:?the kit directory}; OUT=${OUT:?an output directory}; RUNS=${RUNS:-base-fp16,big-fp16,big-bf16}
 REPEAT=${REPEAT:-30}; WORK=${WORK:-/tmp/tandem-gpu}
@@ -30,6 +32,7 @@ if [ -z "$wheel" ]; then
   cp "$wheel" "$OUT/" && (cd "$OUT" && split -b 15M "$(basename "$wheel")" "$(basename "$wheel").part-" && rm "$(basename "$wheel")")
 fi
 "$py" -m pip install -q --no-index --no-deps "$KIT"/*.whl "$wheel" || exit 1
+ls "$KIT"/tools/*.whl >/dev/null 2>&1 && "$py" -m pip install -q --no-index --no-deps "$KIT"/tools/*.whl
 # What roles/train_env does: tandem's host-side code on the venv's path.
 echo "$top" > "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tandem.pth"
 "$py" -c 'import fairseq, fairseq.data.data_utils_fast; print("fairseq", fairseq.__version__)' || exit 1
@@ -42,7 +45,7 @@ for promised in ${CHECKS-1 2}; do
 done
 
 step "the corpus (tandem's subwords, training text x$REPEAT)"
-rm -rf "$WORK/text" && mkdir -p "$WORK/text"
+rm -rf "$WORK/text" "$WORK/wmt-sample" && mkdir -p "$WORK/text"
 for lang in en de; do
   for _ in $(seq "$REPEAT"); do cat "$KIT/subwords/train.$lang"; done > "$WORK/text/train.$lang"
   cp "$KIT/subwords/valid.$lang" "$KIT/subwords/test.$lang" "$WORK/text/"
@@ -53,7 +56,7 @@ done
 cp "$KIT/subwords/corpus.json" "$WORK/wmt-sample/" 2>/dev/null
 
 step "training runs: $RUNS"
-"$py" -m benchmarks.gpu --data "$WORK/wmt-sample" --work "$WORK/runs" --out "$OUT" --runs "$RUNS" --venv "$venv"
+"$py" -m benchmarks.gpu --data "$WORK/wmt-sample" --work "$WORK/runs" --out "$OUT" --runs "$RUNS" --venv "$venv" ${PROFILE:+--profile "$PROFILE"} ${PROFILE_RUNS:+--profile-runs "$PROFILE_RUNS"}
 status=$?
 step "done (exit $status)"
 exit $status

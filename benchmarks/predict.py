@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from train.cluster import ClusterError, Host
 from train.run import presets
+from train.run.comm import CommError, Strategy
 
 from . import link, model, net
 
@@ -45,6 +46,8 @@ class Verdict:
     comm_only: model.Prediction | None = None
     lines: list[str] = field(default_factory=list)
     port_mbps: float | None = None  # iperf3's figure, for the capped-port check (default: link_mbps)
+    choice: model.Choice | None = None  # what `--comm auto` picked, or would pick for a network-bound run
+    comm: str = "sync"
 
     @property
     def slow_link(self) -> bool:
@@ -62,6 +65,9 @@ class Verdict:
                 "link_source": self.link_source, "compute_s": self.compute_s, "compute_source": self.compute_source,
                 "port_mbps": self.port_mbps, "expected_mbps": self.expected_mbps, "slow_link": self.slow_link,
                 "network_bound": self.network_bound,
+                "comm": self.comm, "choice": {"comm": self.choice.comm, "update_freq": self.choice.update_freq,
+                                              "reached": self.choice.reached,
+                                              "efficiency": self.choice.prediction.efficiency} if self.choice else None,
                 "prediction": self.prediction.as_dict() if self.prediction else None,
                 "at_expected": self.at_expected.as_dict() if self.at_expected else None}
 
@@ -112,6 +118,7 @@ def link_figure(hosts: list[Host], source: str,
     all_reduce is latency-bound on any port, so the capped-port check looks at the latter."""
     if source == "measure":
         pairs, _ = link.iperf(hosts, "ring", seconds=2)
+        link.require_reachable(pairs, hosts)
         mbps = link.link_mbps(pairs)
         if not mbps:
             raise ClusterError("iperf3 measured nothing: " + "; ".join(p.error or "" for p in pairs))
@@ -135,22 +142,53 @@ def link_figure(hosts: list[Host], source: str,
 
 def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str, compute_s: float | None,
            compute_source: str, port_mbps: float | None = None, precision: str = "fp32", update_freq: int = 1,
-           max_update: int | None = None, overlap: float = 0.0, overlap_source: str = "given") -> Verdict:
-    """Pure: figures in, verdict and the lines explaining it out."""
+           max_update: int | None = None, overlap: float = 0.0, overlap_source: str = "given",
+           comm: str = "sync", overlaps: dict[str, float] | None = None,
+           overlap_sources: dict[str, str] | None = None) -> Verdict:
+    """Pure: figures in, verdict and the lines explaining it out. `comm`: a strategy, or `auto`
+    (model.choose, with `overlaps` per strategy); a network-bound sync run is told which `--comm`
+    would reach 90%."""
     ranks = sum(max(h.gpus, 1) for h in hosts)
     expected = hosts[0].vars.get("network_expected_mbps")
     ratio = float(hosts[0].vars.get("network_min_ratio", 0.9))
     v = Verdict(params, ranks, link_mbps, link_source, compute_s, compute_source,
                 float(expected) if expected else None, ratio, port_mbps=port_mbps)
+    overlaps = dict(overlaps or {"sync": overlap, "fp16": overlap})
+    if comm == "auto" and compute_s is not None:
+        v.choice = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
+                                hosts=len(hosts), precision=precision, max_update=max_update)
+        comm, update_freq = v.choice.comm, v.choice.update_freq
+    elif comm == "auto":
+        raise ClusterError("--comm auto needs the compute-only time per update: run `fab bench-step --rates none` "
+                           "with the same model first (or pass --compute-s), or name a strategy: "
+                           "--comm sync|fp16|local-sgd:H")
+    v.comm = comm
+    kind = Strategy.parse(comm).kind
+    overlap = overlaps.get(kind, overlap) if kind != "local-sgd" else 0.0
+    overlap_source = (overlap_sources or {}).get(kind, overlap_source) if kind != "local-sgd" else \
+        "local SGD: its all-reduce follows the optimizer step"
     kw = {"hosts": len(hosts), "precision": precision, "update_freq": update_freq, "max_update": max_update,
-          "overlap": overlap}
+          "overlap": overlap, "comm": comm}
     v.lines.append(f"link {link_mbps:.0f} Mbit/s ({link_source})"
                    + (f"; the inventory expects {v.expected_mbps:.0f} Mbit/s" if v.expected_mbps else ""))
     if compute_s is not None:
         v.prediction = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, **kw)
         v.lines.append(f"compute-only {compute_s:.3f} s/update ({compute_source}); overlap {overlap:.2f} "
                        f"({overlap_source})")
+        if v.choice:
+            v.lines += v.choice.lines()
         v.lines += model.explain(v.prediction).splitlines()
+        if v.prediction.efficiency < 0.9 and not v.choice:
+            better = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
+                                  hosts=len(hosts), precision=precision, max_update=max_update)
+            if better.comm != comm or better.update_freq != update_freq:
+                v.choice = better
+                p = better.prediction
+                v.lines.append(f"{better.flag()} would {'reach' if better.reached else 'get'} "
+                               f"{p.efficiency:.0%} of the compute speed: {p.step_s:.3f} s/update"
+                               + (f" ({p.update_freq} batches)" if p.update_freq > 1 else "")
+                               + (f", {model.duration(p.run_hours * 3600)}" if p.run_hours is not None else "")
+                               + " (`--comm auto` picks it; `fab bench-quality` measures what it costs)")
         if v.expected_mbps:
             v.at_expected = model.predict(params, ranks, model.mbit_to_bytes_per_s(v.expected_mbps), compute_s, **kw)
             hours = v.at_expected.run_hours
@@ -176,11 +214,17 @@ def model_params(hosts: list[Host], preset: str, overrides: list[str], dataset: 
 
 def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, link_source: str = "measure",
                 compute_s: float | None = None, precision: str = "fp32", update_freq: int = 1,
-                max_update: int | None = None, overlap: float | None = None) -> Verdict:
+                max_update: int | None = None, overlap: float | None = None, comm: str = "sync") -> Verdict:
     """The verdict for this preset on these hosts; `overlap` None: the measured one for the DDP
-    backend the run uses (overlap_for)."""
+    backend the run uses (overlap_for). `comm`: a strategy or `auto` (the least invasive one that
+    reaches 90% scaling efficiency)."""
     if len(hosts) < 2:
         raise ClusterError("a prediction of the network's cost needs at least two hosts")
+    if comm != "auto":
+        try:
+            Strategy.parse(comm)
+        except CommError as err:
+            raise ClusterError(str(err)) from None
     params = model_params(hosts, preset, overrides, dataset)
     ranks = sum(max(h.gpus, 1) for h in hosts)
     source = "given"
@@ -190,21 +234,28 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
     options = presets.resolve(preset, overrides).options
     if max_update is None:
         max_update = options.get("max_update")
+    default_backend = model.ddp_backend(options, cpu=any(h.gpus == 0 for h in hosts))
     if overlap is None:
-        overlap, overlap_source = overlap_for(model.ddp_backend(options, cpu=any(h.gpus == 0 for h in hosts)), hosts)
+        measured = {"sync": overlap_for(default_backend, hosts), "fp16": overlap_for("pytorch_ddp", hosts)}
+        overlaps = {k: v[0] for k, v in measured.items()}
+        sources = {k: v[1] for k, v in measured.items()}
+        overlap, overlap_source = measured["sync"]
     else:
-        overlap_source = "given"
+        overlaps, sources, overlap_source = {"sync": overlap, "fp16": overlap}, {}, "given"
     return assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
                   compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
-                  overlap=overlap, overlap_source=overlap_source)
+                  overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
+                  overlap_sources=sources)
 
 
-def for_run(run, hosts: list[Host]) -> Verdict | None:
-    """`fab train`'s check for a launch.Run; None (with nothing refused) when it cannot be made."""
+def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:
+    """`fab train`'s check for a launch.Run (`comm`: auto to choose, default the run's); None (with
+    nothing refused) when it cannot be made."""
     if len(hosts) < 2:
         return None
     return predict_for(hosts, run.preset, list(run.overrides), run.dataset, "measure",
-                       precision=run.precision, update_freq=run.update_freq, max_update=run.max_update)
+                       precision=run.precision, update_freq=run.update_freq, max_update=run.max_update,
+                       comm=comm if comm is not None else run.comm)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--update-freq", type=int, default=1)
     p.add_argument("--max-update", type=int)
     p.add_argument("--overlap", type=float, help="default: measured by bench-step for the run's DDP backend")
+    p.add_argument("--comm", default="sync", help="sync, fp16, local-sgd:H or auto (the least invasive that "
+                   "reaches 90%% scaling efficiency)")
     p.add_argument("--json", action="store_true")
 
     def body(a, hosts):
         v = predict_for(hosts, a.preset, [o for o in a.set.split(",") if o], a.dataset, a.link,
                         compute_s=a.compute_s, precision=a.precision, update_freq=a.update_freq,
-                        max_update=a.max_update, overlap=a.overlap)
+                        max_update=a.max_update, overlap=a.overlap, comm=a.comm)
         print(json.dumps(v.as_dict(), indent=1, default=str) if a.json else "\n".join(v.lines))
         return 3 if v.network_bound else 0
 

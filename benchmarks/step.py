@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from train.cluster import ClusterError, Host, connect, run_all
 from train.report import logparse
 from train.run import launch, presets
+from train.run.comm import Strategy
 
 from . import link, model
 from .net import REPORT_DIR, run_allreduce, write
@@ -81,12 +82,15 @@ def comm_mbps(point: dict) -> float:
     return point.get("allreduce_mbps") or point["link_mbps"]
 
 
-def comm_s(point: dict, params: int, ranks: int, hosts: int, precision: str = "fp32") -> float:
-    """The all-reduce's seconds per update at this point's rate (0 on one host)."""
+def comm_s(point: dict, params: int, ranks: int, hosts: int, precision: str = "fp32", comm: str = "sync") -> float:
+    """The all-reduce's seconds per update at this point's rate (0 on one host); local SGD's every
+    H updates, averaged over them."""
     if hosts < 2:
         return 0.0
-    size = model.gradient_bytes(params, precision)
-    return model.allreduce_bytes_per_rank(size, ranks) / model.mbit_to_bytes_per_s(comm_mbps(point))
+    strategy = Strategy.parse(comm)
+    size = params * strategy.bytes_per_element(precision)
+    return (model.allreduce_bytes_per_rank(size, ranks) / model.mbit_to_bytes_per_s(comm_mbps(point))
+            / strategy.syncs_every)
 
 
 def fastest(points: list[dict]) -> dict:
@@ -95,7 +99,7 @@ def fastest(points: list[dict]) -> dict:
 
 
 def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, backend: str = "legacy_ddp",
-                     precision: str = "fp32") -> tuple[float, str | None, float]:
+                     precision: str = "fp32", comm: str = "sync") -> tuple[float, str | None, float]:
     """Adds predicted_s, error and network_share to every point; returns the compute-only C, the rate
     it came from (whose error is 0 by construction) and the overlap.
 
@@ -107,10 +111,10 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ba
     if not ok:
         return 0.0, None, 0.0
     source = fastest(ok)["rate"]
-    measured = {p["rate"]: (comm_s(p, params, ranks, hosts, precision), p["s_per_update"]) for p in ok}
+    measured = {p["rate"]: (comm_s(p, params, ranks, hosts, precision, comm), p["s_per_update"]) for p in ok}
     fast = measured[source]
     capped = [r for r in measured if r != source]
-    fits = backend in model.OVERLAPPING_BACKENDS and hosts > 1
+    fits = backend in model.OVERLAPPING_BACKENDS and hosts > 1 and Strategy.parse(comm).overlaps
 
     def overlap_without(rate: str | None) -> float:
         others = [measured[r] for r in capped if r != rate]
@@ -122,7 +126,7 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ba
         ov = overlap_without(p["rate"]) if p["rate"] != source and len(capped) > 1 else overlap
         c_p = model.compute_given_overlap(fast[1], fast[0], ov)
         pred = model.predict(params, ranks, model.mbit_to_bytes_per_s(comm_mbps(p)), c_p, hosts=hosts,
-                             overlap=ov, precision=precision)
+                             overlap=ov, precision=precision, comm=comm)
         p["predicted_s"] = pred.step_s
         p["error"] = pred.step_s / p["s_per_update"] - 1
         p["overlap_used"] = ov
@@ -130,7 +134,8 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ba
         p["fitted_on_itself"] = fits and p["rate"] != source and len(capped) == 1
         p["gives_compute"] = p["rate"] == source  # C is taken from it: its error is 0 by construction
         p["network_share"] = pred.comm_share
-        p["model_tx_bytes"] = model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
+        p["model_tx_bytes"] = (model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
+                               / Strategy.parse(comm).syncs_every)  # local SGD: one in H updates sends
     return c, source, overlap
 
 
@@ -257,9 +262,10 @@ def per_update(records: list[logparse.Record]) -> dict[int, dict[str, float]]:
 
 
 def summarize(rates: list[str], segments: list[dict], updates: dict[int, dict[str, float]],
-              links: dict[str, float | None]) -> list[dict]:
+              links: dict[str, float | None], average=statistics.median) -> list[dict]:
     """One point per rate: medians over every update of its segments (and of each segment alone: the
-    repeats, measured side by side with the other rates), bytes per update from the counters."""
+    repeats, measured side by side with the other rates), bytes per update from the counters. Local
+    SGD's updates are not alike (one in H syncs): `average` is then the mean over whole periods."""
     points = []
     for rate in dict.fromkeys(rates):
         segs = [g for g in segments if g["rate"] == rate]
@@ -272,9 +278,10 @@ def summarize(rates: list[str], segments: list[dict], updates: dict[int, dict[st
         per_cycle = [[updates[u]["s"] for u in range(g["first"], g["last"] + 1) if u in updates] for g in segs]
         points.append({
             "rate": rate, "link_mbps": links.get(rate), "segments": len(segs), "updates_measured": len(ups),
-            "s_per_update": statistics.median([u["s"] for u in ups]) if ups else None,
-            "cycle_s": [statistics.median(c) for c in per_cycle if c],  # each repeat's own median, in cycle order
-            "wps": statistics.median([u["wps"] for u in ups]) if ups else None,
+            "s_per_update": average([u["s"] for u in ups]) if ups else None,
+            "cycle_s": [average(c) for c in per_cycle if c],  # each repeat's own figure, in cycle order
+            "wps": (sum(u["wpb"] for u in ups) / sum(u["s"] for u in ups) if average is statistics.mean
+                    else statistics.median([u["wps"] for u in ups])) if ups else None,
             "wpb": statistics.median([u["wpb"] for u in ups]) if ups else None,
             "tx_bytes": sent, "tx_per_update": statistics.mean(sent.values()) / n if sent and n else None,
         })
@@ -340,29 +347,41 @@ def clean_up(run: launch.Run, hosts: list[Host], started: bool, follower: Follow
         signal.signal(signal.SIGINT, previous)
 
 
-def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overrides: list[str] | None = None,
-               dataset: str = "synthetic", updates: int = 8, cycles: int = 2, skip: int = 1, warmup: int = 3,
-               port: int = 29500, precision: str = "fp32", say=print) -> dict:
-    """The sweep; returns the report (JSON and PNG written). Caps are always removed."""
+def require_cluster(hosts: list[Host], precision: str, too_few: str) -> list[str]:
+    """Two hosts at least, and GPUs on every host for fp16/bf16; returns the CPU-only hosts."""
     if len(hosts) < 2:
-        raise ClusterError("bench-step needs at least two hosts (the link between them is the point)")
+        raise ClusterError(too_few)
     cpu_only = [h.name for h in hosts if h.gpus == 0]
     if precision != "fp32" and cpu_only:
         raise ClusterError(f"{precision} needs GPUs; {', '.join(cpu_only)} have none (gpus: 0): use fp32 there")
+    return cpu_only
+
+
+def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overrides: list[str] | None = None,
+               dataset: str = "synthetic", updates: int = 8, cycles: int = 2, skip: int = 1, warmup: int = 3,
+               port: int = 29500, precision: str = "fp32", comm: str = "sync", say=print) -> dict:
+    """The sweep; returns the report (JSON and PNG written). Caps are always removed. With local
+    SGD every segment is a whole number of sync periods (`updates` rounded up to a multiple of H)."""
+    cpu_only = require_cluster(hosts, precision, "bench-step needs at least two hosts (the link between them is "
+                                                 "the point)")
     overrides = list(overrides or [])
     options = presets.resolve(preset, overrides).options
     vocab = dataset_vocab(hosts[0], dataset)
     params = model.preset_params(options, vocab)
     ranks = sum(max(h.gpus, 1) for h in hosts)
+    strategy = Strategy.parse(comm)
+    period = strategy.syncs_every
+    updates = -(-updates // period) * period
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run = launch.Run(run_id=f"bench-{stamp}", hosts=[h.name for h in hosts], preset=preset,
                      overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES], dataset=dataset,
-                     master_port=port, precision=precision)
+                     master_port=port, precision=precision, comm=str(strategy))
     started = False
     follower = None
     with _signals_raise():
         try:
-            links, effective = measure_links(hosts, rates, model.gradient_bytes(params, precision), ranks, port, say)
+            links, effective = measure_links(hosts, rates, params * strategy.bytes_per_element(precision), ranks,
+                                             port, say)
             link.apply_caps(hosts, "none")
             problems = launch.check(run, hosts, launch.probe(run, hosts))
             if problems:
@@ -377,8 +396,9 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
             clean_up(run, hosts, started, follower, say)
     report = {"run_id": run.run_id, "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks,
               "preset": preset, "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
-              "precision": precision, "gradient_bytes": model.gradient_bytes(params, precision),
-              "ddp_backend": model.ddp_backend(options, cpu=bool(cpu_only)),
+              "precision": precision, "gradient_bytes": params * strategy.bytes_per_element(precision),
+              "comm": str(strategy),
+              "ddp_backend": strategy.ddp_backend(model.ddp_backend(options, cpu=bool(cpu_only))),
               "updates": updates, "cycles": cycles, "skip": skip, "segments": segments}
     return finish(report, launch.read_log(hosts[0], run, lines=100000), rates, links, effective)
 
@@ -386,13 +406,15 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
 def finish(report: dict, log_text: str, rates: list[str], links: dict, effective: dict) -> dict:
     """The points (medians per rate from rank 0's log), the model's predictions, JSON and plot written."""
     log = logparse.parse_log(log_text.splitlines())
-    points = summarize(rates, report["segments"], per_update(log.records), links)
+    comm = report.get("comm", "sync")
+    average = statistics.mean if Strategy.parse(comm).syncs_every > 1 else statistics.median
+    points = summarize(rates, report["segments"], per_update(log.records), links, average)
     for p in points:
         p["devices"] = log.devices
         p["allreduce_mbps"] = effective.get(p["rate"])
     backend = report.get("ddp_backend", "legacy_ddp")
     compute_s, compute_from, overlap = with_predictions(points, report["params"], report["ranks"], report["n_hosts"],
-                                                        backend=backend, precision=report["precision"])
+                                                        backend=backend, precision=report["precision"], comm=comm)
     now = datetime.now(UTC)
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), **report,
               "params_logged": logparse.logged_params(log_text), "compute_s": compute_s, "overlap": overlap,
@@ -407,14 +429,74 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
 
 def summary(report: dict) -> str:
     """What `fab bench-step` prints at the end: the model, C, the table, where the files are."""
-    head = (f"# {report['preset']}: {report['params']:,} parameters ({report['gradient_bytes'] / 1e6:.1f} MB of "
-            f"{report.get('precision', 'fp32')} gradients), {report['ranks']} ranks; compute-only C "
+    head = (f"# {report['preset']}, --comm {report.get('comm', 'sync')}: {report['params']:,} parameters "
+            f"({report['gradient_bytes'] / 1e6:.1f} MB all-reduced per sync), {report['ranks']} ranks; compute-only C "
             f"{report['compute_s']:.3f} s/update (the {report['compute_from']} step less its all-reduce, marked (C): "
             f"its error is 0 by construction); {report.get('ddp_backend', 'legacy_ddp')}, overlap "
             f"{report.get('overlap', 0.0):.2f}"
             + (" (fitted to the capped rates; each rate's prediction uses the others' fit)"
                if report.get("ddp_backend") in model.OVERLAPPING_BACKENDS else " (all-reduce after the backward pass)"))
     return f"{head}\n{table(report['points'])}\nJSON {report['path']}\nplot {report['plot']}"
+
+
+def compare(reports: list[dict]) -> str:
+    """Strategies side by side: each rate's updates/s (every strategy has the same samples per
+    update) as a share of the synchronous run's uncapped speed (the compute's own, the issue's
+    yardstick) and of its own job's uncapped rate, measured interleaved with it (the fair ratio on
+    a noisy machine), and the model's prediction. Updates/s, not words/s: under local SGD fairseq
+    logs one rank's words between syncs."""
+    base = next((p for r in reports if r.get("comm", "sync") == "sync" for p in r["points"]
+                 if p["rate"] == "none" and p.get("s_per_update")), None)
+    lines = [f"{'comm':>14} {'rate':>8} {'s/update':>9} {'updates/s':>9} {'of sync uncapped':>16} "
+             f"{'of own uncapped':>15} {'predicted':>9}"]
+    for r in reports:
+        own = next((p for p in r["points"] if p["rate"] == "none" and p.get("s_per_update")), None)
+        for p in r["points"]:
+            if not p.get("s_per_update"):
+                continue
+            share = f"{base['s_per_update'] / p['s_per_update']:.0%}" if base else "-"
+            mine = f"{own['s_per_update'] / p['s_per_update']:.0%}" if own else "-"
+            pred = f"{p['predicted_s']:.3f}" if p.get("predicted_s") else "-"
+            lines.append(f"{r.get('comm', 'sync'):>14} {p['rate']:>8} {p['s_per_update']:>9.3f} "
+                         f"{1 / p['s_per_update']:>9.2f} {share:>16} {mine:>15} {pred:>9}")
+    return "\n".join(lines)
+
+
+def plot_compare(reports: list[dict], path, quality: dict | None = None) -> None:
+    """Updates/s against link bandwidth, one line per strategy (the model's curve, the measured
+    points on it); the quality each strategy reached (fab bench-quality) in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    losses = {r["comm"]: r for r in (quality or {}).get("results", []) if r.get("comm")}
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    rates = [p["link_mbps"] for r in reports for p in r["points"] if p.get("link_mbps")]
+    xs = np.logspace(np.log10(max(min(rates), 1) / 2), np.log10(max(rates) * 2), 200) if rates else []
+    for i, r in enumerate(reports):
+        colour = f"C{i}"
+        comm = r.get("comm", "sync")
+        label = comm + (f" (valid loss {losses[comm]['valid_loss']:.3f})" if comm in losses
+                        and losses[comm].get("valid_loss") is not None else "")
+        if len(xs):
+            curve = model.sweep(r["params"], r["ranks"], r["compute_s"], xs, hosts=r["n_hosts"],
+                                comm=comm, precision=r.get("precision", "fp32"), overlap=r.get("overlap", 0.0))
+            ax.plot(xs, [1 / c.step_s for c in curve], color=colour, label=f"{label}: model")
+        pts = [p for p in r["points"] if p.get("s_per_update") and p.get("link_mbps")]
+        ax.scatter([p["link_mbps"] for p in pts], [1 / p["s_per_update"] for p in pts], color=colour, zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("link bandwidth, iperf3 (Mbit/s)")
+    ax.set_ylabel("updates per second (same samples per update)")
+    first = reports[0]
+    ax.set_title(f"{first['preset']} {first['params'] / 1e6:.2f}M params, {first['ranks']} ranks: "
+                 "communication strategies")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=1)
     p.add_argument("--port", type=int, default=29500)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="fp16/bf16: GPUs only")
+    p.add_argument("--comm", default="sync", help="sync, fp16 or local-sgd:H")
 
     def body(a, hosts):
         try:
@@ -438,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ClusterError(str(err)) from err
         report = bench_step(hosts, rates, preset=a.preset, overrides=[o for o in a.set.split(",") if o],
                             dataset=a.dataset, updates=a.updates, cycles=a.cycles, skip=a.skip, port=a.port,
-                            precision=a.precision)
+                            precision=a.precision, comm=a.comm)
         print(summary(report))
 
     return cli.run(body, p.parse_args(argv))

@@ -46,7 +46,8 @@ def saved_config(prefix: str) -> LabConfig | None:
     data = json.loads(path.read_text())
     return LabConfig(hosts=data["hosts"], subnet=data["subnet"], prefix=prefix,
                      http_port=data.get("http_port", 8080),
-                     slow_nic_hosts=tuple(data.get("slow_nic_hosts", ())))
+                     slow_nic_hosts=tuple(data.get("slow_nic_hosts", ())),
+                     cluster_net=bool(data.get("cluster_net", False)))
 
 
 def server_pid(cfg: LabConfig) -> int | None:
@@ -85,7 +86,8 @@ def already_up(cfg: LabConfig) -> bool:
     running = saved_config(cfg.prefix)
     if running is None or not healthy(running):
         return False
-    if (running.hosts, running.subnet, running.slow_nic_hosts) != (cfg.hosts, cfg.subnet, cfg.slow_nic_hosts):
+    if (running.hosts, running.subnet, running.slow_nic_hosts, running.cluster_net) != (
+            cfg.hosts, cfg.subnet, cfg.slow_nic_hosts, cfg.cluster_net):
         raise LabError(
             f"a lab of {running.hosts} hosts on {running.subnet} is running: "
             f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
@@ -131,6 +133,8 @@ def start_hosts(cfg: LabConfig, public_key: str) -> dict[str, str]:
     for name in cfg.names:
         with step(f"host {name} at {cfg.host_ip(name)}: namespace, overlay root, data disk, sshd"):
             network.attach_host(cfg, name)
+            if cfg.cluster_net:
+                network.attach_cluster_nic(cfg, name)
             if name in cfg.slow_nic_hosts:
                 network.attach_slow_nic(cfg, name)
             host_key = hosts.prepare_disk(cfg, name, public_key)
@@ -158,9 +162,11 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     cfg.state.mkdir(parents=True, exist_ok=True)
     (cfg.state / "lab.json").write_text(json.dumps(
         {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
-         "slow_nic_hosts": list(cfg.slow_nic_hosts)}))
+         "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net}))
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
     serve_packages(cfg, wheels)
+    if cfg.cluster_net:
+        network.create_cluster_bridge(cfg)
     devices = start_hosts(cfg, cfg.key.with_suffix(".pub").read_text())
     inventory_path.parent.mkdir(parents=True, exist_ok=True)
     inventory_path.write_text(inventory.render(cfg, devices))
@@ -235,7 +241,8 @@ def shape(cfg: LabConfig, rate: str) -> None:
     if rate.lower() in ("none", "off", ""):
         console.print("[green]✓[/] bandwidth cap lifted on " + ", ".join(running.names))
     else:
-        console.print(f"[green]✓[/] {rate} cap (tc tbf, egress of eth0) on " + ", ".join(running.names))
+        console.print(f"[green]✓[/] {rate} cap (tc tbf, egress of {network.link_nic(running)}) on "
+                      + ", ".join(running.names))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--inventory", type=Path, help="where to write the inventory")
     p_up.add_argument("--slow-nic", default="", help="hosts (comma-separated) that also get eth1, "
                       "a NIC reporting 100 Mb/s to ethtool")
+    p_up.add_argument("--cluster-net", action="store_true", help="a private cluster network on a second "
+                      "bridge (ens5, cluster_address), SSH on the management network (eth0), as on cloud VMs")
     sub.add_parser("down", help="remove everything the lab made")
     sub.add_parser("status", help="show the hosts and caps")
     p_shape = sub.add_parser("shape", help="cap the link between hosts (tc tbf), or RATE=none")
@@ -257,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             slow = tuple(h for h in args.slow_nic.split(",") if h)
-            cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow)
+            cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow,
+                            cluster_net=args.cluster_net)
             up(cfg, args.inventory or cfg.default_inventory)
         elif args.command == "down":
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))

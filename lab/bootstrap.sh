@@ -10,7 +10,8 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
 python=${TANDEM_PYTHON:-python3}
-apt_packages=(mmdebstrap iperf3 ethtool openssh-client apt-utils iproute2 rsync chromium)
+# xfsprogs: the provisioning tests put an XFS volume on a data device (tandem must refuse to erase it)
+apt_packages=(mmdebstrap iperf3 ethtool openssh-client apt-utils iproute2 rsync chromium xfsprogs)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }

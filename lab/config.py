@@ -8,6 +8,9 @@ import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
+CLUSTER_SUBNET = "172.30.0.0/24"
+CLUSTER_NIC = "ens5"  # what a cloud VM's second NIC is called: not eth0, on purpose
+
 
 def default_cache() -> Path:
     return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
@@ -32,6 +35,9 @@ class LabConfig:
     data_disk_gb: int = 4
     # Hosts that also get eth1, a NIC that reports 100 Mb/s to ethtool.
     slow_nic_hosts: tuple[str, ...] = ()
+    # A cloud VM's shape: eth0 on the management network (SSH, ansible_host), ens5 on a private
+    # cluster network (cluster_address) that the controller cannot reach.
+    cluster_net: bool = False
 
     def __post_init__(self) -> None:
         if len(self.prefix) > 8 or not self.prefix.isalnum():
@@ -67,6 +73,22 @@ class LabConfig:
 
     def host_ip(self, name: str) -> str:
         return str(self.network[11 + self.names.index(name)])
+
+    @property
+    def cluster_bridge(self) -> str:
+        return f"{self.prefix}-cbr"
+
+    @property
+    def cluster_network(self) -> ipaddress.IPv4Network:
+        """Exists only inside the hosts' namespaces (the controller's side of the bridge has no
+        address, so no route): it cannot clash with this machine's networks or another lab's."""
+        return ipaddress.ip_network(CLUSTER_SUBNET)
+
+    def cluster_ip(self, name: str) -> str:
+        return str(self.cluster_network[11 + self.names.index(name)])
+
+    def cluster_veth(self, name: str) -> str:
+        return f"{self.prefix}-{name}c"
 
     def netns(self, name: str) -> str:
         return f"{self.prefix}-{name}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from .config import LabConfig
+from .config import CLUSTER_NIC, LabConfig
 
 
 def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
@@ -18,8 +18,13 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
         }
         for name in cfg.names
     }
+    if cfg.cluster_net:  # SSH on eth0's address, everything host to host on ens5's
+        for name in cfg.names:
+            hosts[name].update(cluster_address=cfg.cluster_ip(name), cluster_nic=CLUSTER_NIC)
     for name in cfg.slow_nic_hosts:
-        hosts[name]["lab_slow_nic"] = "eth1"  # reports 100 Mb/s, carries no traffic
+        # eth1 reports 100 Mb/s (and carries no traffic): as the cluster NIC it is a VM's 100 Mb/s port,
+        # and provisioning must stop at it, naming the host and the speed.
+        hosts[name]["cluster_nic"] = "eth1"
     inventory = {
         "all": {
             "vars": {

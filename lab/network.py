@@ -9,7 +9,7 @@ from pathlib import Path
 
 from benchmarks.link import cap_command, parse_caps, rate_bits
 
-from .config import LabConfig
+from .config import CLUSTER_NIC, LabConfig
 from .shell import LabError, in_netns, ok, run
 
 
@@ -76,12 +76,33 @@ def attach_host(cfg: LabConfig, name: str) -> None:
     in_netns(ns, "ip", "link", "set", "eth0", "up")
 
 
+def create_cluster_bridge(cfg: LabConfig) -> None:
+    """The private cluster network's switch: no address here, so the controller has no way onto it."""
+    run("ip", "link", "add", cfg.cluster_bridge, "type", "bridge")
+    run("ip", "link", "set", cfg.cluster_bridge, "up")
+
+
+def attach_cluster_nic(cfg: LabConfig, name: str) -> str:
+    """The host's second NIC, ens5, on the cluster bridge with its cluster address."""
+    ns, outside = cfg.netns(name), cfg.cluster_veth(name)
+    run("ip", "link", "add", outside, "type", "veth", "peer", "name", CLUSTER_NIC, "netns", ns)
+    run("ip", "link", "set", outside, "master", cfg.cluster_bridge, "up")
+    in_netns(ns, "ip", "addr", "add", f"{cfg.cluster_ip(name)}/{cfg.cluster_network.prefixlen}", "dev", CLUSTER_NIC)
+    in_netns(ns, "ip", "link", "set", CLUSTER_NIC, "up")
+    return CLUSTER_NIC
+
+
+def link_nic(cfg: LabConfig) -> str:
+    """The NIC the hosts talk to each other over: what `shape` caps."""
+    return CLUSTER_NIC if cfg.cluster_net else "eth0"
+
+
 def attach_slow_nic(cfg: LabConfig, name: str, mbps: int = 100) -> str:
     """A second NIC, eth1, that reports `mbps` to ethtool: the field reports' port trap.
 
     A veth's speed cannot be set (it always says 10000Mb/s); a tap's can, and a macvlan on
-    it reports the same. It carries no traffic: it exists for the link-speed checks
-    (point them at it with `-e cluster_nic=eth1`)."""
+    it reports the same. It carries no traffic: it exists for the link-speed checks, and the
+    lab's inventory makes it that host's cluster_nic (`make lab-up SLOW_NIC=v100b`)."""
     tap = f"{cfg.prefix}-{name}s"
     run("ip", "tuntap", "add", "dev", tap, "mode", "tap")
     run("ethtool", "-s", tap, "speed", str(mbps), "duplex", "full", "autoneg", "off")
@@ -98,7 +119,7 @@ def shape(cfg: LabConfig, rate: str | None) -> None:
     (benchmarks.link); rate None or 'none' lifts the cap. Reads the caps back: a host that
     did not take the change is an error naming it."""
     try:
-        line = cap_command("eth0", rate or "none")
+        line = cap_command(link_nic(cfg), rate or "none")
         bits = rate_bits(rate or "none")
     except ValueError as err:
         raise LabError(str(err)) from None
@@ -111,7 +132,8 @@ def shape(cfg: LabConfig, rate: str | None) -> None:
 
 
 def current_caps(cfg: LabConfig) -> dict[str, str | None]:
-    return {name: parse_caps(in_netns(cfg.netns(name), "tc", "qdisc", "show", "dev", "eth0", check=False).stdout)
+    return {name: parse_caps(in_netns(cfg.netns(name), "tc", "qdisc", "show", "dev", link_nic(cfg),
+                                      check=False).stdout)
             for name in cfg.names}
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from labtools import TOP, Provisioned, lab_cli
+from labtools import TOP, Provisioned, fab, lab_cli
 
 from lab.config import LabConfig
 
@@ -40,9 +40,11 @@ def lab():
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
     prefix = os.environ.get("LAB_PREFIX", "tandem")
-    cfg = LabConfig(subnet=os.environ.get("LAB_SUBNET", "10.77.0.0/24"), prefix=prefix)
+    # LAB_CLUSTER_NET=1: the cloud VM's shape, SSH on eth0 and a private cluster network on ens5
+    cluster_net = os.environ.get("LAB_CLUSTER_NET") == "1"
+    cfg = LabConfig(subnet=os.environ.get("LAB_SUBNET", "10.77.0.0/24"), prefix=prefix, cluster_net=cluster_net)
     try:
-        lab_cli("up", "--subnet", cfg.subnet, prefix=prefix)
+        lab_cli("up", "--subnet", cfg.subnet, *(["--cluster-net"] if cluster_net else []), prefix=prefix)
         yield cfg
     finally:
         if os.environ.get("TANDEM_KEEP_LAB") != "1":
@@ -66,3 +68,12 @@ def provisioned(lab, tmp_path_factory) -> Provisioned:
         p.first = p.playbook()
         assert p.first.rc == 0, p.first.output[-6000:]
     return p
+
+
+@pytest.fixture(scope="module")
+def data_ready(provisioned) -> Provisioned:
+    """The lab with the synthetic dataset prepared and checked identical on every host, once per
+    module (the controller's cache makes it quick after the first)."""
+    out = fab(provisioned, "prepare-data").stdout
+    assert "identical on every host" in out
+    return provisioned

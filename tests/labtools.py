@@ -83,9 +83,20 @@ class Provisioned:
 FAB = str(Path(sys.executable).parent / "fab")
 
 
-def fab(provisioned, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-    """`fab ARGS` against the lab's inventory, as a user runs it."""
-    env = {**os.environ, "FABRIC_INVENTORY": str(provisioned.inventory), "COLUMNS": "200"}
+def processes(cfg: LabConfig, name: str, pattern: str) -> str:
+    """The lines of `pgrep -af PATTERN` on a lab host, without pgrep's own shell."""
+    out = ssh(cfg, name, f"pgrep -af '{pattern}' || true").stdout
+    return "\n".join(line for line in out.splitlines() if "pgrep" not in line)
+
+
+def fab(provisioned, *args: str, timeout: float = 900, check: bool = True,
+        columns: int | None = 200) -> subprocess.CompletedProcess:
+    """`fab ARGS` against the lab's inventory, as a user runs it. `columns=None`: no COLUMNS, as
+    under `| tee` (rich then assumes 80)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["FABRIC_INVENTORY"] = str(provisioned.inventory)
+    if columns:
+        env["COLUMNS"] = str(columns)
     proc = subprocess.run([FAB, *args], cwd=TOP, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"fab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

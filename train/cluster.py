@@ -7,6 +7,7 @@ else inventory/hosts.yml.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ class ClusterError(RuntimeError):
 
 @dataclass(frozen=True)
 class Host:
+    """One host. `address` is where the controller's SSH reaches it (ansible_host, often a public
+    or NAT'd address); `cluster_address` is where the other hosts reach it (the inventory's
+    `cluster_address`, else `address`): everything host to host uses it, never `address`."""
+
     name: str
     address: str
     user: str = "root"
@@ -36,6 +41,11 @@ class Host:
     nic: str | None = None
     data_device: str | None = None
     vars: dict = field(default_factory=dict, compare=False, repr=False)
+    cluster_address: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.cluster_address:
+            object.__setattr__(self, "cluster_address", self.address)
 
 
 def inventory_path(configured: str | None = None) -> Path:
@@ -74,6 +84,7 @@ def _host(name: str, hostvars: dict) -> Host:
         nic=hostvars.get("cluster_nic"),
         data_device=hostvars.get("data_device"),
         vars=dict(hostvars),
+        cluster_address=str(hostvars.get("cluster_address") or ""),
     )
 
 
@@ -104,6 +115,25 @@ def connect(host: Host, timeout: float = 10) -> Connection:
         conn.client.load_host_keys(known)
     conn.tandem_host = host  # the inventory name, for messages
     return conn
+
+
+TRANSFER_STALL_S = 60  # a copy that moves no byte for this long has lost its host
+
+
+def get_whole(conn: Connection, remote: str, local: str, stall_s: float = TRANSFER_STALL_S) -> None:
+    """Copy `remote` to `local` under a temporary name, renamed once complete: a reader (a resume,
+    a restart on the hosts left) never finds half a file. A host whose network vanishes mid-copy
+    fails the copy within `stall_s` instead of holding it (and whoever waits on it) forever."""
+    conn.open()
+    conn.transport.set_keepalive(10)
+    conn.sftp().get_channel().settimeout(stall_s)
+    partial = f"{local}.partial"
+    try:
+        conn.get(remote, partial)
+        os.replace(partial, local)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
 
 
 def group(hosts: list[Host]) -> ThreadingGroup:

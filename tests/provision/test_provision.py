@@ -6,14 +6,17 @@ then the failure cases, each of which restores what it changed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from labtools import TOP
+import yaml
+from labtools import TOP, fab, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -48,7 +51,39 @@ def test_second_run_changes_nothing(provisioned):
     recap = run.recap()
     assert set(recap) == set(HOSTS)
     assert {h: r["changed"] for h, r in recap.items()} == {h: 0 for h in HOSTS}, run.output[-4000:]
-    print(f"second run: {run.seconds:.0f} s")
+    assert "DEPRECATION" not in run.output and "[WARNING]" not in run.output
+    print(f"second run: {run.seconds:.0f} s (first {provisioned.first.seconds if provisioned.first else '?'} s)")
+
+
+def test_a_rerun_reuses_the_measurements_until_asked_or_shaped(provisioned):
+    """iperf3 and the all_reduce are the slow part of a rerun: the figures stand while nothing they
+    depend on changed, the table says when they were taken, and network_measure=always measures."""
+    provisioned.playbook("--tags", "network,verify")  # figures in this session's report directory
+    before = json.loads((provisioned.reports / "network.json").read_text())
+    run = provisioned.playbook("--tags", "network,verify")
+    assert run.rc == 0, run.output[-4000:]
+    text = " ".join(run.output.split())
+    assert f"network figures of {before['measured_at']} reused: nothing they depend on changed" in text
+    assert "all_reduce figures of " in text and " reused" in text
+    assert f"network measured {before['measured_at']}, all_reduce measured " in text
+    always = provisioned.playbook("--tags", "network,verify", "-e", "network_measure=always")
+    assert always.rc == 0, always.output[-4000:]
+    assert "reused" not in always.output
+    assert json.loads((provisioned.reports / "network.json").read_text())["measured_at"] != before["measured_at"] \
+        or always.seconds < 1  # measured again (a new time, unless within the same second)
+    print(f"network+verify: reusing {run.seconds:.1f} s, measuring {always.seconds:.1f} s")
+
+
+def test_check_mode_on_the_provisioned_lab_passes_and_changes_nothing(provisioned):
+    """--check reports what would change (nothing here) and still measures: iperf3 and the all_reduce
+    only read, so they run for real (network_measure=always: no figures reused)."""
+    run = provisioned.playbook("--check", "-e", "network_measure=always")
+    assert run.rc == 0, run.output[-4000:]
+    assert {h: r["changed"] for h, r in run.recap().items()} == {h: 0 for h in HOSTS}, run.output[-4000:]
+    text = " ".join(run.output.split())
+    measured = re.search(r"v100a -> v100b ([0-9.]+) Mb/s, v100b -> v100a ([0-9.]+) Mb/s \(threshold", text)
+    assert measured and min(map(float, measured.groups())) > 0, text[-3000:]
+    assert "verified: 2 hosts ready to train" in text
 
 
 @pytest.mark.parametrize("name", HOSTS)
@@ -104,17 +139,31 @@ def test_firewall_lets_only_peers_reach_training_ports(provisioned):
 def test_host_promising_two_gpus_fails_in_driver_role(provisioned):
     run = provisioned.playbook("--limit", "v100a", "--tags", "nvidia_driver", "-e", "gpus=2")
     assert run.rc != 0
-    assert "v100a: expected 2 GPUs, nvidia-smi shows 0" in run.output
+    text = " ".join(run.output.split())
+    assert "v100a: expected 2 GPUs, nvidia-smi shows 0: nvidia-smi is not installed (no driver)" in text
+    assert "ansible-playbook provision.yml --tags nvidia_driver" in text
     assert "nvidia_driver : The host shows exactly the GPUs it promises" in run.output
 
 
-def test_unreachable_host_is_named_with_the_reason(provisioned):
+def test_unreachable_host_is_named_once_with_the_reason_at_once(provisioned):
+    """A refused port: one error, without an ignored one before it, and without waiting out the
+    20 s connect timeout."""
     run = provisioned.playbook("--limit", "v100a", "--tags", "preflight", "-e", "ansible_port=1",
-                               "-e", "preflight_connect_timeout=3")
+                               "-e", "preflight_connect_timeout=20")
     assert run.rc != 0
     text = " ".join(run.output.split())
     assert f"v100a: unreachable as root@{provisioned.cfg.host_ip('v100a')} (port 1): " in text
     assert "Connection refused" in text
+    assert "UNREACHABLE" not in run.output and "...ignoring" not in run.output
+    assert run.output.count("[ERROR]") == 1
+    assert run.seconds < 15, run.seconds
+
+
+def test_hosts_sharing_an_address_are_named(provisioned):
+    run = provisioned.playbook("--tags", "preflight", "-e", f"ansible_host={provisioned.cfg.host_ip('v100a')}")
+    assert run.rc != 0
+    assert f"hosts share an address: v100a and v100b are both {provisioned.cfg.host_ip('v100a')}" in \
+        " ".join(run.output.split())
 
 
 def test_link_capped_at_100mbit_fails_naming_the_pair(provisioned):
@@ -132,18 +181,58 @@ def test_link_capped_at_100mbit_fails_naming_the_pair(provisioned):
     assert all(50 < p["mbps"] < 110 for p in figures["pairs"]), figures["pairs"]
 
 
+def test_zero_link_speed_stops_in_preflight_and_the_check_is_turned_off_by_name(provisioned):
+    run = provisioned.playbook("--tags", "network", "-e", "network_expected_mbps=0")
+    assert run.rc != 0
+    text = " ".join(run.output.split())
+    assert "network_expected_mbps is 0 on v100a, v100b: must be a whole number above 0" in text
+    assert "network : " not in run.output  # stopped before any role touched a host
+
+    provisioned.shape("100mbit")
+    try:
+        run = provisioned.playbook("--tags", "network", "-e", "network_check_link=false")
+    finally:
+        provisioned.shape("none")
+    assert run.rc == 0, run.output[-4000:]
+    text = " ".join(run.output.split())
+    assert "the link check is off (network_check_link: false): measured v100a -> v100b " in text
+    assert "not held to a threshold" in text
+
+
+def test_drifted_packages_are_named_by_fab_train_and_restored_by_provisioning(provisioned):
+    """Two pinned packages fab train's version check never looked at go missing on v100b."""
+    assert provisioned.playbook("--tags", "train_env").rc == 0  # this tree's agent on the hosts
+    pip = "/opt/tandem/venv/bin/pip"
+    gone = ssh(provisioned.cfg, "v100b", f"{pip} uninstall -y -q sacrebleu tensorboardX")
+    assert gone.returncode == 0, gone.stderr
+    proc = fab(provisioned, "train", "--new", check=False)
+    assert proc.returncode != 0
+    assert ("v100b: packages differ from the pins: sacrebleu missing (pinned 2.6.0), tensorboardx missing "
+            "(pinned 2.6.5); re-run provision.yml (--tags train_env) to restore them") in " ".join(proc.stdout.split())
+    assert "v100a: packages differ" not in proc.stdout
+
+    run = provisioned.playbook("--tags", "train_env")
+    assert run.rc == 0, run.output[-4000:]
+    text = " ".join(run.output.split())
+    assert "v100b: restored to the pins: " in text and "sacrebleu 2.6.0 (was missing)" in text
+    assert "tensorboardX 2.6.5 (was missing)" in text.lower().replace("tensorboardx", "tensorboardX")
+    assert "v100a: restored" not in text
+    assert run.recap()["v100a"]["changed"] == 0
+
+
 class Disk:
     """A loop device the controller prepares, visible to the lab hosts (they share /dev)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mb: int = 64):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
-            f.truncate(64 * 1024**2)
+            f.truncate(mb * 1024**2)  # sparse
         self.device = subprocess.run(["losetup", "--find", "--show", str(path)], check=True,
                                      capture_output=True, text=True).stdout.strip()
 
     def put_file(self, fstype: str, name: str, text: str, mountpoint: Path) -> None:
-        subprocess.run([f"mkfs.{fstype}", "-q", "-F", self.device], check=True, capture_output=True)
+        force = "-f" if fstype == "xfs" else "-F"
+        subprocess.run([f"mkfs.{fstype}", "-q", force, self.device], check=True, capture_output=True)
         mountpoint.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", self.device, str(mountpoint)], check=True)
         try:
@@ -151,19 +240,37 @@ class Disk:
         finally:
             subprocess.run(["umount", str(mountpoint)], check=True)
 
+    def holds(self) -> str:
+        return subprocess.run(["blkid", "--probe", "-o", "value", "-s", "TYPE", self.device],
+                              capture_output=True, text=True).stdout.strip()
+
     def detach(self) -> None:
         subprocess.run(["losetup", "-d", self.device], check=False)
+
+
+def unmount_scratch(provisioned, hosts: str) -> None:
+    """Unmount /srv/keep on the hosts and drop its fstab line."""
+    subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(provisioned.inventory),
+                    hosts, "-m", "ansible.posix.mount", "-a", "path=/srv/keep state=absent"],
+                   cwd=TOP, capture_output=True, text=True)
 
 
 @pytest.fixture
 def disk(provisioned, tmp_path):
     d = Disk(tmp_path / "disk.img")
     yield d
-    # unmount it on v100a and drop its fstab line, then free the loop device
-    subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(provisioned.inventory),
-                    "v100a", "-m", "ansible.posix.mount", "-a", "path=/srv/keep state=absent"],
-                   cwd=TOP, capture_output=True, text=True)
+    unmount_scratch(provisioned, "v100a")
     d.detach()
+
+
+@pytest.fixture
+def two_disks(provisioned, tmp_path):
+    """v100a's scratch disk and v100b's (XFS needs 300 MB at least; the files are sparse)."""
+    disks = {"v100a": Disk(tmp_path / "a.img"), "v100b": Disk(tmp_path / "b.img", mb=320)}
+    yield disks
+    unmount_scratch(provisioned, "v100a,v100b")
+    for d in disks.values():
+        d.detach()
 
 
 def data_volume_run(provisioned, device: str, *extra: str):
@@ -172,7 +279,7 @@ def data_volume_run(provisioned, device: str, *extra: str):
                                 "-e", "data_volume_min_free_gb=0", *extra)
 
 
-def test_data_on_an_ext4_device_survives_and_force_format_erases_it(provisioned, disk, tmp_path):
+def test_data_on_an_ext4_device_survives_even_when_named_for_erasing(provisioned, disk, tmp_path):
     disk.put_file("ext4", "precious.txt", "keep me\n", tmp_path / "mnt")
     host = provisioned.testinfra_host("v100a")
 
@@ -180,19 +287,65 @@ def test_data_on_an_ext4_device_survives_and_force_format_erases_it(provisioned,
     assert run.rc == 0, run.output[-4000:]
     assert host.file("/srv/keep/precious.txt").content_string == "keep me\n"
     assert host.mount_point("/srv/keep").exists
+    assert f"v100a: kept the existing ext4 on {disk.device}, " in " ".join(run.output.split())
 
-    run = data_volume_run(provisioned, disk.device, "-e", "data_volume_force_format=true")
+    run = data_volume_run(provisioned, disk.device, "-e", f"data_volume_force_format=v100a:{disk.device}")
     assert run.rc == 0, run.output[-4000:]
-    assert host.mount_point("/srv/keep").exists
-    assert not host.file("/srv/keep/precious.txt").exists
+    assert f"v100a: {disk.device} already holds ext4: kept, not erased" in " ".join(run.output.split())
+    assert host.file("/srv/keep/precious.txt").content_string == "keep me\n"
+
+
+def test_force_format_true_is_refused_before_anything_is_erased(provisioned, disk, tmp_path):
+    disk.put_file("ext2", "precious.txt", "keep me\n", tmp_path / "mnt")
+    run = data_volume_run(provisioned, disk.device, "-e", "data_volume_force_format=true")
+    assert run.rc != 0
+    assert ("data_volume_force_format: true would erase every host's data device; name the host and device"
+            in " ".join(run.output.split()))
+    assert disk.holds() == "ext2"
+
+
+def test_force_format_erases_only_the_refused_host_device(provisioned, two_disks, tmp_path):
+    """Healthy ext4 with a file on v100a, XFS on v100b: the refusal names v100b's device and the
+    command that erases it alone; that command keeps v100a's file and formats v100b."""
+    two_disks["v100a"].put_file("ext4", "precious.txt", "keep me\n", tmp_path / "mnt")
+    two_disks["v100b"].put_file("xfs", "old.txt", "scratch\n", tmp_path / "mnt")
+    inventory = yaml.safe_load(provisioned.inventory.read_text())
+    for name, d in two_disks.items():
+        inventory["all"]["children"]["cluster"]["hosts"][name]["data_device"] = d.device
+    inventory["all"]["vars"].update(data_volume_mount="/srv/keep", data_volume_min_free_gb=0)
+    scratch = dataclasses.replace(provisioned, inventory=tmp_path / "inventory.yml")
+    scratch.inventory.write_text(yaml.safe_dump(inventory))
+
+    refused = scratch.playbook("--tags", "data_volume")
+    text = " ".join(refused.output.split())
+    assert refused.rc != 0
+    b = two_disks["v100b"].device
+    assert f"v100b: {b} already holds a filesystem (xfs, 335.5 MB, " in text, text[-3000:]
+    assert "refusing to format it as ext4" in text
+    advice = f"ansible-playbook -i {scratch.inventory} provision.yml -e data_volume_force_format=v100b:{b}"
+    assert advice in text
+    assert "v100a: /dev" not in text.split("Refuse to format")[-1].split("PLAY RECAP")[0]
+    print(refused.output.split("Refuse to format")[-1].split("PLAY RECAP")[0])
+    assert two_disks["v100b"].holds() == "xfs"
+
+    forced = scratch.playbook("--tags", "data_volume", "-e", f"data_volume_force_format=v100b:{b}")
+    text = " ".join(forced.output.split())
+    assert forced.rc == 0, forced.output[-4000:]
+    assert f"v100b: ERASING {b} (xfs, 335.5 MB, " in text and " used), as data_volume_force_format asks" in text
+    assert "v100a: ERASING" not in text
+    assert provisioned.testinfra_host("v100a").file("/srv/keep/precious.txt").content_string == "keep me\n"
+    assert two_disks["v100b"].holds() == "ext4"
+    b_host = provisioned.testinfra_host("v100b")
+    assert b_host.mount_point("/srv/keep").exists and not b_host.file("/srv/keep/old.txt").exists
 
 
 def test_device_with_another_filesystem_is_never_formatted(provisioned, disk, tmp_path):
     disk.put_file("ext2", "precious.txt", "keep me\n", tmp_path / "mnt")
     run = data_volume_run(provisioned, disk.device)
     assert run.rc != 0
-    assert f"v100a: {disk.device} already holds a filesystem (ext2): refusing to format it" in " ".join(
-        run.output.split())
+    text = " ".join(run.output.split())
+    assert f"v100a: {disk.device} already holds a filesystem (ext2, 67.1 MB, " in text
+    assert "refusing to format it as ext4" in text and "partition" not in text.split("refusing")[1][:300]
     mnt = tmp_path / "mnt"
     subprocess.run(["mount", "-o", "ro", disk.device, str(mnt)], check=True)
     try:

@@ -1,21 +1,26 @@
-"""`fab train` on the provisioned lab, for real: CPU, gloo, the tiny preset, synthetic data."""
+"""`fab train` on the provisioned lab, for real: CPU, gloo, the tiny preset, synthetic data_ready."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import time
 
 import pytest
-from labtools import TOP, fab, ssh
+from labtools import FAB, TOP, fab, ssh
 
 RUNS = "/data/tandem/runs"
+# torchrun's worker (`python3 -u -m ...`), not torchrun, whose command line names the module too;
+# the brackets keep the pattern from matching pkill's own shell.
+KILL_THE_RANK = "pkill -9 -f 'python[0-9.]* -u -m train[.]agent[.]fairseq_train'"
 
 
 
 
 def training_processes(cfg, name: str) -> list[str]:
-    out = ssh(cfg, name, "pgrep -af 'fairseq-train|torchrun' || true").stdout
+    out = ssh(cfg, name, "pgrep -af 'fairseq_train|torchrun' || true").stdout
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
@@ -42,27 +47,30 @@ def wait_for_update(cfg, run_id: str, update: int, timeout: float = 300) -> None
 
 
 @pytest.fixture(scope="module")
-def data_ready(provisioned):
-    out = fab(provisioned, "prepare-data").stdout
-    assert "identical on every host" in out
-    return provisioned
-
-
-@pytest.fixture(scope="module")
 def one_host_run(data_ready):
     """The same model on one host for a few updates: the baseline for tokens per batch, and an
     (almost) untrained model for BLEU."""
-    fab(data_ready, "--hosts", "v100a", "train", "--new", "--set",
+    run_id = time.strftime("run-one-%Y%m%d-%H%M%S")  # named: reports/latest is shared by the checkout
+    fab(data_ready, "--hosts", "v100a", "train", "--new", "--run", run_id, "--set",
         "max_update=3,save_interval_updates=3,log_interval=1")
-    run_id = latest_run_id()
-    out = fab(data_ready, "--hosts", "v100a", "evaluate", "--checkpoint", "checkpoint_last.pt").stdout
+    out = fab(data_ready, "--hosts", "v100a", "evaluate", "--run", run_id, "--checkpoint", "checkpoint_last.pt").stdout
     return run_id, float(re.search(r"SacreBLEU ([0-9.]+)", out).group(1))
 
 
 @pytest.fixture(scope="module")
 def two_host_run(data_ready, one_host_run):
-    out = fab(data_ready, "train", "--new", "--set", "max_update=60").stdout
-    return latest_run_id(), out
+    # as in a CI log or under `| tee`: not a terminal, no COLUMNS
+    run_id = time.strftime("run-two-%Y%m%d-%H%M%S")
+    out = fab(data_ready, "train", "--new", "--run", run_id, "--set", "max_update=60", columns=None).stdout
+    return run_id, out
+
+
+def test_progress_is_whole_lines_when_output_is_not_a_terminal(two_host_run):
+    run_id, out = two_host_run
+    progress = [line for line in out.splitlines() if line.startswith(f"{run_id} ")]
+    assert progress, out
+    assert progress[-1].startswith(f"{run_id} 60/60 · loss ") and " ETA " in progress[-1], progress
+    assert not any("…" in line for line in out.splitlines()), out  # rich's cut at 80 columns
 
 
 def test_both_ranks_train_together(data_ready, two_host_run, one_host_run):
@@ -87,20 +95,25 @@ def test_both_ranks_train_together(data_ready, two_host_run, one_host_run):
 
 
 def test_evaluate_scores_the_trained_model_above_an_untrained_one(data_ready, two_host_run, one_host_run):
-    out = fab(data_ready, "evaluate").stdout
+    out = fab(data_ready, "evaluate", "--run", two_host_run[0]).stdout
     bleu = float(re.search(r"SacreBLEU ([0-9.]+)", out).group(1))
     assert bleu > one_host_run[1], (bleu, one_host_run[1])
 
 
 def test_stop_then_resume_continues_from_the_saved_update_on_both_hosts(data_ready):
+    """With local SGD (--comm local-sgd:5, outer momentum 0.5), the strategy whose resume has the most to carry: the run
+    keeps its strategy and the checkpoint its outer state (BMUF's last synced model and momentum)."""
     cfg = data_ready.cfg
-    fab(data_ready, "train", "--new", "--detach", "--set", "max_update=40,save_interval_updates=10")
+    fab(data_ready, "train", "--new", "--detach", "--comm", "local-sgd:5", "--set",
+        "max_update=40,save_interval_updates=10,block_momentum=0.5")
     run_id = latest_run_id()
     wait_for_update(cfg, run_id, 20)
     out = fab(data_ready, "stop").stdout
     assert "no training process left" in out
     for name in cfg.names:
         assert training_processes(cfg, name) == [], f"{name} still trains after fab stop"
+    status = fab(data_ready, "status", check=False).stdout
+    assert "stopped by fab stop at update" in status and "died" not in status, status
     saved = {name: ssh(cfg, name, f"test -s {RUNS}/{run_id}/checkpoints/checkpoint_last.pt").returncode == 0
              for name in cfg.names}
     out = fab(data_ready, "train").stdout  # the latest run, resumed
@@ -115,6 +128,13 @@ def test_stop_then_resume_continues_from_the_saved_update_on_both_hosts(data_rea
     assert saved["v100a"], "rank 0 had saved no checkpoint before the stop"
     assert ssh(cfg, "v100b", f"test -s {RUNS}/{run_id}/checkpoints/checkpoint_last.pt").returncode == 0
     assert "40/40" in out
+    assert log.count("'use_bmuf': True") == 2 and "'global_sync_iter': 5" in log, "not local SGD every 5, twice"
+    assert json.loads((TOP / "reports" / run_id / "run.json").read_text())["comm"] == "local-sgd:5"
+    checkpoint = f"{RUNS}/{run_id}/checkpoints/checkpoint_last.pt"
+    has_outer_state = (f"import torch; c = torch.load('{checkpoint}', weights_only=False); "
+                       "print('tandem_bmuf' in c['last_optimizer_state'])")
+    check = ssh(cfg, "v100a", f'/opt/tandem/venv/bin/python -c "{has_outer_state}"')
+    assert check.stdout.strip().endswith("True"), check.stdout + check.stderr
 
 
 def test_killing_one_rank_stops_the_other_within_a_minute(data_ready):
@@ -122,8 +142,8 @@ def test_killing_one_rank_stops_the_other_within_a_minute(data_ready):
     fab(data_ready, "train", "--new", "--detach", "--set", "max_update=100000")
     run_id = latest_run_id()
     wait_for_update(cfg, run_id, 10)
-    # The rank dies as in a crash or the OOM killer ([n]: the pattern misses pkill's own shell).
-    ssh(cfg, "v100b", "pkill -9 -f fairseq-trai[n]")
+    # The rank dies as in a crash or the OOM killer.
+    ssh(cfg, "v100b", KILL_THE_RANK)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and training_processes(cfg, "v100a"):
         time.sleep(2)
@@ -131,7 +151,186 @@ def test_killing_one_rank_stops_the_other_within_a_minute(data_ready):
     fab(data_ready, "stop", check=False)
     assert left == [], f"v100a still trains a minute after v100b's rank died: {left}"
     status = fab(data_ready, "status", check=False).stdout
-    assert "v100b stopped" in status or "stopped early" in status
+    assert re.search(r"v100b\s*│\s*1\s*│\s*died: killed by SIGKILL", status), status
+    assert "ended early: v100b: rank 1 killed by SIGKILL at update" in status, status
+
+
+def test_following_a_run_whose_rank_is_killed_fails_naming_the_culprit(data_ready):
+    """`fab train` follows; v100b's rank is SIGKILLed at update ~10: fab exits non-zero with one
+    line naming the host, the rank, the signal and the update (not a 0 and a red cell)."""
+    cfg = data_ready.cfg
+    env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
+    before = latest_run_id() if (TOP / "reports" / "latest").exists() else None
+    follower = subprocess.Popen([FAB, "train", "--new", "--no-elastic", "--set", "max_update=100000"], cwd=TOP,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while latest_run_id() == before and time.monotonic() < deadline:  # the new run's run.json
+            time.sleep(1)
+        wait_for_update(cfg, latest_run_id(), 10)
+        ssh(cfg, "v100b", KILL_THE_RANK)
+        out, _ = follower.communicate(timeout=180)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            fab(data_ready, "stop", check=False)
+    assert follower.returncode != 0, out[-3000:]
+    assert re.search(r"v100b: rank 1 killed by SIGKILL at update \d+; the others stopped", out), out[-3000:]
+
+
+def test_a_run_that_loses_a_host_goes_on_with_the_rest(data_ready):
+    """Following (elastic, the default), v100b's link goes down past update 20: the run continues
+    on v100a from its last checkpoint with update-freq 2 (the same effective batch), reaches its
+    last update, and remembers which hosts trained when."""
+    cfg = data_ready.cfg
+    env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
+    before = latest_run_id() if (TOP / "reports" / "latest").exists() else None
+    follower = subprocess.Popen([FAB, "train", "--new", "--set", "max_update=70,save_interval_updates=10"], cwd=TOP,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while latest_run_id() == before and time.monotonic() < deadline:
+            time.sleep(1)
+        run_id = latest_run_id()
+        wait_for_update(cfg, run_id, 22)
+        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "down"], check=True)
+        out, _ = follower.communicate(timeout=480)
+    finally:
+        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "up"], check=True)
+        if follower.poll() is None:
+            follower.kill()
+            fab(data_ready, "stop", check=False)
+    assert follower.returncode == 0, out[-4000:]
+    said = re.search(r"v100b lost at update [\d,]+ \(unreachable\); continuing on v100a from update (\d+), "
+                     r"update-freq 2", out)
+    assert said, out[-4000:]
+    log = log_of(cfg, "v100a", run_id).split("Loaded checkpoint")[-1]
+    after = [int(r["num_updates"]) for r in inner_records(log)]
+    assert after and after[0] > int(said.group(1)) and after[-1] >= 60, after
+    assert "done training" in log
+    members = json.loads((TOP / "reports" / run_id / "run.json").read_text())["members"]
+    assert [m["hosts"] for m in members] == [["v100a", "v100b"], ["v100a"]], members
+
+
+def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_ready):
+    """Rank 0's host (v100a) vanishes once the controller holds a checkpoint, and v100b's own copy
+    is removed as it goes, so the controller's copy is the only one left: the run goes on on v100b
+    alone from it (update-freq 2), reaches its last update, and `fab report` marks the change.
+    The run is named: reports/latest is shared by everyone training from this checkout."""
+    cfg = data_ready.cfg
+    env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
+    run_id = time.strftime("run-rank0-lost-%Y%m%d-%H%M%S")
+    copy = TOP / "reports" / run_id / "checkpoints" / "checkpoint_last.pt"
+    follower = subprocess.Popen([FAB, "train", "--new", "--run", run_id, "--set",
+                                 "max_update=120,save_interval_updates=10"], cwd=TOP, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_update(cfg, run_id, 22)
+        deadline = time.monotonic() + 90  # the follower backs rank 0's checkpoint up every 30 s
+        while not copy.exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert copy.exists(), "the controller holds no copy of rank 0's checkpoint"
+        subprocess.run(["ip", "link", "set", cfg.veth("v100a"), "down"], check=True)
+        ssh(cfg, "v100b", f"rm -f {RUNS}/{run_id}/checkpoints/checkpoint_*.pt")
+        out, _ = follower.communicate(timeout=600)
+    finally:
+        subprocess.run(["ip", "link", "set", cfg.veth("v100a"), "up"], check=True)
+        if follower.poll() is None:
+            follower.kill()
+            fab(data_ready, "stop", "--run", run_id, check=False)
+    assert follower.returncode == 0, out[-4000:]
+    start = re.search(r"started\s+on\s+2\s+hosts\s+\(tiny;\s+(checkpoint\s+every\s+10\s+updates\s+\([^)]*\));", out)
+    assert start, out[:3000]  # bounded loss: the interval, and its time or that it is unmeasured
+    print(" ".join(start.group(1).split()))
+    said = re.search(r"v100a lost at update ([\d,]+) \(unreachable\); continuing on v100b from update (\d+), "
+                     r"update-freq 2", out)
+    assert said, out[-4000:]
+    resumed = int(said.group(2))
+    log = log_of(cfg, "v100b", run_id)
+    loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)
+    assert loaded and int(loaded[-1]) == resumed, loaded
+    after = [int(r["num_updates"]) for r in inner_records(log.split("Loaded checkpoint")[-1])]
+    assert after and after[0] > resumed and after[-1] >= 110, after
+    assert "done training" in log
+    members = json.loads((TOP / "reports" / run_id / "run.json").read_text())["members"]
+    assert [m["hosts"] for m in members] == [["v100a", "v100b"], ["v100b"]], members
+    print(f"v100a lost at update {said.group(1)}; v100b went on from {resumed} (the controller's copy)")
+
+    fab(data_ready, "report", "--run", run_id)
+    answers = {a["key"]: a for a in json.loads((TOP / "reports" / run_id / "answers.json").read_text())["answers"]}
+    assert answers["members"]["numbers"]["changes"] == [f"v100a lost at {said.group(1)}"], answers["members"]
+    assert "Membership (which hosts trained when)" in (TOP / "reports" / run_id / "index.html").read_text()
+    # the progress is v100a's log up to the loss, then v100b's: collected from both
+    from train.report import answers as A
+
+    logged = [iv.update for iv in A.analyze(A.load(TOP / "reports" / run_id)).intervals]
+    assert logged[0] == 10 and logged[-1] == 120 and resumed + 10 in logged, logged
+
+    # resumed on the host it has now, 10 more updates: the start line times the interval with the run's own pace
+    again = fab(data_ready, "--hosts", "v100b", "train", "--run", run_id, "--set", "max_update=130").stdout
+    measured = re.search(r"checkpoint\s+every\s+10\s+updates\s+\(≈\s+\d+\s+s\s+at\s+[\d.]+\s+s/update,"
+                         r"\s+this\s+run's\s+log\)", again)
+    assert measured, again[-3000:]
+    print(" ".join(measured.group(0).split()))
+
+
+def run_processes(run_id: str) -> list[str]:
+    """Every process of the run on every lab host (they share this machine's process table)."""
+    out = subprocess.run(["pgrep", "-af", run_id], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def test_a_host_whose_network_vanishes_leaves_nothing_running_with_nobody_following(data_ready):
+    """v100b's link goes down while the run is detached: no controller will stop anything. Each
+    rank is blocked in an all_reduce; fairseq's heartbeat (45 s) must end it (tandem's entry point
+    makes it a SIGKILL: fairseq's SIGINT never reached a rank blocked in C++), and torchrun with it."""
+    cfg = data_ready.cfg
+    fab(data_ready, "train", "--new", "--detach", "--set", "max_update=100000")
+    run_id = latest_run_id()
+    wait_for_update(cfg, run_id, 10)
+    subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "down"], check=True)
+    cut = time.monotonic()
+    try:
+        while run_processes(run_id) and time.monotonic() - cut < 120:
+            time.sleep(2)
+        took, left = time.monotonic() - cut, run_processes(run_id)
+        started = time.monotonic()
+        status = fab(data_ready, "status", check=False)
+        status_s = time.monotonic() - started
+    finally:
+        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "up"], check=True)
+    if left:
+        fab(data_ready, "stop", check=False)
+    assert left == [], f"{len(left)} processes of the run still up {took:.0f} s after v100b vanished: {left}"
+    assert took < 75, f"the run took {took:.0f} s to end"  # the heartbeat (45 s), then torchrun
+    print(f"every process of the run gone {took:.0f} s after v100b's link went down")
+    assert "Killing job for not making progress" in log_of(cfg, "v100a", run_id)
+    # fab status names the host it cannot reach, and does not wait out SSH's patience
+    assert status.returncode != 0 and re.search(r"v100b\s*│\s*1\s*│\s*unreachable", status.stdout), status.stdout
+    assert status_s < 30, f"fab status took {status_s:.0f} s with v100b unreachable"
+
+
+def test_a_frozen_host_leaves_nothing_running_with_nobody_following(data_ready):
+    """v100b's ranks are frozen (SIGSTOP: a VM paused by its provider, a process stuck in the
+    kernel) while the run is detached. v100a's rank blocks on them; its heartbeat ends it, and the
+    frozen rank, which can end nothing itself, must not stay behind holding v100b's GPU."""
+    cfg = data_ready.cfg
+    run_id = time.strftime("run-frozen-%Y%m%d-%H%M%S")  # named: reports/latest is shared by the checkout
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000")
+    wait_for_update(cfg, run_id, 10)
+    ssh(cfg, "v100b", "pkill -STOP -f 'python[0-9.]* -u -m train[.]agent[.]fairseq_train'")
+    frozen = time.monotonic()
+    while run_processes(run_id) and time.monotonic() - frozen < 120:
+        time.sleep(2)
+    took, left = time.monotonic() - frozen, run_processes(run_id)
+    if left:
+        fab(data_ready, "stop", check=False)
+    assert left == [], f"{len(left)} processes of the run still up {took:.0f} s after v100b froze: {left}"
+    assert took < 90, f"the run took {took:.0f} s to end"
+    print(f"every process of the run gone {took:.0f} s after v100b's ranks froze")
+    status = fab(data_ready, "status", "--run", run_id, check=False)
+    assert re.search(r"v100b\s*│\s*1\s*│\s*died: frozen \(stopped \d+ s\), killed by tandem.s watchdog",
+                     status.stdout), status.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -213,3 +412,12 @@ def test_a_run_capped_at_100mbit_is_reported_network_bound(data_ready):
     answers = json.loads((TOP / "reports" / run_id / "answers.json").read_text())["answers"]
     network = next(a for a in answers if a["key"] == "network")
     assert network["verdict"] == "network-bound", network["answer"]
+
+
+def test_predict_names_the_comm_that_would_reach_90_percent_on_a_slow_link(data_ready):
+    # the tiny model's 1.2 MB of gradients over 10 Mbit/s take ~1 s, its compute 0.05 s: network-bound
+    done = fab(data_ready, "predict", "--link", "10", "--compute-s", "0.05", check=False)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert re.search(r"--comm local-sgd:\d+ would reach 9\d% of the compute speed", done.stdout), done.stdout
+    auto = fab(data_ready, "predict", "--link", "10", "--compute-s", "0.05", "--comm", "auto", check=False).stdout
+    assert re.search(r"choice: --comm local-sgd:\d+: .* \(reaches 90%\)", auto), auto

@@ -8,7 +8,9 @@ count (0: a CPU host, one rank) being all it needs to know (roles/verify and ben
         [--iters 5] [--warmup 1] [--budget-s 20] [--json FILE]
 
 That launcher reads the environment file, then becomes the host's rank (global rank = the ranks
-of the hosts before it), or torchrun with one worker per GPU on a host with several. A rank
+of the hosts before it), or torchrun with one worker per GPU on a host with several; such a
+host first measures its own GPUs alone (torchrun on 127.0.0.1, printed as `INTRA {...}`), so
+that intra-host (NVLink/PCIe/SHM) and inter-host bus bandwidth are told apart. A rank
 alone: `--rank R --world-size N --master-addr A`, or under torchrun (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK from the environment). `auto` picks NCCL when CUDA is
 available, gloo otherwise. GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name the cluster NIC
@@ -37,6 +39,7 @@ import datetime as dt
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -186,8 +189,34 @@ def _sweep_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def intra_host_argv(gpus: int, master_port: int, python: str, sweep: list[str]) -> list[str]:
+    """This host's GPUs alone (NVLink, PCIe P2P or shared memory, no NIC): torchrun on 127.0.0.1."""
+    torchrun = os.path.join(os.path.dirname(python), "torchrun")
+    return [torchrun, "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", str(gpus), "--master_addr",
+            "127.0.0.1", "--master_port", str(master_port), "-m", "train.agent.allreduce",
+            *[a for a in sweep if a not in ("--json",)]]
+
+
+def measure_intra_host(gpus: int, args: argparse.Namespace) -> None:
+    """On a host with several GPUs in a cluster of several hosts: the all_reduce among this
+    host's GPUs first, printed as `INTRA {...}` (verify shows it beside the cross-host figure, so
+    a slow GPU link inside a VM shows as what it is). Its failure is reported, not fatal: the
+    cross-host run still measures."""
+    sweep = _sweep_args(args)
+    if "--json" in sweep:  # the cross-host report owns the --json file
+        del sweep[sweep.index("--json"): sweep.index("--json") + 2]
+    done = subprocess.run(intra_host_argv(gpus, args.master_port + 1, sys.executable, sweep),
+                          capture_output=True, text=True, timeout=args.timeout + 60)
+    report = next((line[5:] for line in reversed(done.stdout.splitlines()) if line.startswith("JSON ")), None)
+    if report is None:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        report = json.dumps({"ok": False, "error": f"exit {done.returncode}: {last}"})
+    print("INTRA " + report, flush=True)
+
+
 def launch(args: argparse.Namespace) -> int:
-    """--node-rank mode: read the environment file, then become this host's rank(s) (exec)."""
+    """--node-rank mode: read the environment file, then become this host's rank(s) (exec);
+    a host with several GPUs among several hosts measures its GPUs alone first."""
     try:
         ranks = [max(int(g), 1) for g in args.gpus_per_host.split(",")]
     except (AttributeError, ValueError):
@@ -197,6 +226,8 @@ def launch(args: argparse.Namespace) -> int:
                          "the host's index into every host's GPU count (0 for a CPU host)")
     if args.env_file and os.path.exists(args.env_file):
         os.environ.update(read_env_file(args.env_file))
+    if ranks[args.node_rank] > 1 and len(ranks) > 1:
+        measure_intra_host(ranks[args.node_rank], args)
     argv = rank_argv(args.node_rank, ranks, args.master_addr, args.master_port, sys.executable, _sweep_args(args))
     sys.stdout.flush()
     os.execv(argv[0], argv)

@@ -1,12 +1,19 @@
-"""fairseq-train with two of fairseq 0.12's device assumptions fixed (tandem starts such runs with it).
+"""fairseq-train with fairseq 0.12's device and failure assumptions fixed: tandem starts every run with it.
 
     python -m train.agent.fairseq_train DATA ...      (the same arguments as fairseq-train)
 
 - `--bf16` means bfloat16 on the GPU, not on a TPU (below);
+- attention on a GPU does not use cuDNN's kernels (below);
+- the process group times out with the run's heartbeat, not NCCL's 10 minutes, and the heartbeat
+  kills a rank stuck in a collective instead of interrupting it (below);
 - `--ddp-backend pytorch_ddp` works on CPU hosts: fairseq hands DistributedDataParallel
   `device_ids=[device_id]`, which torch refuses for a CPU module, so CPU runs could only use
   legacy_ddp, whose all-reduce never overlaps the backward pass. The lab measures that overlap
   (benchmarks.step) with this.
+
+- local SGD's outer state (fairseq's BMUF) is saved in checkpoints (below).
+
+With TANDEM_PROFILE=FIRST:COUNT:DIR it also profiles a window of updates (train/agent/profile.py).
 
 fairseq 0.12 ties `--bf16` to TPUs: `options.add_defaults` sets `tpu=True`, and
 `distributed_init` then imports torch_xla, which a GPU host lacks, so every rank dies at start.
@@ -17,6 +24,8 @@ else is fairseq-train itself.
 """
 
 from __future__ import annotations
+
+import os
 
 
 def bf16_on_gpu(args):
@@ -41,6 +50,63 @@ def patch_parser() -> None:
     options.parse_args_and_arch = parse_args_and_arch
 
 
+def attention_without_cudnn() -> None:
+    """Keep torch's scaled_dot_product_attention (fairseq's attention calls it) off the cuDNN
+    backend, which torch prefers on Hopper GPUs. cuDNN builds an execution plan per input shape,
+    and fairseq's batches change shape every update (sentences bucketed by length): on an H100
+    the plan building took 110–125 ms of host time per Transformer update, the GPU idle 90% of
+    the time (benchmarks/README.md, "On a GPU machine"). Flash and memory-efficient attention
+    have no per-shape plans. TANDEM_CUDNN_ATTENTION=1 keeps cuDNN."""
+    import torch
+
+    if os.environ.get("TANDEM_CUDNN_ATTENTION") != "1" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def process_group_timeout() -> None:
+    """fairseq calls init_process_group without a timeout: NCCL's default is 10 minutes, so the
+    ranks of a host that vanished mid-all-reduce stay blocked that long. TANDEM_PG_TIMEOUT_S
+    (tandem sets it to the run's heartbeat) becomes the default timeout instead."""
+    seconds = os.environ.get("TANDEM_PG_TIMEOUT_S")
+    if not seconds:
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    init = dist.init_process_group
+    if getattr(init, "_tandem_timeout", False):
+        return
+
+    def init_process_group(*args, **kwargs):
+        kwargs.setdefault("timeout", datetime.timedelta(seconds=float(seconds)))
+        return init(*args, **kwargs)
+
+    init_process_group._tandem_timeout = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group
+
+
+def heartbeat_kills() -> None:
+    """fairseq's heartbeat (--heartbeat-timeout) sends its own process SIGINT. A rank whose peer
+    vanished is blocked inside a collective, in C++, and never runs Python's handler: it logs
+    "Killing job for not making progress" and stays (seen for > 240 s on the lab, torchrun and
+    all). SIGKILL ends it wherever it is; torchrun then ends the host's part of the run."""
+    import signal
+
+    from fairseq.distributed import distributed_timeout_wrapper as wrapper
+
+    cls = wrapper.DistributedTimeoutWrapper
+    if getattr(cls, "_tandem_kill", False):
+        return
+    init = cls.__init__
+
+    def __init__(self, module, timeout, signal=signal.SIGKILL):
+        init(self, module, timeout, signal)
+
+    cls.__init__ = __init__
+    cls._tandem_kill = True
+
+
 def ddp_on_cpu() -> None:
     """Give fairseq a DistributedDataParallel that leaves device_ids unset for a CPU module."""
     import torch
@@ -60,12 +126,75 @@ def ddp_on_cpu() -> None:
     dfm.DistributedDataParallel = DistributedDataParallel
 
 
+def local_sgd_state_in_checkpoints() -> None:
+    """fairseq's BMUF (--comm local-sgd:H) keeps the last synced model and its outer (block)
+    momentum outside the optimizer's state_dict, so a resumed or elastically restarted run lost
+    its momentum and measured its next delta from the wrong model. They ride along in the
+    optimizer state now (`tandem_bmuf`, fp32 on CPU), and come back when it is loaded. Its sync
+    all-reduces one flat buffer (below)."""
+    import torch
+    from fairseq.optim.bmuf import FairseqBMUF
+
+    if getattr(FairseqBMUF, "_tandem_state", False):
+        return
+    state_dict, load_state_dict = FairseqBMUF.state_dict, FairseqBMUF.load_state_dict
+
+    def with_outer_state(self):
+        state = dict(state_dict(self))
+        if self.block_momentum == 0:  # a plain average keeps no outer state: no 2 × the model's size to save
+            return state
+        state["tandem_bmuf"] = {"global_params": [p.detach().cpu() for p in self.global_params],
+                                "smoothed_grads": [g.detach().cpu() for g in self.smoothed_grads]}
+        return state
+
+    def load_outer_state(self, state, optimizer_overrides=None):
+        state = dict(state)
+        outer = state.pop("tandem_bmuf", None)
+        load_state_dict(self, state, optimizer_overrides)
+        if outer and len(outer["global_params"]) == len(self.global_params):
+            with torch.no_grad():
+                for mine, saved in zip(self.global_params, outer["global_params"], strict=True):
+                    mine.copy_(saved.to(mine.device, mine.dtype))
+                for mine, saved in zip(self.smoothed_grads, outer["smoothed_grads"], strict=True):
+                    mine.copy_(saved.to(mine.device, mine.dtype))
+
+    FairseqBMUF.state_dict, FairseqBMUF.load_state_dict = with_outer_state, load_outer_state
+    FairseqBMUF._avg_grad_from_all_gpus = _average_in_one_all_reduce
+    FairseqBMUF._tandem_state = True
+
+
+def _average_in_one_all_reduce(self) -> None:
+    """BMUF's sync, as fairseq's (the deltas, or the parameters without block momentum, averaged
+    over the ranks) in one all-reduce of one flat buffer instead of one per tensor: a Transformer
+    has a hundred or more, each a round trip, which on the lab cost seconds per sync."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = [p.data if self.block_momentum == 0 else g for p, g in zip(self.params, self.grads, strict=True)]
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors]).div_(float(dist.get_world_size()))
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 def main() -> None:
     # fairseq_cli.train sets up fairseq's log format when imported: before anything else logs.
     from fairseq_cli.train import cli_main
 
     patch_parser()
     ddp_on_cpu()
+    attention_without_cudnn()
+    process_group_timeout()
+    heartbeat_kills()
+    local_sgd_state_in_checkpoints()
+    if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
+        from train.agent import profile
+
+        profile.install(os.environ["TANDEM_PROFILE"])
     cli_main()
 
 

@@ -1,11 +1,16 @@
 """The sampler that runs on every host beside the training (started and ended with it).
 
-    python -m train.agent.monitor --out RUN/samples.jsonl --nic eth0 --watch RUN/checkpoints
+    python -m train.agent.monitor --out RUN/samples.jsonl [--nic eth0] --watch RUN/checkpoints
 
 Every `--interval` seconds it appends one JSON line: the cluster NIC's sent and received
 bytes per second, CPU, memory, and per GPU its utilization and memory (NVML). Hosts
 without an NVIDIA GPU report `"gpus": null` (absent), never zeros. It exits by itself once
 no process of the run (found by the `--save-dir` on its command line) is left.
+
+It is also the run's watchdog on this host: a process of the run that stays stopped (SIGSTOP, a
+VM paused by its provider) for `--frozen-after` seconds is killed. Its peers' heartbeat has ended
+them by then; a stopped process can end nothing itself and would hold the GPU and the port until
+someone noticed. The kill is written to the run's train.log, so `fab status` names it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -47,9 +53,43 @@ def gpu_reader():
     return read
 
 
-def run_alive(save_dir: str) -> bool:
-    """Whether any process runs with `--save-dir SAVE_DIR` (every process of a run has it)."""
-    return bool(save_dir_pids(save_dir))
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+class FrozenWatch:
+    """Kills the processes of a run that stay stopped for `after_s` seconds (see the module's doc)."""
+
+    def __init__(self, after_s: float, log_path: Path | None = None):
+        self.after_s, self.log_path = after_s, log_path
+        self.stopped_since: dict[int, float] = {}
+
+    def check(self, pids: list[int], now: float | None = None) -> list[int]:
+        """Look at the run's processes once; returns the pids killed now."""
+        now = time.monotonic() if now is None else now
+        stopped = set()
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() in STOPPED:
+                    stopped.add(pid)
+            except psutil.Error:  # ended meanwhile
+                continue
+        self.stopped_since = {pid: self.stopped_since.get(pid, now) for pid in stopped}
+        killed = []
+        for pid in [pid for pid, since in self.stopped_since.items() if now - since >= self.after_s]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended meanwhile: nothing was killed
+                continue
+            killed.append(pid)
+            self._say(f"tandem watchdog: process {pid} of the run was stopped (frozen) for "
+                      f"{now - self.stopped_since.pop(pid):.0f} s; killed it (SIGKILL): its peers could not go on")
+        return killed
+
+    def _say(self, line: str) -> None:
+        print(line, flush=True)
+        if self.log_path is not None:
+            with open(self.log_path, "a", encoding="utf-8") as log:
+                log.write(line + "\n")
 
 
 def sample(nic: str, previous: tuple[float, int, int] | None, gpus) -> tuple[dict, tuple[float, int, int]]:
@@ -74,14 +114,22 @@ def sample(nic: str, previous: tuple[float, int, int] | None, gpus) -> tuple[dic
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--nic", default=os.environ.get("TANDEM_CLUSTER_NIC", "eth0"))
+    parser.add_argument("--nic", default=os.environ.get("TANDEM_CLUSTER_NIC"),
+                        help="the cluster NIC (default: TANDEM_CLUSTER_NIC, from /etc/tandem/env)")
     parser.add_argument("--watch", required=True, metavar="SAVE_DIR",
                         help="the run's save dir: stop when no process with --save-dir SAVE_DIR is left")
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--start-grace", type=float, default=60.0,
                         help="seconds to wait for the training to appear before giving up")
+    parser.add_argument("--frozen-after", type=float, default=60.0,
+                        help="kill a process of the run stopped this long (beyond its peers' heartbeat)")
+    parser.add_argument("--log", type=Path, help="the run's train.log, where a kill is written")
     args = parser.parse_args(argv)
     nics = psutil.net_io_counters(pernic=True)
+    if not args.nic:  # never a guess (eth0): the figures would be another NIC's, or none
+        print(f"{socket.gethostname()}: no cluster NIC to sample: set the inventory's cluster_nic, or provision "
+              "the host (roles/network writes TANDEM_CLUSTER_NIC to /etc/tandem/env)", file=sys.stderr)
+        return 2
     if args.nic not in nics:  # else every sample would lack the NIC's figures and none be written
         print(f"{socket.gethostname()}: no NIC {args.nic} to sample (has {', '.join(sorted(nics))}); "
               "set the inventory's cluster_nic", file=sys.stderr)
@@ -89,12 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     gpus = gpu_reader()
     psutil.cpu_percent(interval=None)  # the first reading is meaningless: prime it
     started, seen = time.monotonic(), False
+    watch = FrozenWatch(args.frozen_after, args.log)
     previous = None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a", encoding="utf-8") as out:
         while True:
-            alive = run_alive(args.watch)
+            pids = save_dir_pids(args.watch)
+            alive = bool(pids)
             seen = seen or alive
+            watch.check(pids)
             if not alive and (seen or time.monotonic() - started > args.start_grace):
                 return 0
             record, previous = sample(args.nic, previous, gpus)

@@ -1,14 +1,18 @@
 """What a host's training environment is: versions, GPUs, and (for a run) data, disk, port, processes.
 
     python -m train.agent.probe                                   # versions only (provisioning)
-    python -m train.agent.probe --data DIR --port 29500 --run DIR # + what `fab train` checks first
+    python -m train.agent.probe --data DIR --port 29500 --run DIR --packages
+                                                                  # + what `fab train` checks first
 
 prints one JSON object: python, torch, cuda, cuda_available, cuda_devices, fairseq, numpy;
 with --data the sha256 of the dataset's MANIFEST.sha256 (null when absent) and the free GB on
 /data; with --port whether the rendezvous port is free; with --run the pid of a process of that
-run already there (null when none). When torch or fairseq does not import, `import_error` says
-why and the exit status is 1. roles/train_env and roles/verify ask it once per host; `fab train`
-asks it in its preflight; `versions_differ` is the one comparison all three use.
+run already there (null when none); with --packages every installed distribution and its version
+(what `pip freeze` lists: train.agent.pins compares them with the pins); with --cache FILE the
+versions come from FILE while the installed packages, Python and driver are unchanged. When torch
+or fairseq does not import, `import_error` says why and the exit status is 1. roles/train_env and
+roles/verify ask it once per host; `fab train` asks it in its preflight; `versions_differ` is the
+one comparison all three use.
 """
 
 from __future__ import annotations
@@ -39,6 +43,42 @@ def versions() -> dict:
     return out
 
 
+def environment_key() -> str:
+    """What versions() depends on, read without importing torch (seconds): Python, every installed
+    distribution, the NVIDIA driver and its device nodes."""
+    from train.agent.pins import installed
+
+    parts = [platform.python_version(), json.dumps(installed(), sort_keys=True)]
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            parts.append(f.read())
+    except OSError:
+        parts.append("no nvidia driver")
+    parts.append(",".join(sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def cached_versions(path: str) -> dict:
+    """versions(), answered from `path` while environment_key() is what it was: provisioning's reruns
+    ask every host, and importing torch and fairseq takes seconds on each."""
+    key = environment_key()
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("key") == key:
+            return saved["versions"]
+    except (OSError, ValueError, KeyError):
+        pass
+    out = versions()
+    if "import_error" not in out:
+        try:
+            with open(path, "w") as f:
+                json.dump({"key": key, "versions": out}, f)
+        except OSError:
+            pass  # a cache, not a result
+    return out
+
+
 def manifest_sha256(data_dir: str) -> str | None:
     manifest = os.path.join(data_dir, "MANIFEST.sha256")
     if not os.path.exists(manifest):
@@ -63,8 +103,13 @@ def port_free(port: int) -> tuple[bool, str | None]:
         s.close()
 
 
-def probe(data: str | None = None, port: int | None = None, run: str | None = None) -> dict:
-    out = versions()
+def probe(data: str | None = None, port: int | None = None, run: str | None = None,
+          packages: bool = False, cache: str | None = None) -> dict:
+    out = cached_versions(cache) if cache else versions()
+    if packages:
+        from train.agent.pins import installed
+
+        out["packages"] = installed()
     if data is not None:
         out["data"] = manifest_sha256(data)
         out["free_gb"] = free_gb()
@@ -94,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="a dataset directory: its manifest's checksum, and the free space on /data")
     p.add_argument("--port", type=int, help="a port that must be free (the rendezvous on rank 0's host)")
     p.add_argument("--run", help="a run directory: is a process of that run already here?")
+    p.add_argument("--packages", action="store_true", help="every installed distribution and its version")
+    p.add_argument("--cache", help="a file to answer the versions from while the installed packages, "
+                   "Python and NVIDIA driver stay the same")
     args = p.parse_args(argv)
-    out = probe(args.data, args.port, args.run)
+    out = probe(args.data, args.port, args.run, args.packages, args.cache)
     print(json.dumps(out))
     if "import_error" in out:
         print(f"torch/fairseq do not import: {out['import_error']}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
     python -m train.agent.state --run /data/tandem/runs/RUN [--tail 400]
 
-prints one JSON object: {"running": true, "pids": [...], "update": 120, "tail": [...]}.
+prints one JSON object: {"running": true, "pids": [...], "update": 120, "tail": [...],
+"stopped_by_user": false} (the last: `fab stop` stopped it, train.agent.stop's mark).
 Every process of a run names its save directory on its command line (`--save-dir
 RUN/checkpoints`): torchrun, and the workers it starts in sessions of their own, which a
 process-group kill would miss. `fab status`, `fab train` (following), `fab bench-step` and
@@ -80,7 +81,8 @@ def last_update(path: Path, window: int = 1 << 20) -> int | None:
 def state(run_dir: str, lines: int = 400) -> dict:
     log = Path(run_dir) / "train.log"
     pids = run_pids(run_dir)
-    return {"running": bool(pids), "pids": pids, "update": last_update(log), "tail": tail(log, lines)}
+    return {"running": bool(pids), "pids": pids, "update": last_update(log), "tail": tail(log, lines),
+            "stopped_by_user": not pids and (Path(run_dir) / "stopped").exists()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
     python -m train.agent.stop --run /data/tandem/runs/RUN [--wait 20]
 
-SIGTERM to every process that names the run's save directory (train.agent.state.run_pids),
+Marks the run as stopped on purpose (RUN/stopped; the next start removes it), then SIGTERM to
+every process that names the run's save directory (train.agent.state.run_pids),
 up to `--wait` seconds for them to end, then SIGKILL. Prints one word: `none` (nothing was
 running), `stopped` (ended on SIGTERM), `killed` (needed SIGKILL); exit 1 with `alive` when a
 process outlived SIGKILL.
@@ -25,10 +26,16 @@ def _signal(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+STOPPED_MARK = "stopped"  # in the run's directory: `fab status` says "stopped by fab stop", not "died"
+
+
 def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.5) -> str:
     pids = run_pids(run_dir)
     if not pids:
         return "none"
+    # a missing run directory still gets its processes stopped
+    with contextlib.suppress(OSError), open(os.path.join(run_dir, STOPPED_MARK), "w") as f:
+        f.write(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
     _signal(pids, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

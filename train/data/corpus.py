@@ -10,8 +10,10 @@ checked there against its SHA-256 manifest (`fab prepare-data`). Sources:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import download, synthetic
+from . import check, download, synthetic
 
 LANGS = ("en", "de")
 SPLITS = ("train", "valid", "test")
@@ -60,6 +62,9 @@ class Corpus:
     train_mb: float
     vocab_size: int
     files: int
+    vocab_asked: int = 0
+    # '' or why the vocabulary is smaller than asked
+    vocab_note: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -79,9 +84,10 @@ def keep_pair(en: str, de: str, max_words: int = 250, max_ratio: float = 3.0) ->
 
 
 def clean_split(src: dict[str, Path], dest: Path, split: str, filter_pairs: bool) -> int:
-    """Normalize one split's parallel files into dest/{split}.{en,de}; returns the lines kept."""
-    with open(src["en"], encoding="utf-8", errors="replace") as fen, \
-         open(src["de"], encoding="utf-8", errors="replace") as fde, \
+    """Normalize one split's parallel files into dest/{split}.{en,de}; returns the lines kept.
+    The files were checked (check.check_parallel): strict UTF-8, same line count."""
+    with open(src["en"], encoding="utf-8") as fen, \
+         open(src["de"], encoding="utf-8") as fde, \
          open(dest / f"{split}.en", "w", encoding="utf-8") as oen, \
          open(dest / f"{split}.de", "w", encoding="utf-8") as ode:
         kept = 0
@@ -129,6 +135,21 @@ def raw_from_wmt16(downloads: Path, quiet: bool = False) -> dict[str, dict[str, 
                     out.write((extracted / f"{part}.{lang}").read_bytes())
             files[split][lang] = joined
     return files
+
+
+def check_raw(raw: dict[str, dict[str, Path]]) -> None:
+    """Every split valid before anything is made from it (DataError: file, line, what is wrong)."""
+    try:
+        for split in SPLITS:
+            check.check_parallel(raw[split], split)
+    except check.CorpusError as err:
+        raise DataError(str(err)) from None
+
+
+def piece_count(model: Path) -> int:
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
 
 
 def learn_subwords(text_dir: Path, model_prefix: Path, vocab_size: int) -> Path:
@@ -180,9 +201,31 @@ def write_manifest(bin_dir: Path) -> Path:
 
 def prepare(name: str, work: Path, source: Path | None = None, wmt16: bool = False,
             vocab_size: int = 32000, synthetic_train: int = 20000, quiet: bool = False) -> Corpus:
-    """Run the whole pipeline into work/<name>/bin; returns what it made."""
-    root = work / name
-    shutil.rmtree(root, ignore_errors=True)
+    """Run the whole pipeline into work/<name>/bin; returns what it made. It is built beside, in
+    work/.<name>.partial, and replaces work/<name> only when it succeeded: a failure leaves the
+    cache as it was (a previous good preparation of the same name included). Two controllers
+    preparing at once (two labs, two terminals) take turns: the second waits on a lock of the
+    work directory itself (nothing left behind) rather than deleting the first one's half-built files."""
+    root, partial = work / name, work / f".{name}.partial"
+    work.mkdir(parents=True, exist_ok=True)
+    lock = os.open(work, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            corpus = _build(name, partial, work, source, wmt16, vocab_size, synthetic_train, quiet)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        shutil.rmtree(root, ignore_errors=True)
+        partial.rename(root)
+    finally:
+        os.close(lock)  # and with it the lock
+    return Corpus(**{**corpus.as_dict(), "bin_dir": str(root / "bin")})
+
+
+def _build(name: str, root: Path, work: Path, source: Path | None, wmt16: bool, vocab_size: int,
+           synthetic_train: int, quiet: bool) -> Corpus:
     raw_dir, text_dir, sub_dir, bin_dir = root / "raw", root / "text", root / "subwords", root / "bin"
     for d in (raw_dir, text_dir):
         d.mkdir(parents=True)
@@ -193,6 +236,7 @@ def prepare(name: str, work: Path, source: Path | None = None, wmt16: bool = Fal
     else:
         synthetic.write_corpus(raw_dir, train=synthetic_train)
         raw = raw_from_directory(raw_dir)
+    check_raw(raw)
     lines = {split: clean_split(raw[split], text_dir, split, filter_pairs=split == "train") for split in SPLITS}
     if lines["train"] == 0:
         raise DataError(f"{name}: no training pairs left after cleaning")
@@ -206,7 +250,8 @@ def prepare(name: str, work: Path, source: Path | None = None, wmt16: bool = Fal
     vocab = len((bin_dir / "dict.en.txt").read_text(encoding="utf-8").splitlines())
     corpus = Corpus(name=name, bin_dir=str(bin_dir), train_lines=lines["train"],
                     train_mb=round(train_bytes / 1e6, 2), vocab_size=vocab,
-                    files=len(list(bin_dir.iterdir())) + 1)
+                    files=len(list(bin_dir.iterdir())) + 1, vocab_asked=vocab_size,
+                    vocab_note=check.vocabulary_note(piece_count(model), vocab_size, lines["train"]))
     figures = {k: v for k, v in corpus.as_dict().items() if k != "bin_dir"}
     (bin_dir / "corpus.json").write_text(json.dumps(figures, indent=2))
     write_manifest(bin_dir)

@@ -78,6 +78,7 @@ class RunData:
     corpus: dict | None
     tails: dict[str, str] = field(default_factory=dict)  # each host's last log line
     time_shift_s: float = 0.0  # added to log times to line them up with the samples
+    rank0_logs: list[str] = field(default_factory=list)  # the hosts whose logs hold rank 0's progress, in turn
 
     @property
     def rank0(self) -> str | None:
@@ -142,15 +143,31 @@ def load(run_dir: Path) -> RunData:
     """Read a collected run directory (see the module docstring for its files)."""
     run_dir = Path(run_dir)
     run = _json(run_dir / "run.json") or {}
-    log_files = sorted((run_dir / "logs").glob("*.log"))
-    hosts = list(run.get("hosts") or [p.stem for p in log_files])
-    logs: dict[str, Log] = {}
-    texts: dict[str, list[str]] = {}
-    for path in log_files:
-        texts[path.stem] = path.read_text(errors="replace").splitlines()
-        logs[path.stem] = parse_log(texts[path.stem])
+    texts = {p.stem: p.read_text(errors="replace").splitlines() for p in sorted((run_dir / "logs").glob("*.log"))}
+    samples = {p.stem: read_samples(p) for p in sorted((run_dir / "samples").glob("*.jsonl"))}
+    bench = [b for p in sorted((run_dir / "bench").glob("*.json")) if (b := _json(p)) is not None]
+    ckpt = run_dir / "checkpoints.txt"
+    return from_texts(run, texts, samples, run_dir=run_dir, bench=bench, bleu=_json(run_dir / "bleu.json"),
+                      checkpoints=parse_checkpoints(ckpt.read_text()) if ckpt.exists() else None,
+                      corpus=_json(run_dir / "corpus.json"))
+
+
+def from_texts(run: dict, texts: dict[str, list[str]], samples: dict[str, list[dict]], *, run_dir: Path = Path(),
+               bench: list[dict] | None = None, bleu: dict | None = None, checkpoints: list[Checkpoint] | None = None,
+               corpus: dict | None = None) -> RunData:
+    """A run from its log lines and samples in memory: what `load` reads from files, and what
+    `fab watch` reads live from the hosts (the same analysis for both)."""
+    from train.report import members
+
+    hosts = list(run.get("hosts") or texts)
+    logs = {host: parse_log(lines) for host, lines in texts.items()}
     rank0 = hosts[0] if hosts else None
     lines = texts.get(rank0, []) if rank0 else []
+    # rank 0 moved to another host when its host was lost (Run.members): each rank 0's log in turn
+    ranks0 = [h for h in members.rank0_hosts(run.get("members")) if h in texts]
+    merged = len(ranks0) > 1 and rank0 in ranks0
+    if merged:
+        lines = [line for h in ranks0 for line in texts[h]]
     log_times, starts, params = [], [], None
     for line in lines:
         if match := _TIME.match(line):
@@ -158,22 +175,15 @@ def load(run_dir: Path) -> RunData:
             if _START.search(line):
                 starts.append(log_times[-1])
         params = params or logged_params(line)
-    samples = {}
-    for path in sorted((run_dir / "samples").glob("*.jsonl")):
-        samples[path.stem] = read_samples(path)
-    bench = [b for p in sorted((run_dir / "bench").glob("*.json")) if (b := _json(p)) is not None]
-    ckpt = run_dir / "checkpoints.txt"
-    options = resolve_options(run)
-    log = logs.get(rank0) if rank0 else None
+    log = parse_log(lines) if merged else (logs.get(rank0) if rank0 else None)
     data = RunData(
-        run_dir=run_dir, run=run, hosts=hosts, options=options, log=log or Log(), logs=logs,
-        log_times=log_times, starts=starts, params=params, samples=samples, bench=bench,
-        bleu=_json(run_dir / "bleu.json"),
-        checkpoints=parse_checkpoints(ckpt.read_text()) if ckpt.exists() else None,
-        corpus=_json(run_dir / "corpus.json"),
+        run_dir=Path(run_dir), run=run, hosts=hosts, options=resolve_options(run), log=log or Log(), logs=logs,
+        log_times=log_times, starts=starts, params=params, samples=samples, bench=list(bench or []),
+        bleu=bleu, checkpoints=checkpoints, corpus=corpus,
         tails={h: next((x for x in reversed(t) if x.strip()), "") for h, t in texts.items()},
     )
     data.time_shift_s = time_shift(data)
+    data.rank0_logs = ranks0 if merged else ([rank0] if rank0 else [])
     return data
 
 
@@ -326,7 +336,8 @@ def answer_duration(data: RunData) -> Answer:
     if elapsed is None:
         text = f"no log collected from {data.rank0 or 'rank 0'}"
     else:
-        text = f"{format_eta(elapsed)} from the first to the last line of {data.rank0}'s log"
+        who = "'s then ".join(data.rank0_logs) if len(data.rank0_logs) > 1 else data.rank0
+        text = f"{format_eta(elapsed)} from the first to the last line of {who}'s log"
     if running is not None and numbers["restarts"]:
         text += f" ({format_eta(running)} running, {numbers['restarts']} restart(s))"
     text += f"; {update} of {max_update or '?'} updates"
@@ -525,6 +536,29 @@ def answer_network(data: RunData, ivs: list[Interval], expected_mbps: float | No
     return Answer("network", q, text, numbers, verdict)
 
 
+_NETWORK_WORDS = {"network-bound": "network-bound", "bursts": "network-bound in bursts", "not": "not network-bound",
+                  "unknown": "network: cannot tell"}
+
+
+def verdict_line(network: Answer, gpus: Answer) -> str:
+    """The network and GPU answers in one line, as `fab watch` shows them:
+    "network-bound: NIC at 92% of the 1000 Mbit/s link while GPUs idle 40%"."""
+    n, words = network.numbers, _NETWORK_WORDS.get(network.verdict or "unknown", "network: cannot tell")
+    if n.get("mean_share") is not None:
+        nic = f"NIC at {n['mean_share']:.0%} of the {n['link_mbps']:g} Mbit/s link"
+    elif n.get("mean_mbps") is not None:
+        nic = f"NIC at {n['mean_mbps']:.1f} Mbit/s, link rate unknown"
+    else:
+        nic = "no NIC samples"
+    util = gpus.numbers.get("mean_util_percent")
+    if util is not None:
+        gpu = f"GPUs idle {100 - util:.0f}%" if gpus.verdict == "underused" else f"GPUs busy {util:.0f}%"
+    else:
+        gpu = "no GPU (absent, not 0%)" if gpus.verdict == "absent" else "GPUs not measured"
+    joint = "while" if network.verdict == "network-bound" and util is not None else "·"
+    return f"{words}: {nic} {joint} {gpu}"
+
+
 def lr_at(update: float, opts: dict) -> float | None:
     """fairseq's inverse_sqrt learning rate after `update` updates (None for other schedulers)."""
     if opts.get("lr_scheduler") != "inverse_sqrt" or opts.get("lr") is None:
@@ -606,6 +640,24 @@ def answer_checkpoints(data: RunData) -> Answer:
                                            "kinds": {k: v for k, v in kinds.items() if any(c.name == k for c in ck)}})
 
 
+def answer_members(data: RunData) -> Answer | None:
+    """Which hosts trained from which update to which (Run.members, train.report.members); None
+    for a run that never changed its hosts."""
+    from train.report import members
+
+    history = data.run.get("members")
+    update = progress(data.log, data.options.get("max_update") or data.log.max_update).update
+    text = members.describe(history, update or None)
+    if text is None:
+        return None
+    found = members.changes(history)
+    spans = [{"hosts": s.hosts, "from_update": s.first, "to_update": s.last, "why": s.why, "ended": s.ended}
+             for s in members.spans(history, update or None)]
+    return Answer("members", "Which hosts trained, from which update to which?", text + ".",
+                  {"spans": spans, "changes": [c.label for c in found], "redone_updates": members.redone(history)},
+                  "changed")
+
+
 def answer_bleu(data: RunData) -> Answer | None:
     if not data.bleu or not isinstance(data.bleu.get("score"), int | float):
         return None
@@ -634,6 +686,8 @@ def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
     bench-net link wins over it)."""
     ivs = intervals(data)
     answers = [answer_duration(data), answer_step_time(data, ivs), answer_improving(data), answer_overfit(data)]
+    if hosts := answer_members(data):
+        answers.insert(1, hosts)
     if bleu := answer_bleu(data):
         answers.append(bleu)
     answers += [answer_gpus(data, ivs), answer_network(data, ivs, link_mbps), answer_lr(data),

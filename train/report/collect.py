@@ -1,6 +1,7 @@
 """Bringing a run's files from every host to the controller, for the report.
 
-reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl, checkpoints.txt (rank 0's
+reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl (from the run's hosts and those it lost,
+where reachable), checkpoints.txt (rank 0's
 checkpoint directory, `ls -l --time-style=+%s`), corpus.json (the dataset's figures) and
 bench/*.json (the latest benchmark results on this controller).
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 
-from ..cluster import Host, on_each
+from ..cluster import Host, get_whole, on_each
 from ..run.launch import REPORTS, Run
 
 
@@ -24,7 +25,7 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
         for remote, dest in ((f"{run.remote_dir}/train.log", local / "logs" / f"{host.name}.log"),
                              (f"{run.remote_dir}/samples.jsonl", local / "samples" / f"{host.name}.jsonl")):
             if conn.run(f"test -e {remote}", warn=True, hide=True, in_stream=False).ok:
-                conn.get(remote, str(dest))
+                get_whole(conn, remote, str(dest))
             else:
                 missing.append(remote)
         if host.name == run.hosts[0]:
@@ -33,10 +34,13 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
             (local / "checkpoints.txt").write_text(listing.stdout)
             corpus = f"{run.data_dir}/corpus.json"
             if conn.run(f"test -e {corpus}", warn=True, hide=True, in_stream=False).ok:
-                conn.get(corpus, str(local / "corpus.json"))
+                get_whole(conn, corpus, str(local / "corpus.json"))
         return f"missing {', '.join(missing)}" if missing else None
 
-    results = on_each(run.hosts_of(hosts), fetch)
+    # and the hosts the run lost (Run.members) that the inventory still has: their logs hold the
+    # progress of the updates they were rank 0 for
+    former = {n for m in run.members for n in m.get("hosts", [])} - set(run.hosts)
+    results = on_each(run.hosts_of(hosts) + [h for h in hosts if h.name in former], fetch)
     bench = REPORTS / "bench"
     if bench.is_dir():
         (local / "bench").mkdir(exist_ok=True)

@@ -30,6 +30,7 @@ _MAX_UPDATE = re.compile(r"'max_update': (\d+)")
 _DONE = re.compile(r"done training in ([0-9.]+) seconds")
 _STOPPING = re.compile(r"Stopping training due to")
 _RESUME = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
+_SAVED = re.compile(r"Saved checkpoint (\S+) \(epoch (\d+) @ (\d+) updates")  # after checkpoint_last.pt too
 STAT_TAGS = ("train_inner", "train", "valid")
 
 
@@ -70,6 +71,7 @@ class Log:
     devices: int | None = None  # "training on N devices": the world size rank 0 saw
     max_update: int | None = None
     resumed_from: list[int] = field(default_factory=list)  # update numbers loaded at each start
+    saved: list[int] = field(default_factory=list)  # update numbers of the checkpoints saved (rank 0)
     finished: bool = False
     errors: list[str] = field(default_factory=list)
 
@@ -110,6 +112,8 @@ def parse_log(lines: Iterable[str]) -> Log:
             log.max_update = int(match.group(1))
         elif match := _RESUME.search(line):
             log.resumed_from.append(int(match.group(3)))
+        elif match := _SAVED.search(line):
+            log.saved.append(int(match.group(3)))
         elif _DONE.search(line) or _STOPPING.search(line):
             log.finished = bool(_DONE.search(line)) or log.finished
         elif "Traceback (most recent call last)" in line or "| ERROR |" in line:
@@ -130,6 +134,7 @@ class Progress:
     wpb: float | None
     devices: int | None
     finished: bool
+    saved: int | None = None  # the update of the last checkpoint saved (train.run.rejoin waits on it)
 
     @property
     def eta_seconds(self) -> float | None:
@@ -202,6 +207,7 @@ def progress(log: Log, max_update: int | None = None) -> Progress:
         wpb=last_inner.get("wpb") if last_inner else None,
         devices=log.devices,
         finished=log.finished,
+        saved=log.saved[-1] if log.saved else None,
     )
 
 
@@ -215,3 +221,68 @@ def format_eta(seconds: float | None) -> str:
     if seconds >= 60:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How torchrun saw a rank end (its 'Root Cause' block): which rank, how, and when."""
+
+    rank: int | None
+    how: str  # "killed by SIGKILL", "exited with code 1"
+    time: str  # as torchrun printed it, e.g. 2026-11-23_02:58:01
+    peer_gone: bool = False  # the rank said a peer went away first: it fell, it did not fail
+
+    def blame_order(self) -> tuple:
+        """Sort key, culprit first: a rank that lost a peer comes after one that did not, then the
+        earliest (torchrun's clock has whole seconds), then a signal (a crash, the OOM killer)
+        before an exit code (a survivor's error when its peer's socket closed)."""
+        return self.peer_gone, self.time, not self.how.startswith("killed")
+
+
+# what a rank logs when it ends because another one went away (gloo, NCCL, fairseq's heartbeat)
+PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|Killing job for not making progress|Broken pipe"
+                       r"|NCCL communicator was aborted|Watchdog caught collective operation timeout"
+                       r"|Socket Timeout|ECONNRESET|remote process exited or there was a network error", re.I)
+# torchrun's report of a failed worker, from its own error line to the end: it repeats what
+# the state column says, and its "[0]:" header would pass for the last thing the rank said
+TORCHRUN_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
+
+
+FROZEN = re.compile(r"tandem watchdog: process \d+ of the run was stopped \(frozen\) for (\d+) s")
+
+
+def rank_end(lines: list[str]) -> RankEnd | None:
+    """The last failure torchrun reported in these log lines, None when it reported none."""
+    text = "\n".join(lines)
+    block = text.rsplit("Root Cause (first observed failure):", 1)
+    if len(block) < 2:
+        return None
+    before, body = block
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", body, re.M)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", body)
+    signal = re.search(r"Signal \d+ \((SIG\w+)\)", body)
+    when = re.search(r"^\s*time\s*:\s*(\S+)", body, re.M)
+    how = f"killed by {signal.group(1)}" if signal else f"exited with code {code.group(1) if code else '?'}"
+    last_words = before.splitlines()[-80:]  # what the rank said just before it ended
+    frozen = next((m for line in last_words if (m := FROZEN.search(line))), None)
+    if frozen:  # train.agent.monitor's watchdog: the SIGKILL was tandem's, the cause a freeze
+        how = f"frozen (stopped {frozen.group(1)} s), killed by tandem's watchdog"
+    return RankEnd(int(rank.group(1)) if rank else None, how, when.group(1) if when else "",
+                   peer_gone=any(PEER_GONE.search(line) for line in last_words))
+
+
+# warnings and their indented source lines, and torchrun's ==== / ---- rules
+NOISE = re.compile(r"Warning:|warnings\.warn|deprecation_warning|^\s|^[=-]{5,}$")
+
+
+def meaningful(lines: list[str]) -> list[str]:
+    """The lines that say something about the run: without Python's warnings (PyTorch's, hydra's)
+    and the indented source lines that follow them, and before torchrun's failure report."""
+    report = next((i for i, line in enumerate(lines) if TORCHRUN_REPORT.search(line)), len(lines))
+    return [line for line in lines[:report] if line.strip() and not NOISE.search(line)]
+
+
+def message(line: str) -> str:
+    """A log line without fairseq's `date | LEVEL | logger |` prefix: what it says."""
+    parts = line.split(" | ")
+    return parts[-1].strip() if len(parts) >= 4 else line.strip()

@@ -33,8 +33,11 @@ BADGES = {
     "full": "good", "underused": "warn", "absent": "",
     "not": "good", "bursts": "warn", "network-bound": "bad",
     "unknown": "", "finished": "good", "reached": "good", "not finished": "warn",
+    "changed": "warn",
 }
 
+CHANGES = (" Dash-dotted orange lines: the run's hosts changed (lost or joined) at that update; the shaded "
+           "updates were trained again from the checkpoint it went on from.")
 CAPTIONS = {
     "loss.png": "Train loss per log interval and validation loss at each validation.",
     "bleu.png": "SacreBLEU of the evaluated checkpoint on the test set.",
@@ -80,11 +83,27 @@ def host_rows(an: A.Analysis) -> list[dict]:
         samples = d.samples.get(host, [])
         gpus = "no GPU" if samples and not any(s.get("gpus") for s in samples) else (
             str(max(len(s.get("gpus") or []) for s in samples)) if samples else "?")
-        state = "finished" if log and log.finished else ("error" if log and log.errors else "not finished")
+        # fairseq logs "done training" on rank 0 only: the other ranks finished when it did, unless they erred
+        done = log and (log.finished or (host != d.rank0 and d.log.finished and not log.errors))
+        state = "finished" if done else ("error" if log and log.errors else "not finished")
         rows.append({"name": host, "log": bool(log), "samples": len(samples), "gpus": gpus,
                      "nic": samples[0].get("nic", "?") if samples else "?", "state": state,
                      "tail": d.tails.get(host, "")[:200]})
     return rows
+
+
+MARKED = {"loss.png", "step_time.png", "wps.png", "timeline.png"}  # plots.mark_changes draws on these
+
+
+def member_rows(an: A.Analysis) -> list[dict]:
+    """The membership table: hosts, from update, to update, how it began and ended (empty for a
+    run that kept its hosts)."""
+    hosts = an.get("members")
+    if not hosts:
+        return []
+    return [{"hosts": ", ".join(s["hosts"]), "first": f"{s['from_update']:,}",
+             "last": f"{s['to_update']:,}" if s["to_update"] is not None else "?",
+             "why": s["why"], "ended": s["ended"] or "the run's last update"} for s in hosts.numbers["spans"]]
 
 
 def render_html(an: A.Analysis, figures: dict[str, str], out_dir: Path) -> str:
@@ -97,8 +116,10 @@ def render_html(an: A.Analysis, figures: dict[str, str], out_dir: Path) -> str:
         meta=header_meta(an),
         answers=an.answers,
         badges=BADGES,
-        figures=[{"uri": _data_uri(out_dir / name), "title": title, "caption": CAPTIONS.get(name, ""), "name": name}
+        figures=[{"uri": _data_uri(out_dir / name), "title": title, "name": name,
+                  "caption": CAPTIONS.get(name, "") + (CHANGES if name in MARKED and an.get("members") else "")}
                  for name, title in figures.items()],
+        members=member_rows(an),
         checkpoints=d.checkpoints,
         hosts=host_rows(an),
         options=[(k, d.options[k]) for k in OPTION_KEYS if k in (d.options or {})],
@@ -129,6 +150,8 @@ def summary_lines(an: A.Analysis) -> list[str]:
         n = dur.numbers
         out.append(f"updates {n['update']}/{n['max_update'] or '?'} in {format_eta(n['elapsed_s'])}"
                    + (f", ETA {format_eta(n['eta_s'])}" if n.get("eta_s") else ""))
+    if hosts := an.get("members"):
+        out.append("hosts changed: " + "; ".join(hosts.numbers["changes"]))
     if step and step.numbers.get("mean_s_per_update") is not None:
         out.append(f"average step time {step.numbers['mean_s_per_update']:.3f} s/update")
     for key, label in (("improving", "still improving"), ("overfit", "overfits"), ("bleu", "BLEU"),

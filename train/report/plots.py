@@ -15,11 +15,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from train.report import members  # noqa: E402
 from train.report.answers import Analysis, loss_points, lr_at, nic_mbps  # noqa: E402
 
 SIZE = (7.0, 3.6)
 DPI = 100
 TRAIN, VALID, NET, STEP = "#1f77b4", "#d62728", "#2ca02c", "#9467bd"
+CHANGE = "#ff7f0e"  # a change of the run's hosts (train.report.members)
 
 
 def _figure(title: str, xlabel: str, ylabel: str):
@@ -53,15 +55,55 @@ def _t0(an: Analysis) -> float:
     return min(times) if times else 0.0
 
 
+def segments(points: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+    """Points split where the update goes back (a resume redoing updates after a stop or a lost host),
+    so that a line is not drawn back across the redone updates."""
+    out: list[list[tuple[float, float]]] = []
+    for p in points:
+        if not out or p[0] <= out[-1][-1][0]:
+            out.append([])
+        out[-1].append(p)
+    return out
+
+
+def _plot_segments(ax, points, fmt: str, **kw) -> None:
+    for i, seg in enumerate(segments(points)):
+        ax.plot(*zip(*seg, strict=True), fmt, **(kw if i == 0 else {**kw, "label": None}))
+
+
+def mark_changes(ax, an: Analysis, t0: float | None = None) -> list[tuple[float, str]]:
+    """The run's membership changes (Run.members) as labelled vertical lines: on an update axis
+    (t0 None) at the update the run had reached, with the updates trained again (from the
+    checkpoint it went on from) shaded; on a time axis (minutes since t0) when that update was
+    reached. Returns what was drawn: [(x, label)]."""
+    drawn = []
+    for change in members.changes(an.data.run.get("members")):
+        if t0 is None:
+            x: float | None = change.update
+            if change.resumed < change.update:
+                ax.axvspan(change.resumed, change.update, color=CHANGE, alpha=0.12, lw=0)
+        else:
+            when = members.time_of_change(change, an.intervals)
+            x = (when - t0) / 60 if when is not None else None
+        if x is None:
+            continue
+        ax.axvline(x, color=CHANGE, ls="-.", lw=1.3)
+        ax.annotate(change.label, xy=(x, 0.98), xycoords=("data", "axes fraction"), rotation=90, ha="right",
+                    va="top", fontsize=8, color=CHANGE, xytext=(-2, 0), textcoords="offset points")
+        drawn.append((x, change.label))
+    return drawn
+
+
 def loss(an: Analysis, path: Path) -> str:
     title = "Train and validation loss"
     fig, ax = _figure(title, "update", "loss (label-smoothed CE, base 2)")
     train, valid = loss_points(an.data, "train_inner"), loss_points(an.data, "valid")
     if train:
-        ax.plot(*zip(*train, strict=True), "-", color=TRAIN, label="train (per log interval)")
+        _plot_segments(ax, train, "-", color=TRAIN, label="train (per log interval)")
     if valid:
         ax.plot(*zip(*valid, strict=True), "o-", color=VALID, label="validation")
     if train or valid:
+        mark_changes(ax, an)
         ax.legend()
     else:
         _empty(ax, "no loss logged yet")
@@ -114,10 +156,11 @@ def step_time(an: Analysis, path: Path) -> str:
     fig, ax = _figure(title, "update", "s / update (1 / ups per log interval)")
     ivs = an.intervals
     if ivs:
-        ax.plot([iv.update for iv in ivs], [iv.step_s for iv in ivs], "o-", color=STEP, ms=3)
+        _plot_segments(ax, [(iv.update, iv.step_s) for iv in ivs], "o-", color=STEP, ms=3)
         avg = sum(iv.step_s for iv in ivs) / len(ivs)
         ax.axhline(avg, color="#444444", ls="--", lw=1, label=f"mean {avg:.3f} s")
         ax.set_ylim(bottom=0)
+        mark_changes(ax, an)
         ax.legend()
     else:
         _empty(ax, "no train_inner lines logged")
@@ -130,8 +173,9 @@ def words_per_second(an: Analysis, path: Path) -> str:
     fig, ax = _figure(title, "update", "target words / s (all ranks)")
     points = [(iv.update, iv.wps) for iv in an.intervals if iv.wps is not None]
     if points:
-        ax.plot(*zip(*points, strict=True), "o-", color=TRAIN, ms=3)
+        _plot_segments(ax, points, "o-", color=TRAIN, ms=3)
         ax.set_ylim(bottom=0)
+        mark_changes(ax, an)
     else:
         _empty(ax, "no words per second logged")
     _save(fig, path)
@@ -167,23 +211,39 @@ def gpu_utilization(an: Analysis, path: Path) -> str:
     return title
 
 
+def mark_link(ax, rate: float | None, peak: float, color: str) -> None:
+    """The link's speed on a throughput axis that stays scaled to the traffic: a labelled line when
+    it fits (within 3x the peak), else a note that says it and the peak's share of it (a 36 Mbit/s
+    run on a 6.6 Gbit/s link would be a flat line at zero under the link's line)."""
+    top = max(peak, 1e-9) * 1.15
+    if rate and rate <= 3 * max(peak, 1e-9):
+        ax.axhline(rate, color=color, ls="--", lw=1, alpha=0.7, label=f"link {rate:g} Mbit/s")
+        top = max(top, rate * 1.1)
+    elif rate:
+        ax.annotate(f"link {rate:g} Mbit/s, above the plot: the traffic peaked at {peak:.3g} Mbit/s "
+                    f"({peak / rate:.1%} of it)", xy=(0.99, 0.97), xycoords="axes fraction", ha="right", va="top",
+                    fontsize=8, color="#444444")
+    ax.set_ylim(0, top)
+
+
 def nic_throughput(an: Analysis, path: Path) -> str:
     title = "NIC throughput per host"
     fig, ax = _figure(title, "minutes since start", "Mbit/s")
     t0 = _t0(an)
+    peak = 0.0
     for host, samples in sorted(an.data.samples.items()):
         if not samples:
             continue
         ts = [(s["t"] - t0) / 60 for s in samples]
-        line = ax.plot(ts, [float(s.get("tx_Bps") or 0) * 8 / 1e6 for s in samples], "-", label=f"{host} tx")[0]
-        ax.plot(ts, [float(s.get("rx_Bps") or 0) * 8 / 1e6 for s in samples], ":", color=line.get_color(),
-                label=f"{host} rx")
+        tx = [float(s.get("tx_Bps") or 0) * 8 / 1e6 for s in samples]
+        rx = [float(s.get("rx_Bps") or 0) * 8 / 1e6 for s in samples]
+        line = ax.plot(ts, tx, "-", label=f"{host} tx")[0]
+        ax.plot(ts, rx, ":", color=line.get_color(), label=f"{host} rx")
+        peak = max([peak, *tx, *rx])
     net = an.get("network")
     rate = net.numbers.get("link_mbps") if net else None
     if any(an.data.samples.values()):
-        if rate:
-            ax.axhline(rate, color="#444444", ls="--", lw=1, label=f"link {rate:g} Mbit/s")
-        ax.set_ylim(bottom=0)
+        mark_link(ax, rate, peak, "#444444")
         ax.legend(fontsize=8)
     else:
         _empty(ax, "no samples collected")
@@ -204,6 +264,7 @@ def timeline(an: Analysis, path: Path) -> str:
             ax.hlines(iv.step_s, (iv.start - t0) / 60, (iv.end - t0) / 60, color=STEP, lw=2.5,
                       label="step time (per log interval)" if i == 0 else None)
         ax.set_ylim(bottom=0)
+        mark_changes(ax, an, t0)
     ax.tick_params(axis="y", labelcolor=STEP)
     ax.yaxis.label.set_color(STEP)
     ax2 = ax.twinx()
@@ -211,12 +272,10 @@ def timeline(an: Analysis, path: Path) -> str:
     ax2.tick_params(axis="y", labelcolor=NET)
     samples = an.data.samples.get(busiest or "", [])
     if samples:
-        ax2.plot([(s["t"] - t0) / 60 for s in samples], [nic_mbps(s) for s in samples], "-", color=NET, lw=1,
+        mbps = [nic_mbps(s) for s in samples]
+        ax2.plot([(s["t"] - t0) / 60 for s in samples], mbps, "-", color=NET, lw=1,
                  label=f"{busiest} NIC (busier direction)")
-        rate = net.numbers.get("link_mbps") if net else None
-        if rate:
-            ax2.axhline(rate, color=NET, ls="--", lw=1, alpha=0.6, label=f"link {rate:g} Mbit/s")
-        ax2.set_ylim(bottom=0)
+        mark_link(ax2, net.numbers.get("link_mbps") if net else None, max(mbps), NET)
     if ivs or samples:
         handles = ax.get_legend_handles_labels()
         handles2 = ax2.get_legend_handles_labels()

@@ -3,20 +3,24 @@
 `training_command(...)` returns the exact shell line a host runs; `fab train --dry-run`
 prints it. For rank 1 of two CPU hosts (tiny preset) it reads:
 
+    { [ ! -r /etc/tandem/env ] || { set -a; . /etc/tandem/env; set +a; }; } && \\
     mkdir -p /data/runs/r1/checkpoints && cd /data/runs/r1 && \\
     { TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0 \\
     setsid nohup /opt/tandem/venv/bin/torchrun --nnodes 2 --node_rank 1 \\
       --master_addr 10.77.0.11 --master_port 29500 --nproc_per_node 1 \\
-      /opt/tandem/venv/bin/fairseq-train /data/synthetic/bin --save-dir /data/runs/r1/checkpoints \\
+      -m train.agent.fairseq_train /data/synthetic/bin --save-dir /data/runs/r1/checkpoints \\
       --task translation ... --arch transformer ... --max-update 300 ... \\
       --distributed-world-size 2 --distributed-init-method env:// --distributed-no-spawn \\
       --cpu --distributed-backend gloo --ddp-backend legacy_ddp --distributed-rank 1 \\
       >> /data/runs/r1/train.log 2>&1 < /dev/null & echo $! > /data/runs/r1/train.pid; }
 
-(one line in reality). Ranks: host i of N (`node_rank` i, in inventory order) runs
-`nproc_per_node = max(gpus, 1)` processes; world size = N × max(gpus, 1); the master is
-the first host. fairseq with `--distributed-init-method env://` takes its rank from
-`--distributed-rank` (default 0 for everyone, which hangs the rendezvous), so:
+(one line in reality; the monitor starts after it). /etc/tandem/env is what provisioning found
+out about the host (the cluster NIC it detected): every job tandem starts reads it.
+
+Ranks: host i of N (`node_rank` i, in inventory order) runs `nproc_per_node = max(gpus, 1)`
+processes; world size = N × max(gpus, 1); the master is the first host. fairseq with
+`--distributed-init-method env://` takes its rank from `--distributed-rank` (default 0 for
+everyone, which hangs the rendezvous), so:
 - one process per host (CPU, or one GPU): `--distributed-rank <node_rank>`;
 - several GPUs per host: torchrun starts `bash -c '... --distributed-rank "$RANK" --device-id
   "$LOCAL_RANK"'` (torchrun --no-python), so each process passes the global rank and local GPU
@@ -34,9 +38,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from train.run.presets import Preset, Value, to_args
+from train.run.comm import OUTER_STEP_OPTIONS, Strategy
+from train.run.presets import COMMON, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+# What provisioning found out about the host (roles/network: the cluster NIC it detected, NCCL's and
+# gloo's interface; roles/train_env): every job tandem starts there reads it first.
+ENV_FILE = "/etc/tandem/env"
+
+
+def reading_env_file(env_file: str = ENV_FILE) -> str:
+    """The start of a host's shell line that exports every KEY=VALUE of `env_file`, where it exists
+    (a host provisioned by tandem has one). Variables the command line sets itself come after, and win:
+    the inventory's cluster_nic over the NIC provisioning detected."""
+    f = shlex.quote(env_file)
+    return f"{{ [ ! -r {f} ] || {{ set -a; . {f}; set +a; }}; }} && "
 
 
 @dataclass(frozen=True)
@@ -56,8 +72,10 @@ class Launch:
     venv: str
     update_freq: int = 1
     precision: str = "fp32"  # fp32, fp16, bf16 (the last two on GPUs only)
+    comm: str = "sync"  # train.run.comm: sync, fp16, local-sgd:H
     omp_threads: int | None = None
     pid_path: str | None = None  # default: beside the log, <log stem>.pid
+    env_file: str = ENV_FILE
 
     def __post_init__(self) -> None:
         if self.nnodes < 1:
@@ -72,6 +90,7 @@ class Launch:
             raise ValueError(f"precision is fp32, fp16 or bf16, not {self.precision!r}")
         if self.precision != "fp32" and self.gpus_per_host == 0:
             raise ValueError(f"{self.precision} needs GPUs; this host has none (use fp32 on CPU)")
+        Strategy.parse(self.comm)  # raises on an unknown one
         if not 1 <= self.master_port <= 65535:
             raise ValueError(f"master_port {self.master_port} is not a TCP port")
 
@@ -113,7 +132,10 @@ def _fill(options: Mapping[str, Value], launch: Launch) -> dict[str, Value]:
 def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
     """fairseq-train's arguments for this host (data dir first), unquoted."""
     args = [launch.data_dir, "--save-dir", launch.save_dir]
-    args += to_args(_fill(preset.options, launch))
+    strategy = Strategy.parse(launch.comm)
+    options = {k: v for k, v in preset.options.items()  # fairseq knows BMUF's options only under --use-bmuf
+               if strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS}
+    args += to_args(_fill(options, launch))
     if launch.update_freq > 1:
         args += ["--update-freq", str(launch.update_freq)]
     if launch.precision != "fp32":
@@ -125,18 +147,31 @@ def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
         "env://",
         "--distributed-no-spawn",
     ]
-    if launch.cpu:  # legacy_ddp unless the preset asks for another (pytorch_ddp: train.agent.fairseq_train)
+    if launch.cpu:
         args += ["--cpu", "--distributed-backend", "gloo"]
-        if "ddp_backend" not in preset.options:
-            args += ["--ddp-backend", "legacy_ddp"]
+    chosen = preset.options.get("ddp_backend")
+    # legacy_ddp on CPU hosts unless the preset asks for another (pytorch_ddp: train.agent.fairseq_train)
+    backend = strategy.ddp_backend(str(chosen or ("legacy_ddp" if launch.cpu else "pytorch_ddp")))
+    if chosen and backend != chosen:
+        raise ValueError(f"--comm {strategy} all-reduces through {backend}; the run sets ddp_backend={chosen}")
+    if not chosen and (launch.cpu or backend != "pytorch_ddp"):
+        args += ["--ddp-backend", backend]
+    args += strategy.fairseq_args(launch.world_size, preset.options)
     if launch.nproc_per_node == 1:
         args += ["--distributed-rank", str(launch.node_rank)]
     return args
 
 
-def environment(launch: Launch) -> dict[str, str]:
-    """The variables set for the training processes."""
+def environment(launch: Launch, preset: Preset | None = None) -> dict[str, str]:
+    """The variables set for the training processes. On GPU hosts a rank whose peer vanished must
+    not wait in NCCL for its 10-minute default: the process group times out with fairseq's
+    heartbeat (train.agent.fairseq_train sets it from TANDEM_PG_TIMEOUT_S), and NCCL's watchdog
+    then tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) instead of leaving it blocked."""
     env = dict(ENV_ALWAYS)
+    if not launch.cpu:
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        if preset and preset.options.get("heartbeat_timeout"):
+            env["TANDEM_PG_TIMEOUT_S"] = str(preset.options["heartbeat_timeout"])
     if launch.nic:
         env["GLOO_SOCKET_IFNAME"] = launch.nic
         env["NCCL_SOCKET_IFNAME"] = launch.nic
@@ -146,14 +181,12 @@ def environment(launch: Launch) -> dict[str, str]:
 
 
 def trainer_argv(launch: Launch, preset: Preset) -> list[str]:
-    """fairseq-train, or tandem's entry point where fairseq 0.12 alone would fail
-    (train/agent/fairseq_train.py): bf16 (fairseq takes it to mean a TPU and every rank dies) and
-    pytorch_ddp on CPU hosts (fairseq gives DDP a GPU device id)."""
-    venv = launch.venv.rstrip("/")
-    cpu_ddp = launch.cpu and preset.options.get("ddp_backend") in ("pytorch_ddp", "c10d")
-    if launch.precision == "bf16" or cpu_ddp:
-        return [f"{venv}/bin/python", "-m", "train.agent.fairseq_train"]
-    return [f"{venv}/bin/fairseq-train"]
+    """tandem's entry point (train/agent/fairseq_train.py): fairseq-train with what fairseq 0.12
+    alone gets wrong fixed. Its heartbeat leaves a rank blocked on a vanished peer alive; on GPUs
+    cuDNN's attention rebuilds its plan for each new batch shape (~120 ms of host time per update
+    on an H100), bf16 means a TPU and every rank dies; on CPU hosts pytorch_ddp gets a GPU device
+    id."""
+    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.fairseq_train"]
 
 
 def foreground_command(preset: Preset, launch: Launch) -> list[str]:
@@ -174,9 +207,7 @@ def foreground_command(preset: Preset, launch: Launch) -> list[str]:
     ]
     train = [*trainer_argv(launch, preset), *fairseq_train_args(preset, launch)]
     if launch.nproc_per_node == 1:
-        if train[1:3] == ["-m", "train.agent.fairseq_train"]:  # torchrun runs a module with its own python
-            return head + train[1:]
-        return head + train
+        return head + train[1:]  # torchrun -m MODULE: its own python runs the module
     # several processes per host: each passes the global rank torchrun gives it
     inner = f'exec {shlex.join(train)} --distributed-rank "$RANK" --device-id "$LOCAL_RANK"'
     return head + ["--no-python", "bash", "-c", inner]
@@ -185,27 +216,34 @@ def foreground_command(preset: Preset, launch: Launch) -> list[str]:
 def training_command(preset: Preset, launch: Launch) -> str:
     """The full shell line that starts this host's ranks, detached, logging to `log_path`.
 
-    It creates the save and log directories, sets the environment, starts torchrun under
+    It creates the save and log directories, removes `fab stop`'s mark of a stopped run, sets the
+    environment, starts torchrun under
     `setsid nohup` with stdin closed, and writes the session leader's pid to the pid file.
     The log is appended to: a resumed run keeps its whole history in one file.
     """
     dirs = sorted({launch.save_dir, launch.log_dir})
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in environment(launch).items())
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in environment(launch, preset).items())
     return (
-        f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)} && cd {shlex.quote(launch.log_dir)} && "
+        f"{reading_env_file(launch.env_file)}"
+        f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)} && cd {shlex.quote(launch.log_dir)} && rm -f stopped && "
         f"{{ {env} setsid nohup {shlex.join(foreground_command(preset, launch))} "
         f">> {shlex.quote(launch.log_path)} 2>&1 < /dev/null & echo $! > {shlex.quote(launch.pid_file)}; }} && "
-        f"{{ setsid nohup {shlex.join(monitor_command(launch))} >> {shlex.quote(launch.log_dir + '/monitor.log')} "
-        f"2>&1 < /dev/null & }}"
+        f"{{ setsid nohup {shlex.join(monitor_command(launch, preset))} "
+        f">> {shlex.quote(launch.log_dir + '/monitor.log')} 2>&1 < /dev/null & }}"
     )
 
 
-def monitor_command(launch: Launch) -> list[str]:
+def monitor_command(launch: Launch, preset: Preset | None = None) -> list[str]:
     """The sampler beside the training (train/agent/monitor.py): NIC, CPU, memory, GPUs to
-    samples.jsonl every 2 s; it ends by itself when the run's processes are gone."""
+    samples.jsonl every 2 s; it ends by itself when the run's processes are gone. Without the
+    inventory's cluster_nic it samples the NIC provisioning detected (TANDEM_CLUSTER_NIC). As the
+    host's watchdog it kills a rank left stopped (frozen) 15 s beyond the heartbeat that ends its
+    peers."""
+    nic = ["--nic", launch.nic] if launch.nic else []
+    heartbeat = int((preset.options if preset else {}).get("heartbeat_timeout") or COMMON["heartbeat_timeout"])
     return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.monitor",
-            "--out", f"{launch.log_dir}/samples.jsonl", "--nic", launch.nic or "eth0",
-            "--watch", launch.save_dir]
+            "--out", f"{launch.log_dir}/samples.jsonl", *nic, "--watch", launch.save_dir,
+            "--frozen-after", str(heartbeat + 15), "--log", launch.log_path]
 
 
 def launches(
@@ -218,6 +256,7 @@ def launches(
     venv: str,
     update_freq: int = 1,
     precision: str = "fp32",
+    comm: str = "sync",
 ) -> list[Launch]:
     """One Launch per host, in order (rank 0 first, the master): hosts are mappings with
     `address`, `gpus`, `nic` and optionally `threads` (CPU threads per rank, the inventory's
@@ -244,6 +283,7 @@ def launches(
             venv=venv,
             update_freq=update_freq,
             precision=precision,
+            comm=comm,
             omp_threads=int(h["threads"]) if h.get("threads") else None,  # type: ignore[arg-type]
         )
         for i, h in enumerate(hosts)
@@ -273,6 +313,7 @@ def evaluation_command(
     bpe: str = "sentencepiece",
     max_len_a: float = 1.2,
     max_len_b: int = 10,
+    env_file: str = ENV_FILE,
 ) -> str:
     """The single-host evaluation: translate `subset` with `checkpoint`, score with SacreBLEU.
 
@@ -289,7 +330,7 @@ def evaluation_command(
     gen, hyp, bleu = out / "generate.txt", out / "hyp.txt", out / "bleu.json"
     env = " ".join(f"{k}={q(v)}" for k, v in ENV_ALWAYS.items())
     return (
-        f"mkdir -p {q(str(out))} && {env} {shlex.join(generate)} > {q(str(gen))} && "
+        f"{reading_env_file(env_file)}mkdir -p {q(str(out))} && {env} {shlex.join(generate)} > {q(str(gen))} && "
         f"grep -P '^H-\\d+\\t' {q(str(gen))} | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > {q(str(hyp))} && "
         f"{venv}/bin/sacrebleu {q(reference)} -i {q(str(hyp))} -m bleu -w 2 > {q(str(bleu))} && "
         f"cat {q(str(bleu))}"

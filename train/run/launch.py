@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..agent import pins
 from ..agent.probe import versions_differ
-from ..cluster import TOP, ClusterError, Host, connect, on_each, run_all
+from ..cluster import TOP, TRANSFER_STALL_S, ClusterError, Host, connect, get_whole, on_each, run_all
 from ..report import logparse
 from . import command, presets
 
@@ -23,6 +24,7 @@ DATA_ROOT = "/data/tandem/datasets"
 RUNS_ROOT = "/data/tandem/runs"
 REPORTS = TOP / "reports"
 DEFAULT_VENV = "/opt/tandem/venv"
+PINS = pins.read_pins(TOP / "requirements-train.txt")  # what train_env installs on every host
 
 
 def venv_of(host: Host) -> str:
@@ -41,7 +43,9 @@ class Run:
     master_port: int = 29500
     update_freq: int = 1
     precision: str = "fp32"
+    comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
     link_mbps: float | None = None  # the cluster link as measured when the run started
+    members: list[dict] = field(default_factory=list)  # which hosts from which update (train.run.elastic)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property
@@ -106,9 +110,10 @@ def train_threads(host: Host) -> int | None:
 def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
     return command.launches(
         run.run_id,
-        [{"address": h.address, "gpus": h.gpus, "nic": h.nic or "", "threads": train_threads(h)} for h in hosts],
+        [{"address": h.cluster_address, "gpus": h.gpus, "nic": h.nic or "", "threads": train_threads(h)}
+         for h in hosts],
         master_port=run.master_port, data_dir=run.data_dir, run_dir=run.remote_dir,
-        venv=venv_of(hosts[0]), update_freq=run.update_freq, precision=run.precision,
+        venv=venv_of(hosts[0]), update_freq=run.update_freq, precision=run.precision, comm=run.comm,
     )
 
 
@@ -138,7 +143,7 @@ def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
     """Every host's answers to train.agent.probe, in one round trip; an unreachable host raises,
     naming it and why."""
     results = run_all(hosts, agent_command(hosts[0], "probe", "--data", run.data_dir, "--port", run.master_port,
-                                           "--run", run.remote_dir))
+                                           "--run", run.remote_dir, "--packages"))
     answers, problems = {}, []
     for host in hosts:
         result = results[host.name]
@@ -154,12 +159,18 @@ def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
     return answers
 
 
-def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: float = 1.0) -> list[str]:
-    """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out."""
+def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: float = 1.0,
+          pinned: dict[str, str] | None = None) -> list[str]:
+    """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out.
+    `pinned`: the training environment's pins (default: requirements-train.txt)."""
+    pinned = PINS if pinned is None else pinned
     problems = []
     first = hosts[0].name
     for host in hosts:
         a = answers[host.name]
+        if "packages" in a and (drifted := pins.drift(pinned, a["packages"])):  # often why an import fails
+            problems.append(f"{host.name}: packages differ from the pins: {', '.join(drifted)}; "
+                            "re-run provision.yml (--tags train_env) to restore them")
         if "import_error" in a:
             problems.append(f"{host.name}: torch/fairseq do not import: {a['import_error']}")
             continue
@@ -194,12 +205,12 @@ def fetch_checkpoints(source: Host, save_dir: str, local: Path) -> list[str]:
     fetched = []
     with connect(source) as conn:
         for name in CHECKPOINTS:
-            stat = conn.run(f"stat -c '%s %Y' {save_dir}/{name}", warn=True, hide=True, in_stream=False)
+            stat = conn.run(f"stat -c '%s %Y' {save_dir}/{name}", warn=True, hide=True, in_stream=False, timeout=30)
             stamp = local / f".{name}.remote-stat"
             if not stat.ok or ((local / name).exists() and stamp.exists()
                                and stamp.read_text() == stat.stdout.strip()):
                 continue
-            conn.get(f"{save_dir}/{name}", str(local / name))
+            get_whole(conn, f"{save_dir}/{name}", str(local / name))
             stamp.write_text(stat.stdout.strip())
             fetched.append(name)
     return fetched
@@ -220,21 +231,75 @@ def upload_checkpoints(hosts: list[Host], save_dir: str, local: Path, names: lis
         raise ClusterError("could not share the checkpoint: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
 
 
+CLUSTER_KEY = "$HOME/.ssh/tandem_cluster"  # roles/common/tasks/cluster_key.yml
+
+
+def cluster_address(host: Host) -> str:
+    """Where the other hosts reach this one (Host.cluster_address: the inventory's
+    `cluster_address`, else the address tandem connects to)."""
+    return host.cluster_address
+
+
+def push_command(save_dir: str, peers: list[Host]) -> str:
+    """The shell line, run on the host that has the checkpoints, that copies them to every peer
+    over the cluster network at once (rsync: only what changed, into a temporary name, then
+    renamed, so a peer never holds half a checkpoint). It prints `PEER rc` per peer."""
+    names = " ".join(shlex.quote(f"{save_dir}/{n}") for n in CHECKPOINTS)
+    ssh = (f'"ssh -i {CLUSTER_KEY} -o BatchMode=yes -o ConnectTimeout=10'
+           ' -o ServerAliveInterval=10 -o ServerAliveCountMax=3"')  # the shell expands $HOME
+    pushes = []
+    for peer in peers:
+        target = f"{peer.user}@{cluster_address(peer)}:{save_dir}/"
+        rsync = f"rsync -a --timeout={TRANSFER_STALL_S} --rsync-path={shlex.quote(f'mkdir -p {save_dir} && rsync')}"
+        pushes.append(f"{{ {rsync} -e {ssh} "
+                      f"$files {shlex.quote(target)} >/dev/null 2>/tmp/tandem-push-{peer.name}.err; "
+                      f"echo {peer.name} $? $(tail -c 300 /tmp/tandem-push-{peer.name}.err | tr '\\n' ' '); }} &")
+    return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; '
+
+            f"files=$(ls {names} 2>/dev/null); " + " ".join(pushes) + " wait")
+
+
+def push_between_hosts(source: Host, peers: list[Host], save_dir: str) -> None:
+    """Copy `source`'s checkpoints to `peers` host to host (the cluster network, not through the
+    controller). ClusterError naming each peer that failed; LookupError where `source` has no
+    cluster key (provisioned before tandem made one)."""
+    with connect(source) as conn:
+        result = conn.run(push_command(save_dir, peers), warn=True, hide=True, in_stream=False)
+    if "no-cluster-key" in result.stdout:
+        raise LookupError(f"{source.name} has no cluster key ({CLUSTER_KEY}): re-run provisioning")
+    answers = {line.split(" ", 1)[0]: line for line in result.stdout.splitlines() if line.strip()}
+    failed = [answers.get(p.name, f"{p.name} (no answer)") for p in peers
+              if answers.get(p.name, "").split(" ")[1:2] != ["0"]]
+    if failed:
+        raise ClusterError(f"copying checkpoints from {source.name} failed for: " + "; ".join(failed))
+
+
 def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
     """Make rank 0's checkpoint_last.pt (and best) available on every host and on the
     controller: fairseq saves on rank 0 only, and at a resume a rank that finds no
-    checkpoint skips the broadcast and deadlocks. Returns the controller's copy of the last."""
+    checkpoint skips the broadcast and deadlocks. The hosts get it from each other over the
+    cluster network; the controller keeps one copy (the backup when rank 0's host is lost), and
+    hands it out where no host has one. Returns the controller's copy of the last."""
     save_dir = f"{run.remote_dir}/checkpoints"
     local = run.local_dir / "checkpoints"
     local.mkdir(parents=True, exist_ok=True)
-    have = run_all(hosts, f"ls {save_dir}/checkpoint_last.pt 2>/dev/null")
+    have = run_all(hosts, f"ls {save_dir}/checkpoint_last.pt 2>/dev/null", timeout=30)
     source = next((h for h in hosts if not isinstance(have[h.name], Exception) and have[h.name].ok
                    and have[h.name].stdout.strip()), None)
+    peers = [h for h in hosts if h is not source]
+    pushed = False
+    if source is not None and peers:
+        try:
+            push_between_hosts(source, peers, save_dir)
+            pushed = True
+        except LookupError:
+            pass  # the controller hands it out below
     fetched = fetch_checkpoints(source, save_dir, local) if source is not None else []
     backups = [n for n in CHECKPOINTS if (local / n).exists()]
     if source is None and not backups:
         return None
-    upload_checkpoints([h for h in hosts if h is not source], save_dir, local, backups, fetched)
+    if not pushed:
+        upload_checkpoints(peers, save_dir, local, backups, fetched)
     return local / "checkpoint_last.pt"
 
 
@@ -273,11 +338,26 @@ class HostState:
     progress: logparse.Progress | None
     tail: list[str]
     error: str | None = None
+    ended: logparse.RankEnd | None = None  # torchrun's word on a rank that failed
+    stopped_by_user: bool = False  # `fab stop` ended it (train.agent.stop's mark)
+
+    def describe(self, finished: bool) -> str:
+        """This rank's state in a word or three: running, finished, stopped by fab stop, died: how."""
+        if not self.reachable:
+            return "unreachable"
+        if self.running:
+            return "running"
+        if finished:
+            return "finished"
+        if self.stopped_by_user:
+            return "stopped by fab stop"
+        return f"died: {self.ended.how}" if self.ended else "stopped"
 
 
 def states(run: Run, hosts: list[Host]) -> list[HostState]:
     """Each host's train.agent.state: its processes alive?, and its log's last lines parsed."""
-    results = run_all(hosts, agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 400))
+    # a host whose sshd answers but hangs (frozen VM) must not hold up `fab status`: 15 s at most
+    results = run_all(hosts, agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 400), timeout=15)
     out = []
     for host in hosts:
         result = results[host.name]
@@ -288,7 +368,8 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
             continue
         log = answer["tail"]
         prog = logparse.progress(logparse.parse_log(log), run.max_update) if log else None
-        out.append(HostState(host.name, answer["running"], True, prog, log[-8:]))
+        out.append(HostState(host.name, answer["running"], True, prog, logparse.meaningful(log)[-8:],
+                             ended=logparse.rank_end(log), stopped_by_user=bool(answer.get("stopped_by_user"))))
     return out
 
 
@@ -296,7 +377,8 @@ def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
     """Stop every rank on every host (train.agent.stop: every process naming the run's save dir);
     confirm none is left. Returns {host: stopped|killed|none}; raises naming the hosts that could
     not be reached or stopped."""
-    results = run_all(hosts, agent_command(hosts[0], "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}"))
+    results = run_all(hosts, agent_command(hosts[0], "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}"),
+                      timeout=wait_s + 15)
     outcome, problems = {}, []
     for host in hosts:
         result = results[host.name]

@@ -23,11 +23,19 @@ Every preset: Adam (0.9, 0.98), inverse-sqrt schedule with linear warmup, label-
 cross entropy (0.1), shared embeddings (joint dictionary), the 5 best checkpoints by
 validation loss kept plus the last, JSON logs, TensorBoard logs. `{log_dir}` and
 `{save_dir}` in a value are filled in by the command builder.
+
+Bounded loss: a resume (and an elastic restart) redoes at most one `save_interval_updates` of
+training; each preset's default keeps that to ~10 minutes on the hardware it is meant for
+(train.run.interval.REFERENCE): tiny 50 updates ≈ 25 s on the lab; base 4,000 ≈ 8 min and big
+3,000 ≈ 7 min at twice an H100's measured step (0.061 and 0.074 s/update at the presets' batch:
+the network may take at most half of a step that `fab train` starts). `fab train`'s start line
+says it for the run, from a measured s/update where tandem has one.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -53,8 +61,10 @@ COMMON: dict[str, Value] = {
     "log_format": "json",
     "tensorboard_logdir": "{log_dir}/tensorboard",
     "seed": 1,
-    # A rank whose peer died waits in all_reduce for gloo's 30 min: fairseq's heartbeat
-    # kills a rank that makes no progress for this long instead.
+    # A rank whose peer died waits in all_reduce for gloo's 30 min (NCCL's 10): fairseq's heartbeat
+    # kills a rank that makes no progress for this long instead, and the process group's timeout
+    # (train.agent.fairseq_train) ends a collective that waits longer. At least this; more where
+    # a checkpoint save takes longer (failure_timeout_s).
     "heartbeat_timeout": 45,
 }
 
@@ -75,7 +85,7 @@ PRESETS: dict[str, dict[str, Value]] = {
         "warmup_updates": 100,
         "max_tokens": 2048,
         "max_update": 300,
-        "save_interval_updates": 50,
+        "save_interval_updates": 50,  # 50 × 0.5 s = 25 s on the lab
         "log_interval": 10,
         "num_workers": 0,
     },
@@ -87,7 +97,8 @@ PRESETS: dict[str, dict[str, Value]] = {
         "warmup_updates": 4000,
         "max_tokens": 4096,
         "max_update": 100000,
-        "save_interval_updates": 2000,
+        # ≤ ~10 min of training a resume redoes: 4,000 × 0.122 s = 8 min (train.run.interval.REFERENCE)
+        "save_interval_updates": 4000,
         "log_interval": 100,
         "num_workers": 1,
     },
@@ -99,7 +110,8 @@ PRESETS: dict[str, dict[str, Value]] = {
         "warmup_updates": 4000,
         "max_tokens": 3584,
         "max_update": 300000,
-        "save_interval_updates": 2000,
+        # 3,000 × 0.148 s = 7 min on the reference hardware (train.run.interval.REFERENCE)
+        "save_interval_updates": 3000,
         "log_interval": 100,
         "num_workers": 1,
     },
@@ -154,6 +166,9 @@ EXTRA_OPTIONS: dict[str, type] = {
     "bucket_cap_mb": int,
     "ddp_backend": str,
     "heartbeat_timeout": int,
+    # --comm local-sgd:H's outer step (fairseq's BMUF): train.run.comm sets them unless given here
+    "block_momentum": float,
+    "block_lr": float,
     "report_accuracy": bool,
 }
 
@@ -239,16 +254,42 @@ def parse_override(text: str) -> tuple[str, str]:
     return key, value.strip()
 
 
+# What rank 0 writes at a checkpoint, per parameter: fp32 weights and Adam's two moments (+ the
+# fp16 copy on GPUs); measured 849 MB for Transformer base's 60.1M parameters on an H100.
+CHECKPOINT_BYTES_PER_PARAM = 14
+# fairseq writes checkpoint_N.pt, then copies it to checkpoint_last.pt, checkpoint_best.pt and a
+# checkpoint.best_loss_*.pt (keep_best_checkpoints): four files at a new best.
+CHECKPOINT_COPIES = 4
+SLOW_DISK_BYTES_PER_S = 100e6  # a cloud VM's standard persistent disk
+
+
+def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000) -> int:
+    """Seconds a rank may wait for a peer before it, and so the run, ends: fairseq's heartbeat and
+    the process group's timeout. While rank 0 saves a checkpoint the other ranks wait in the next
+    all-reduce, so the timeout outlasts the slowest save (4 copies on a 100 MB/s disk, 1.2× for
+    safety); below that, the preset's heartbeat (45 s). Transformer big (~210M parameters, 2.9 GB
+    a checkpoint): 141 s; base and tiny: 45 s."""
+    from benchmarks.model import preset_params  # the one parameter count (fab predict's)
+
+    save_s = preset_params(options, vocab) * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
+    return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s))
+
+
 def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:
-    """The preset `name` with `key=value` overrides applied, each type-checked."""
+    """The preset `name` with `key=value` overrides applied, each type-checked. The heartbeat is
+    scaled to the model (failure_timeout_s) unless an override sets it."""
     if name not in PRESETS:
         close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise OverrideError(f"unknown preset `{name}`{hint} (presets: {', '.join(PRESETS)})")
     options = dict(PRESETS[name])
+    given = set()
     for text in overrides:
         key, raw = parse_override(text)
         options[key] = parse_value(key, raw, option_type(PRESETS[name], key))
+        given.add(key)
+    if "heartbeat_timeout" not in given:
+        options["heartbeat_timeout"] = failure_timeout_s(options)
     return Preset(name, options)
 
 

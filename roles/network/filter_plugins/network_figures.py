@@ -1,4 +1,5 @@
-"""Filters for the network role: iperf3's command lines and its JSON turned into per-pair figures.
+"""Filters for the network role: iperf3's command lines and its JSON turned into per-pair figures,
+and whether the figures measured before still hold (measuring takes a while, most reruns change nothing).
 
 Both come from tandem's own train.agent.iperf, the implementation benchmarks.link uses too: this
 file only adapts it to Ansible (registered loop results in, plain dicts out).
@@ -6,11 +7,13 @@ file only adapts it to Ansible (registered loop results in, plain dicts out).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for tandem's train.agent
 
+from train import remeasure  # noqa: E402
 from train.agent import iperf  # noqa: E402
 
 DOCUMENTATION = """
@@ -35,8 +38,9 @@ def iperf_server(port: int, pidfile: str, bind: str | None = None) -> str:
     return iperf.server_command(int(port), pidfile, bind)
 
 
-def iperf_client(address: str, port: int, seconds: float) -> str:
-    return iperf.client_command(address, int(port), float(seconds))
+def iperf_client(address: str, port: int, seconds: float, streams: int = 1) -> str:
+    return iperf.client_command(address, int(port), float(seconds), streams=int(streams))
+
 
 
 def host_figures(hosts: list, hostvars, fields: dict) -> dict:
@@ -44,7 +48,31 @@ def host_figures(hosts: list, hostvars, fields: dict) -> dict:
     return {h: {name: hostvars[h].get(var) for name, var in fields.items()} for h in hosts}
 
 
+def measure_reason(cached: dict, inputs: dict, how: str, max_age_h: float, now_iso: str) -> str:
+    """'' when the figures in network.json stand for a new measurement, else why not (train.remeasure)."""
+    threshold = float(cached.get("threshold_mbps") or 0)
+    pairs = cached.get("pairs") or []
+    passed = bool(pairs) and not any(p.get("error") or p.get("mbps", 0) < threshold for p in pairs)
+    return remeasure.reason(cached.get("inputs") if pairs else None, inputs, passed, cached.get("measured_at"),
+                            how, max_age_h, now_iso)
+
+
+def measure_inputs(hosts: list, hostvars, qdisc_var: str, seconds, port, streams=1) -> dict:
+    """{'v100a': 'address=.. nic=eth0 mtu=1500 speed=10000 shaping=qdisc noqueue 0: root', ...,
+    'iperf3': 'seconds=3 port=5201'}: what the figures depend on, in words a user can compare."""
+    out = {}
+    for h in hosts:
+        v = hostvars[h]
+        qdisc = re.sub(r" refcnt \d+", "", " ".join((v.get(qdisc_var) or {}).get("stdout", "").split()))
+        out[h] = (f"address={v.get('preflight_address')} nic={v.get('network_cluster_nic')} mtu={v.get('network_mtu')}"
+                  f" speed={v.get('network_speed_mbps')} shaping={qdisc or '-'}")
+    out["iperf3"] = f"seconds={seconds} port={port}" + (f" streams={streams}" if int(streams) > 1 else "")
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {"iperf_pairs": iperf_pairs, "ordered_pairs": ordered_pairs, "iperf_server": iperf_server,
-                "iperf_client": iperf_client, "host_figures": host_figures}
+                "iperf_client": iperf_client, "iperf_streams": iperf.streams,
+                "host_figures": host_figures, "measure_mode": remeasure.mode,
+                "measure_reason": measure_reason, "measure_inputs": measure_inputs}

@@ -1,8 +1,10 @@
 """versions_differ: every host's train.agent.probe answer compared with the first host's, by the
-comparison `fab train`'s preflight and roles/verify make (train.agent.probe.versions_differ)."""
+comparison `fab train`'s preflight and roles/verify make (train.agent.probe.versions_differ);
+pip_restored: what a pip install replaced, so a re-run that restores drifted pins says so."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +23,25 @@ def versions_differ(hosts: list, hostvars, var: str) -> list[str]:
     return probe.versions_differ({h: dict(hostvars[h].get(var) or {}) for h in hosts})
 
 
+def pip_restored(stdout: str, fresh: bool = False) -> list[str]:
+    """pip install's output -> ['numpy 2.3.1 -> 2.4.6', 'sacrebleu 2.6.0 (was missing)']: what it put
+    back in an existing venv; [] for a fresh venv (everything is new there) or nothing installed."""
+    installed = re.search(r"Successfully installed (.+)", stdout or "")
+    if fresh or not installed:
+        return []
+    canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731 - PEP 503, as pip compares
+    before = {canon(n): (n, v) for n, v in re.findall(r"Found existing installation: (\S+) (\S+)", stdout)}
+    out = []
+    for item in installed.group(1).split():
+        name, version = item.rsplit("-", 1)
+        if canon(name) in before:
+            old_name, old_version = before[canon(name)]
+            out.append(f"{old_name} {old_version} -> {version}")
+        else:
+            out.append(f"{name} {version} (was missing)")
+    return out
+
+
 class FilterModule:
     def filters(self):
-        return {"versions_differ": versions_differ}
+        return {"versions_differ": versions_differ, "pip_restored": pip_restored}

@@ -5,11 +5,13 @@ The version comparison is train.agent.probe's, the one `fab train`'s preflight m
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for tandem's train.agent
 
+from train import remeasure  # noqa: E402
 from train.agent.probe import versions_differ  # noqa: E402
 
 DOCUMENTATION = """
@@ -17,7 +19,7 @@ name: verify_summary
 short_description: the provisioning verification table and its problems
 """
 
-COLUMNS = ("host", "GPUs", "driver", "torch", "CUDA", "NIC", "speed(Mb/s)", "out(Mb/s)", "in(Mb/s)",
+COLUMNS = ("host", "GPUs", "driver", "torch", "CUDA", "NIC", "speed(Mb/s)", "min out(Mb/s)", "min in(Mb/s)",
            "/data", "free(GB)", "python", "fairseq")
 
 
@@ -73,9 +75,38 @@ def host_row(host: str, h: dict, net: dict, out: list[float], into: list[float])
     ]
 
 
-def allreduce_lines(allreduce: dict, link: float | None, n_hosts: int, min_ratio: float) -> tuple[list, list]:
-    """(lines, problems) of the all_reduce: each size's bus bandwidth against the link."""
+def intra_allreduce(hosts: list, hostvars, result_var: str = "__verify_allreduce") -> dict:
+    """{host: the all_reduce among that host's own GPUs}: the `INTRA {...}` line train.agent.allreduce
+    prints on a host with several GPUs before the cross-host run. Empty on one-rank hosts."""
+    found = {}
+    for host in hosts:
+        lines = (hostvars[host].get(result_var) or {}).get("stdout_lines") or []
+        intra = [line[6:] for line in lines if line.startswith("INTRA ")]
+        if intra:
+            found[host] = json.loads(intra[-1])
+    return found
+
+
+def intra_lines(intra: dict) -> tuple[list, list]:
+    """(lines, problems) of each host's GPUs among themselves (NVLink, PCIe, shared memory)."""
     lines, problems = [], []
+    for host, report in sorted(intra.items()):
+        if not report.get("ok"):
+            problems.append(f"{host}: all_reduce among its own GPUs failed: "
+                            + str(report.get("error") or "the reduced values were wrong"))
+        for r in report.get("results") or []:
+            lines.append(f"{host}: all_reduce {report.get('backend')} x{report.get('world_size')} within the host "
+                         f"{r['size'] / 2**20:.0f} MiB: busbw {r['busbw']:.3f} GB/s")
+    return lines, problems
+
+
+def allreduce_lines(allreduce: dict, link: float | None, n_hosts: int, min_ratio: float,
+                    measured: float | None = None, expected: float | None = None) -> tuple[list, list]:
+    """(lines, problems) of the all_reduce: each host's GPUs among themselves, then each size's bus
+    bandwidth across the hosts against the link. Shown against the measured link (iperf3's slowest
+    pair), the expected one said apart; checked against `link`, the slower of the two (on a fast
+    virtual link the CPU, not the wire, bounds gloo)."""
+    lines, problems = intra_lines(allreduce.get("intra") or {})
     if not allreduce.get("ok"):
         problems.append("all_reduce failed: " + str(allreduce.get("error") or "the reduced values were wrong"))
     for r in allreduce.get("results") or []:
@@ -83,7 +114,9 @@ def allreduce_lines(allreduce: dict, link: float | None, n_hosts: int, min_ratio
         verdict = ""
         if link and n_hosts > 1:
             ratio = busbw_mbps / link
-            verdict = f" = {ratio:.2f} x the link ({link:.0f} Mb/s)"
+            shown = measured or link
+            verdict = (f" = {busbw_mbps / shown:.2f} x the measured link ({shown:.0f} Mb/s, iperf3's slowest pair)"
+                       + (f"; expected link {expected:.0f} Mb/s" if expected else ""))
             if ratio < min_ratio:
                 problems.append(f"all_reduce bus bandwidth {busbw_mbps:.0f} Mb/s is {ratio:.2f} of the link "
                                 f"({link:.0f} Mb/s), below {min_ratio}")
@@ -115,9 +148,10 @@ def verify_summary(hosts: list, hostvars, network: dict, allreduce: dict, min_ra
     if differ:
         problems.append("versions differ across hosts: " + "; ".join(differ))
     link = min([p["mbps"] for p in pairs] + ([expected] if expected else [])) if pairs else None
-    lines = [_table(rows)]
+    lines = [_table(rows), "min out/in: each host's slowest measured pair from it / to it (iperf3)"]
     if allreduce:
-        more, trouble = allreduce_lines(allreduce, link, len(hosts), min_ratio)
+        more, trouble = allreduce_lines(allreduce, link, len(hosts), min_ratio,
+                                        min(p["mbps"] for p in pairs) if pairs else None, expected or None)
         lines += more
         problems += trouble
     lines.append("OK" if not problems else "PROBLEMS:\n- " + "\n- ".join(problems))
@@ -125,6 +159,27 @@ def verify_summary(hosts: list, hostvars, network: dict, allreduce: dict, min_ra
             "network": network, "allreduce": allreduce, "link_mbps": link}
 
 
+def allreduce_inputs(hosts: list, hostvars, env_stat_var: str, network_inputs: dict, settings: str) -> dict:
+    """What the all_reduce's figures depend on, in words a user can compare."""
+    out = {f"network {k}": v for k, v in (network_inputs or {}).items()}
+    for h in hosts:
+        v = hostvars[h]
+        venv = (v.get("verify_host") or {}).get("venv") or {}
+        env = ((v.get(env_stat_var) or {}).get("stat") or {}).get("checksum", "-")
+        out[h] = f"gpus={v.get('gpus', 0)} torch={venv.get('torch')} env={env}"
+    out["all_reduce"] = settings
+    return out
+
+
+def allreduce_reason(before: dict, inputs: dict, how, max_age_h, now_iso: str) -> str:
+    """'' when the all_reduce in verify.json (before) stands, else why it runs again."""
+    result = before.get("allreduce") or {}
+    passed = bool(result.get("ok")) and not before.get("problems")
+    return remeasure.reason(before.get("allreduce_inputs") if result else None, inputs, passed,
+                            result.get("timestamp"), remeasure.mode(how), max_age_h, now_iso)
+
+
 class FilterModule:
     def filters(self):
-        return {"verify_summary": verify_summary}
+        return {"verify_summary": verify_summary, "allreduce_inputs": allreduce_inputs,
+                "allreduce_reason": allreduce_reason, "intra_allreduce": intra_allreduce}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from lab import inventory, network
 from lab.config import LabConfig, host_names
@@ -49,6 +50,17 @@ def test_the_inventory_the_lab_writes_resolves_through_ansible(tmp_path):
     assert hosts[0].key == str(cfg.key) and hosts[0].known_hosts == str(cfg.known_hosts)
 
 
+def test_the_two_network_lab_describes_a_cloud_vms_addresses(tmp_path):
+    """SSH to eth0's address (ansible_host), everything host to host over ens5 (cluster_address)."""
+    cfg = LabConfig(prefix="tdmtwo", subnet="10.79.0.0/24", cluster_net=True)
+    path = tmp_path / "lab.yml"
+    path.write_text(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))
+    assert [(h.address, h.cluster_address, h.nic) for h in load_hosts(path)] == [
+        ("10.79.0.11", "172.30.0.11", "ens5"), ("10.79.0.12", "172.30.0.12", "ens5")]
+    assert network.link_nic(cfg) == "ens5" and network.link_nic(LabConfig()) == "eth0"  # what lab-shape caps
+    assert all(len(n) <= 15 for n in [cfg.cluster_bridge, *map(cfg.cluster_veth, cfg.names)])
+
+
 def test_an_unknown_host_is_named_with_the_hosts_that_exist(tmp_path):
     cfg = LabConfig()
     path = tmp_path / "lab.yml"
@@ -70,3 +82,11 @@ def test_without_network_namespaces_the_lab_says_what_to_do(monkeypatch):
     monkeypatch.setattr(network, "ok", lambda *args: False)
     with pytest.raises(LabError, match="does not allow network namespaces"):
         network.require_privileges()
+
+
+def test_a_slow_nic_is_the_cluster_nic_of_its_host():
+    """SLOW_NIC=v100b: v100b's cluster NIC reports 100 Mb/s, like a VM on a 100 Mb/s port."""
+    cfg = LabConfig(hosts=2, slow_nic_hosts=("v100b",))
+    hosts = yaml.safe_load(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))["all"]["children"][
+        "cluster"]["hosts"]
+    assert hosts["v100a"]["cluster_nic"] == "eth0" and hosts["v100b"]["cluster_nic"] == "eth1"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from train.agent import iperf
 from train.agent.allreduce import Result, bus_factor, parse_size, table
 
 ROLES = Path(__file__).resolve().parents[3] / "roles"
@@ -63,7 +64,20 @@ def test_verify_summary_of_a_healthy_cluster():
         ["a", "b"], {"a": host(), "b": host()}, NETWORK, ALLREDUCE, 0.5)
     assert summary["problems"] == []
     assert summary["link_mbps"] == 940.0
-    assert "busbw 0.110 GB/s (880 Mb/s) = 0.94 x the link (940 Mb/s)" in summary["table"]
+    assert ("busbw 0.110 GB/s (880 Mb/s) = 0.94 x the measured link (940 Mb/s, iperf3's slowest pair); "
+            "expected link 1000 Mb/s") in summary["table"]
+    assert "min out(Mb/s)" in summary["table"] and "each host's slowest measured pair" in summary["table"]
+
+
+def test_verify_compares_the_all_reduce_with_the_measured_link_and_says_the_expected_apart():
+    fast = {**NETWORK, "pairs": [{"src": "a", "dst": "b", "mbps": 11720.0}, {"src": "b", "dst": "a", "mbps": 10035.0}]}
+    summary = load("verify", "verify_summary").verify_summary(["a", "b"], {"a": host(), "b": host()}, fast,
+                                                              {**ALLREDUCE, "results": [{"size": 64 * 2**20,
+                                                                                         "time_ms": 168.0,
+                                                                                         "busbw": 0.398}]}, 0.5)
+    assert "= 0.32 x the measured link (10035 Mb/s, iperf3's slowest pair); expected link 1000 Mb/s" in \
+        summary["table"]
+    assert summary["problems"] == []  # checked against the slower of the two: gloo is CPU-bound here
     assert summary["table"].splitlines()[0].split()[:3] == ["host", "GPUs", "driver"]
 
 
@@ -81,6 +95,24 @@ def test_verify_summary_names_every_problem():
     assert "a -> b: measured 95.0 Mb/s, below the threshold of 900 Mb/s" in text
     assert "versions differ across hosts" in text
     assert "all_reduce failed: timeout" in text
+
+
+def test_verify_shows_each_hosts_gpus_among_themselves_beside_the_cross_host_figure():
+    """2 hosts x 2 GPUs: each host's INTRA line (train.agent.allreduce) is read from its own output;
+    a host whose GPUs cannot all-reduce among themselves is named."""
+    intra = {"ok": True, "backend": "nccl", "world_size": 2,
+             "results": [{"size": 64 * 2**20, "time_ms": 1.0, "busbw": 120.5}]}
+    printed = {"a": {"__verify_allreduce": {"stdout_lines": ["INTRA " + json.dumps(intra), "# all_reduce ..."]}},
+               "b": {"__verify_allreduce": {"stdout_lines": ['INTRA {"ok": false, "error": "exit 1: NCCL WARN"}']}}}
+    filters = load("verify", "verify_summary")
+    found = filters.intra_allreduce(["a", "b"], printed)
+    assert found["a"]["results"][0]["busbw"] == 120.5 and found["b"]["ok"] is False
+    gpu = host(gpus=2, found=["H100", "H100"])
+    summary = filters.verify_summary(["a", "b"], {"a": gpu, "b": gpu}, NETWORK,
+                                     {**ALLREDUCE, "backend": "nccl", "world_size": 4, "intra": found}, 0.5)
+    assert "a: all_reduce nccl x2 within the host 64 MiB: busbw 120.500 GB/s" in summary["table"]
+    assert "busbw 0.110 GB/s (880 Mb/s)" in summary["table"]  # across the hosts
+    assert "b: all_reduce among its own GPUs failed: exit 1: NCCL WARN" in summary["problems"]
 
 
 @pytest.mark.parametrize(("text", "size"), [("64M", 64 * 2**20), ("1G", 2**30), ("512K", 512 * 1024),
@@ -101,9 +133,22 @@ def test_table_has_nccl_tests_columns():
 def test_the_network_role_runs_the_benchmarks_iperf3_lines():
     net = load("network", "network_figures")
     assert net.iperf_client("10.77.0.12", "5201", "5") == (
-        "iperf3 --client 10.77.0.12 --port 5201 --time 5 --omit 1 --json")
+        "iperf3 --client 10.77.0.12 --port 5201 --time 5 --omit 1 --connect-timeout 5000 --json")
     assert net.iperf_server(5201, "/run/tandem-iperf3.pid", "10.77.0.11") == (
-        "iperf3 --server --daemon --port 5201 --bind 10.77.0.11 --pidfile /run/tandem-iperf3.pid")
+        iperf.server_command(5201, "/run/tandem-iperf3.pid", "10.77.0.11"))
+
+
+def test_the_network_role_measures_a_fast_link_with_parallel_streams():
+    """One TCP flow on a 25 Gb/s cloud NIC is capped below the link: the role sends several, as Fabric does."""
+    net = load("network", "network_figures")
+    streams = net.FilterModule().filters()["iperf_streams"]
+    assert [streams("auto", mbps) for mbps in (1000, "1000", 25000, 100000)] == [1, 1, 5, 16]
+    assert streams(8, 1000) == 8 and streams("2", 100000) == 2
+    with pytest.raises(ValueError, match="network_iperf_streams is auto or a number"):
+        streams("many", 1000)
+    assert " --parallel 5 " in net.iperf_client("10.0.0.12", 5201, 3, streams("auto", 25000))
+    inputs = net.measure_inputs([], {}, "q", 3, 5201, 5)
+    assert inputs["iperf3"] == "seconds=3 port=5201 streams=5"  # figures taken with 1 stream are not reused
 
 
 def test_train_env_names_the_host_whose_versions_differ():
@@ -114,3 +159,63 @@ def test_train_env_names_the_host_whose_versions_differ():
     differ = load("train_env", "train_env_versions").versions_differ
     assert differ(["a", "b"], hostvars, "train_env_versions") == ["b: numpy 2.4.5 but a has 2.4.6"]
     assert differ(["a"], hostvars, "train_env_versions") == []
+
+
+def test_pip_output_says_which_drifted_packages_were_restored():
+    versions = load("train_env", "train_env_versions")
+    stdout = """Requirement already satisfied: torch==2.13.0 in /opt/tandem/venv/lib/python3.11/site-packages
+Collecting sacrebleu==2.6.0
+  Attempting uninstall: numpy
+    Found existing installation: numpy 2.3.1
+    Uninstalling numpy-2.3.1:
+      Successfully uninstalled numpy-2.3.1
+  Attempting uninstall: sacrebleu
+    Found existing installation: sacrebleu 2.5.0
+Successfully installed numpy-2.4.6 sacrebleu-2.6.0
+"""
+    assert versions.pip_restored(stdout) == ["numpy 2.3.1 -> 2.4.6", "sacrebleu 2.5.0 -> 2.6.0"]
+    assert versions.pip_restored("Successfully installed tqdm-4.70.1\n") == ["tqdm 4.70.1 (was missing)"]
+    assert versions.pip_restored("Successfully installed numpy-2.4.6 torch-2.13.0+cpu\n", True) == []  # new venv
+    assert versions.pip_restored("Requirement already satisfied: numpy==2.4.6\n") == []
+
+
+INPUTS = {"v100a": "address=10.0.0.11 nic=eth0 mtu=1500 speed=10000 shaping=qdisc noqueue 0: root",
+          "v100b": "address=10.0.0.12 nic=eth0 mtu=1500 speed=10000 shaping=qdisc noqueue 0: root",
+          "iperf3": "seconds=3 port=5201"}
+CACHED = {"inputs": INPUTS, "measured_at": "2026-11-23T02:00:00Z", "threshold_mbps": 900,
+          "pairs": [{"src": "v100a", "dst": "v100b", "mbps": 9000, "error": ""}]}
+
+
+def test_network_figures_are_reused_only_while_nothing_they_depend_on_changed():
+    net = load("network", "network_figures")
+    assert net.measure_reason(CACHED, INPUTS, "auto", 24, "2026-11-23T03:00:00") == ""
+    assert net.measure_reason(CACHED, INPUTS, "always", 24, "2026-11-23T03:00:00") == \
+        "asked to (network_measure=always)"
+    shaped = {**INPUTS, "v100b": INPUTS["v100b"].replace("noqueue 0: root", "tbf 8001: root rate 100Mbit")}
+    assert net.measure_reason(CACHED, shaped, "auto", 24, "2026-11-23T03:00:00") == \
+        "what they depend on changed: v100b"
+    assert net.measure_reason({**CACHED, "threshold_mbps": 9500}, INPUTS, "auto", 24, "2026-11-23T03:00:00") == \
+        "the figures before did not pass"
+    assert "26 h old" in net.measure_reason(CACHED, INPUTS, "auto", 24, "2026-11-24T04:00:00")
+    assert net.measure_reason({}, INPUTS, "auto", 24, "2026-11-23T03:00:00") == "no figures measured before"
+
+
+@pytest.mark.parametrize("value, mode", [(True, "auto"), ("auto", "auto"), ("always", "always"), (False, "never"),
+                                         ("never", "never"), ("false", "never")])
+def test_network_measure_modes(value, mode):
+    assert load("network", "network_figures").FilterModule().filters()["measure_mode"](value) == mode
+
+
+def test_a_gpu_shortfall_says_which_case_it_is_and_what_to_do():
+    advice = load("nvidia_driver", "nvidia_driver_advice").gpu_shortfall
+    missing = advice("v100a", 2, 0, 2, "[Errno 2] No such file or directory: b'nvidia-smi'", 2)
+    assert missing.startswith("v100a: expected 2 GPUs, nvidia-smi shows 0: nvidia-smi is not installed (no driver)")
+    assert "ansible-playbook provision.yml --tags nvidia_driver" in missing
+    failing = advice("v100a", 1, 0, 9, "NVIDIA-SMI has failed because it couldn't communicate with the driver", 1,
+                     "enabled")
+    assert "nvidia-smi fails (NVIDIA-SMI has failed" in failing and "reboot after a driver install" in failing
+    assert "Secure Boot is enabled" in failing
+    unattached = advice("v100a", 2, 1, 0, "", 1)
+    assert "the VM has fewer GPUs attached than promised; check the instance type" in unattached
+    fallen = advice("v100a", 2, 1, 0, "", 2)
+    assert "a GPU is not usable" in fallen and "xid" in fallen

@@ -30,3 +30,22 @@ def test_without_hosts_every_inventory_host_takes_part_and_a_stranger_is_named()
     assert [line[:5] for line in out.splitlines() if line[:5] in ("v100a", "v100b")] == ["v100a", "v100b"]
     proc = fab("train", "--hosts", "v100c", "--new", "--dry-run")
     assert proc.returncode == 1 and "unknown host v100c: the inventory has v100a, v100b" in proc.stdout
+
+
+def test_prepare_data_from_a_misaligned_source_says_which_file_before_touching_a_host(tmp_path):
+    """inventory/hosts.yml's hosts do not exist: the corpus must be refused before any is reached."""
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for split in ("train", "valid"):
+        (src / f"{split}.en").write_text("a house\nthe car\none more\n")
+        (src / f"{split}.de").write_text("ein Haus\ndas Auto\n")
+    env = {**os.environ, "FABRIC_INVENTORY": "inventory/hosts.yml", "COLUMNS": "400",
+           "TANDEM_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([FAB, "prepare-data", "--source", str(src)], cwd=TOP, capture_output=True, text=True,
+                          timeout=120, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"error: {src}/train.en: 3 lines but {src}/train.de has 2: the two sides of train must be line-aligned" \
+        in out
+    assert "Traceback" not in out and "copying to" not in out
+    assert list((tmp_path / "cache" / "data").iterdir()) == []

@@ -72,3 +72,16 @@ def test_a_node_rank_beyond_the_hosts_is_refused():
     proc = subprocess.run([sys.executable, "-m", "train.agent.allreduce", "--node-rank", "2", "--gpus-per-host", "0,0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "--node-rank 2 with --gpus-per-host 0,0" in proc.stderr
+
+
+def test_a_host_with_several_gpus_measures_them_alone_first():
+    """Two ranks on one 'host' (gloo on CPU stands in for NCCL over NVLink): the intra-host figure
+    comes back as an INTRA line, with every rank's sum checked."""
+    code = ("from train.agent import allreduce; "
+            f"a = allreduce.parser().parse_args(['--sizes', '1M', '--iters', '2', '--backend', 'gloo', "
+            f"'--master-port', '{free_port()}', '--timeout', '30', '--json', '/nonexistent/x.json']); "
+            "allreduce.measure_intra_host(2, a)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(next(line[6:] for line in done.stdout.splitlines() if line.startswith("INTRA ")))
+    assert report["ok"] and report["world_size"] == 2 and report["results"][0]["size"] == 2**20

@@ -42,7 +42,7 @@ def test_the_commands_measure_over_loopback(tmp_path):
     """The server and client lines as the hosts run them, against this machine's loopback."""
     pidfile = str(tmp_path / "iperf3.pid")
     port = 5299
-    subprocess.run(iperf.server_command(port, pidfile, "127.0.0.1") + " && sleep 0.3", shell=True, check=True)
+    subprocess.run(iperf.server_command(port, pidfile, "127.0.0.1"), shell=True, check=True)
     try:
         out = subprocess.run(iperf.client_command("127.0.0.1", port, seconds=1, omit=0), shell=True,
                              capture_output=True, text=True, timeout=30)
@@ -52,8 +52,51 @@ def test_the_commands_measure_over_loopback(tmp_path):
     assert pair.error is None and pair.mbps > 100, out.stdout[-500:]
     again = iperf.parse("lo", "lo", *_run(iperf.client_command("127.0.0.1", port, seconds=1)))
     assert again.mbps is None and "connect" in again.error  # the server is gone: named, not 0 silently
+    assert iperf.unreachable([again, pair]) == [again]  # fab train stops on it rather than hang at rendezvous
+
+
+def test_fast_links_are_measured_with_parallel_streams():
+    assert [iperf.streams_for(m) for m in (None, 100, 1000, 9999, 10000, 25000, 40000, 100000, 400000)] == \
+        [1, 1, 1, 1, 4, 5, 8, 16, 16]
+    assert iperf.streams("auto", 25000) == 5 and iperf.streams(None, 25000) == 5 and iperf.streams("3", 100) == 3
+    assert "--parallel" not in iperf.client_command("10.0.0.2", streams=1)
+    assert " --parallel 4 " in iperf.client_command("10.0.0.2", streams=4)
+
+
+@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make setup installs it)")
+def test_parallel_streams_are_reported_as_their_sum(tmp_path):
+    pidfile, port = str(tmp_path / "iperf3.pid"), 5297
+    subprocess.run(iperf.server_command(port, pidfile, "127.0.0.1"), shell=True, check=True)
+    try:
+        stdout, stderr = _run(iperf.client_command("127.0.0.1", port, seconds=1, omit=0, streams=4))
+    finally:
+        subprocess.run(iperf.stop_command(pidfile), shell=True, check=True)
+    data = json.loads(stdout)
+    assert data["start"]["test_start"]["num_streams"] == 4, stderr
+    each = [s["receiver"]["bits_per_second"] for s in data["end"]["streams"]]
+    pair = iperf.parse("lo", "lo", stdout, stderr)
+    assert len(each) == 4 and pair.mbps == pytest.approx(sum(each) / 1e6, rel=0.01)
+    assert pair.mbps > 1.5 * max(each) / 1e6  # the sum, not one stream's share
 
 
 def _run(command: str) -> tuple[str, str]:
     proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=30)
     return proc.stdout, proc.stderr
+
+
+@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make setup installs it)")
+def test_the_server_binds_to_the_cluster_address_only_where_the_host_has_it(tmp_path):
+    """A cloud VM's public address is NAT'd, not on its NIC: the server must still listen (on every
+    address) rather than die behind --daemon; an address the host has is bound to, alone."""
+    pidfile, port = str(tmp_path / "iperf3.pid"), 5298
+    for bind, listens_on in [("203.0.113.7", "*"), ("127.0.0.1", "127.0.0.1")]:  # TEST-NET-3: never local
+        started = subprocess.run(iperf.server_command(port, pidfile, bind), shell=True, capture_output=True,
+                                 text=True, timeout=30)
+        try:
+            assert started.returncode == 0, started.stderr
+            sockets = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+            assert f"{listens_on}:{port}" in sockets.replace("0.0.0.0", "*"), sockets
+            pair = iperf.parse("lo", "lo", *_run(iperf.client_command("127.0.0.1", port, seconds=1, omit=0)))
+            assert pair.error is None and pair.mbps > 100
+        finally:
+            subprocess.run(iperf.stop_command(pidfile), shell=True, check=True)

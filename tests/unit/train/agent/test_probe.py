@@ -68,3 +68,15 @@ def test_versions_differ_names_the_host_and_both_versions():
     assert probe.versions_differ({"a": same, "b": dict(same)}) == []
     assert probe.versions_differ({"a": same, "b": {**same, "fairseq": "0.12.0"}, "c": {**same, "torch": "2.12.0"}}) == [
         "b: fairseq 0.12.0 but a has 0.12.3.1", "c: torch 2.12.0 but a has 2.13.0"]
+
+
+def test_cached_versions_are_answered_without_importing_torch_until_a_package_changes(tmp_path, monkeypatch):
+    cache = tmp_path / "versions.json"
+    first = probe.cached_versions(str(cache))
+    assert json.loads(cache.read_text())["versions"] == first
+    monkeypatch.setattr(probe, "versions", lambda: {"python": "imported again"})
+    assert probe.cached_versions(str(cache)) == first  # same packages: from the file
+    from train.agent import pins
+
+    monkeypatch.setattr(pins, "installed", lambda: {"torch": "2.0.0"})  # a package changed
+    assert probe.cached_versions(str(cache)) == {"python": "imported again"}

@@ -48,7 +48,7 @@ def test_state_names_the_runs_processes_its_last_update_and_log_tail(run_dir, sp
 
 def test_state_of_a_run_without_a_log_yet():
     answer = state.state("/nonexistent/run", lines=10)
-    assert answer == {"running": False, "pids": [], "update": None, "tail": []}
+    assert answer == {"running": False, "pids": [], "update": None, "tail": [], "stopped_by_user": False}
 
 
 def test_a_worker_started_through_bash_c_is_found(run_dir, spawn):
@@ -63,6 +63,15 @@ def test_stop_ends_the_run_with_sigterm(run_dir, spawn):
     assert (out.returncode, out.stdout.strip()) == (0, "stopped")
     assert all(r.wait(timeout=5) is not None for r in ranks)
     assert state.run_pids(str(run_dir)) == []
+    # `fab status` tells a run stopped on purpose from one that died
+    assert state.state(str(run_dir))["stopped_by_user"] is True
+
+
+def test_a_run_that_died_is_not_stopped_by_the_user(run_dir, spawn):
+    victim = rank(spawn, run_dir)
+    victim.kill()
+    victim.wait()
+    assert stop.stop(str(run_dir)) == "none" and state.state(str(run_dir))["stopped_by_user"] is False
 
 
 def test_stop_kills_a_rank_that_ignores_sigterm(run_dir, spawn):

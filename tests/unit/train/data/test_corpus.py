@@ -133,3 +133,50 @@ def test_wmt16_archives_are_fetched_once_and_kept(server, tmp_path, monkeypatch)
     assert RangeHandler.requests == ["full", "full"]
     corpus.download_wmt16(tmp_path / "downloads", quiet=True)  # a second prepare-data: nothing fetched again
     assert RangeHandler.requests == ["full", "full"]
+
+
+def write_pair(src: Path, en: bytes, de: bytes, splits=("train", "valid")) -> Path:
+    src.mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        (src / f"{split}.en").write_bytes(en)
+        (src / f"{split}.de").write_bytes(de)
+    return src
+
+
+GOOD_EN, GOOD_DE = b"a small house\nthe red car\n" * 50, b"ein kleines Haus\ndas rote Auto\n" * 50
+
+
+@pytest.mark.parametrize("en, de, says", [
+    (GOOD_EN + b"one more\n", GOOD_DE, "train.en: 101 lines but {src}/train.de has 100: the two sides of train "
+                                       "must be line-aligned"),
+    (b"", GOOD_DE, "train.en: empty: the train split needs one sentence per line"),
+    (GOOD_EN, GOOD_DE[:31] + b"Gr\xfc\xdfe\n" + GOOD_DE[31:], "train.de:3: not UTF-8 (byte 0xfc at column 3)"),
+])
+def test_a_broken_corpus_stops_with_one_line_naming_the_file_and_nothing_is_left(tmp_path, en, de, says):
+    src = write_pair(tmp_path / "src", en, de)
+    work = tmp_path / "cache"
+    with pytest.raises(corpus.DataError) as err:
+        corpus.prepare("broken", work, source=src, vocab_size=100, quiet=True)
+    message = str(err.value)
+    assert "\n" not in message and says.format(src=src) in message
+    assert message.startswith(str(src))
+    assert not work.exists() or list(work.iterdir()) == []
+
+
+def test_a_failed_preparation_keeps_the_previous_good_one(tmp_path):
+    work = tmp_path / "cache"
+    good = corpus.prepare("mine", work, source=write_pair(tmp_path / "good", GOOD_EN, GOOD_DE), vocab_size=60,
+                          quiet=True)
+    manifest = (Path(good.bin_dir) / "MANIFEST.sha256").read_text()
+    with pytest.raises(corpus.DataError):
+        corpus.prepare("mine", work, source=write_pair(tmp_path / "bad", GOOD_EN, b""), quiet=True)
+    assert (Path(good.bin_dir) / "MANIFEST.sha256").read_text() == manifest
+    assert sorted(p.name for p in work.iterdir()) == ["mine"]
+
+
+def test_a_vocabulary_smaller_than_asked_is_said_with_why(tmp_path):
+    prepared = corpus.prepare("tiny", tmp_path / "cache", source=write_pair(tmp_path / "src", GOOD_EN, GOOD_DE),
+                              vocab_size=32000, quiet=True)
+    assert prepared.vocab_asked == 32000 and prepared.vocab_size < 100
+    assert prepared.vocab_note.startswith("vocabulary ") and "of the 32000 asked: 100 training pairs" in \
+        prepared.vocab_note and "--vocab-size" in prepared.vocab_note

@@ -294,3 +294,20 @@ def test_a_real_h100_run_reads_as_an_underused_gpu(tmp_path, monkeypatch):
     assert 5_000 < gpus.numbers["peak_mem_mb"]["gpu0:0"] < 7_000
     assert an.get("duration").numbers["update"] == 600
     assert an.get("checkpoints").numbers["params"] == 60_104_704
+
+
+def test_every_rank_of_a_finished_run_is_finished_in_the_hosts_table(tmp_path):
+    """fairseq says "done training" on rank 0 only; v100b (rank 1) finished with it."""
+    from train.report import page
+
+    run_dir = copy_run(tmp_path / "run")
+    for host in ("v100a", "v100b"):  # the fixture run was stopped: make it one that completed
+        log = run_dir / "logs" / f"{host}.log"
+        text = log.read_text().split("Traceback")[0].rsplit("\n", 1)[0] + "\n"
+        if host == "v100a":
+            text += "2026-11-22 08:20:00 | INFO | fairseq_cli.train | done training in 180.0 seconds\n"
+        log.write_text(text)
+    data = A.load(run_dir)
+    assert data.log.finished and not data.logs["v100b"].finished and not data.logs["v100b"].errors
+    rows = {row["name"]: row["state"] for row in page.host_rows(A.analyze(data, link_mbps=100))}
+    assert rows == {"v100a": "finished", "v100b": "finished"}

@@ -84,7 +84,7 @@ def test_fairseq_reads_the_command_as_tandem_meant(preset_name, precision, layou
         assert parsed.ddp_backend == "pytorch_ddp"  # overlaps the all-reduce with the backward pass
         if gpus > 1:
             assert parsed.device_id == local_rank
-    assert through_tandem == (precision == "bf16")
+    assert through_tandem  # every run: tandem's entry point (train/agent/fairseq_train.py)
 
 
 def test_fairseq_alone_takes_bf16_for_a_tpu():
@@ -108,3 +108,18 @@ def test_pytorch_ddp_on_cpu_hosts_goes_through_tandems_entry_point():
     parsed = parse(args, through_tandem)
     assert through_tandem and parsed.cpu and parsed.ddp_backend == "pytorch_ddp"
     assert args.count("--ddp-backend") == 1
+
+
+def test_gpu_runs_keep_attention_off_cudnn(monkeypatch):
+    """torch prefers cuDNN's attention on Hopper; it rebuilt its plan for every batch shape (~120 ms
+    per update on an H100). The entry point every GPU run starts through turns it off, unless asked."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    monkeypatch.delenv("TANDEM_CUDNN_ATTENTION", raising=False)
+    fairseq_train.attention_without_cudnn()
+    assert calls == [False]
+    monkeypatch.setenv("TANDEM_CUDNN_ATTENTION", "1")
+    fairseq_train.attention_without_cudnn()
+    assert calls == [False]

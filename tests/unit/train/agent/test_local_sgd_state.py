@@ -1,0 +1,101 @@
+"""Local SGD (fairseq's BMUF) resumes with its outer state, and syncs in one all-reduce.
+
+Each test runs in its own interpreter, as a rank does: torch's dynamo refuses to import after
+Ansible (loaded by other unit tests in this process) has patched sys.intern."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fairseq")
+
+BMUF_AROUND = """
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from fairseq.optim import FairseqOptimizer
+from fairseq.optim.bmuf import FairseqBMUF
+
+from train.agent import fairseq_train
+
+fairseq_train.local_sgd_state_in_checkpoints()
+
+
+class Plain(FairseqOptimizer):
+    def __init__(self, params):
+        super().__init__(SimpleNamespace())
+        self._optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def bmuf_around(params):
+    '''fairseq's BMUF around a plain SGD, as the trainer builds it for --use-bmuf.'''
+    outer = SimpleNamespace(global_sync_iter=4, block_momentum=0.5, block_lr=1.0, warmup_iterations=0,
+                            use_nbm=True, average_sync=False, distributed_world_size=2)
+    return FairseqBMUF(outer, Plain(params))
+"""
+
+
+def run(body: str) -> None:
+    done = subprocess.run([sys.executable, "-c", BMUF_AROUND + textwrap.dedent(body)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+
+def test_the_outer_state_survives_a_checkpoint():
+    run("""
+        bmuf = bmuf_around([torch.nn.Parameter(torch.ones(3))])
+        bmuf.smoothed_grads[0].fill_(0.25)  # momentum built up over earlier syncs
+        bmuf.global_params[0].fill_(2.0)  # the model as of the last sync
+        saved = bmuf.state_dict()
+        assert "tandem_bmuf" in saved
+
+        restarted = bmuf_around([torch.nn.Parameter(torch.ones(3))])  # a new process: zero momentum
+        restarted.load_state_dict(saved)
+        assert restarted.smoothed_grads[0].tolist() == [0.25] * 3
+        assert restarted.global_params[0].tolist() == [2.0] * 3
+        assert "momentum_buffer" not in str(saved["tandem_bmuf"]), "the inner optimizer's state stays its own"
+    """)
+
+
+def test_a_plain_average_saves_no_outer_state():
+    run("""
+        bmuf = bmuf_around([torch.nn.Parameter(torch.ones(3))])
+        bmuf.block_momentum = 0
+        assert "tandem_bmuf" not in bmuf.state_dict()
+    """)
+
+
+def test_a_checkpoint_from_before_loads_as_it_did():
+    run("""
+        bmuf = bmuf_around([torch.nn.Parameter(torch.ones(3))])
+        old = {k: v for k, v in bmuf.state_dict().items() if k != "tandem_bmuf"}
+        fresh = bmuf_around([torch.nn.Parameter(torch.ones(3))])
+        fresh.load_state_dict(old)
+        assert fresh.smoothed_grads[0].tolist() == [0.0] * 3
+    """)
+
+
+def test_a_sync_is_one_all_reduce_of_every_delta():
+    """fairseq's BMUF all-reduces tensor by tensor (a Transformer: 100+ round trips per sync);
+    tandem's does it once, with the same average."""
+    run("""
+        bmuf = bmuf_around([torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(4))])
+        bmuf.grads = [torch.full((2, 3), 4.0), torch.arange(4.0)]
+        calls = []
+
+        def all_reduce(tensor, op=None):  # a second rank whose deltas are all 2.0
+            calls.append(tensor.numel())
+            tensor.add_(2.0 / 2)
+
+        dist.all_reduce, dist.get_world_size = all_reduce, lambda: 2
+        bmuf._avg_grad_from_all_gpus()
+        assert calls == [10], calls
+        assert bmuf.grads[0].tolist() == [[3.0] * 3] * 2  # (4 + 2) / 2
+        assert bmuf.grads[1].tolist() == [1.0, 1.5, 2.0, 2.5]  # (i + 2) / 2
+    """)

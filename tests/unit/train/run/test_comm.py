@@ -1,0 +1,99 @@
+"""--comm: each strategy becomes the fairseq options that do it, and auto picks from the model."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from benchmarks import model
+from train.run.comm import CommError, Strategy
+from train.run.command import launches, training_command
+from train.run.presets import resolve
+
+TINY = resolve("tiny")
+BASE_PARAMS = model.transformer_params(32000, 512, 2048, 6, 6)  # Transformer base, shared 32k vocabulary
+
+
+def _argv(comm: str, gpus: int = 0, preset=TINY, n: int = 2) -> list[str]:
+    hosts = [{"address": f"10.0.0.{11 + i}", "gpus": gpus, "nic": "eth1"} for i in range(n)]
+    launch = launches("r1", hosts, master_port=29500, data_dir="/d", run_dir="/r", venv="/v", comm=comm,
+                      precision="fp16" if gpus else "fp32")[0]
+    return shlex.split(training_command(preset, launch))
+
+
+def _value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_strategies_parse_and_print_back():
+    assert str(Strategy.parse(None)) == "sync"
+    assert str(Strategy.parse("local-sgd")) == "local-sgd:16"
+    assert Strategy.parse("LOCAL-SGD:32").period == 32
+    for bad in ("gossip", "local-sgd:1", "local-sgd:x", "fp16:4"):
+        with pytest.raises(CommError, match="--comm"):
+            Strategy.parse(bad)
+
+
+def test_sync_keeps_the_cpu_default_and_fp16_compresses_through_pytorch_ddp():
+    assert _value(_argv("sync"), "--ddp-backend") == "legacy_ddp"
+    fp16 = _argv("fp16")
+    assert _value(fp16, "--ddp-backend") == "pytorch_ddp" and _value(fp16, "--ddp-comm-hook") == "fp16"
+
+
+def test_fp16_compression_against_a_preset_that_pins_another_backend_is_refused():
+    pinned = resolve("tiny", ["ddp_backend=legacy_ddp"])
+    with pytest.raises(ValueError, match="ddp_backend=legacy_ddp"):
+        _argv("fp16", preset=pinned)
+
+
+def test_local_sgd_is_fairseqs_bmuf_averaging_every_h_updates():
+    argv = _argv("local-sgd:24", n=4)
+    assert "--use-bmuf" in argv
+    assert _value(argv, "--global-sync-iter") == "24"
+    assert _value(argv, "--block-momentum") == "0"  # a plain average: the outer momentum is opt-in
+    assert _value(argv, "--warmup-iterations") == "0"
+    with_momentum = _argv("local-sgd:24", preset=resolve("tiny", ["block_momentum=0.5"]))
+    assert _value(with_momentum, "--block-momentum") == "0.5" and "--use-nbm" in with_momentum
+
+
+def test_local_sgd_sends_an_hth_of_the_bytes_and_nothing_hides_them():
+    link = model.mbit_to_bytes_per_s(100)
+    sync = model.predict(BASE_PARAMS, 2, link, 0.6)
+    local = model.predict(BASE_PARAMS, 2, link, 0.6, comm="local-sgd:20", overlap=0.5)
+    assert local.comm_s == pytest.approx(sync.comm_s / 20)
+    assert local.hidden_s == 0
+    fp16 = model.predict(BASE_PARAMS, 2, link, 0.6, comm="fp16")
+    assert fp16.comm_s == pytest.approx(sync.comm_s / 2)
+
+
+def test_auto_takes_the_least_invasive_strategy_that_reaches_90_percent():
+    link = model.mbit_to_bytes_per_s(10_000)  # a fast link: sync is enough
+    assert model.choose(BASE_PARAMS, 2, link, 0.6, overlaps={"sync": 0.5}).comm == "sync"
+    # the field report's case: Transformer base, 2 hosts × 1 GPU, 100 Mb/s, fp16 training
+    slow = model.choose(BASE_PARAMS, 2, model.mbit_to_bytes_per_s(100), 0.6, overlaps={"sync": 0.6, "fp16": 0.6},
+                        precision="fp16")
+    assert slow.reached and slow.comm.startswith("local-sgd:")
+    h = int(slow.comm.split(":")[1])
+    assert slow.prediction.efficiency >= 0.9
+    below = model.predict(BASE_PARAMS, 2, model.mbit_to_bytes_per_s(100), 0.6, comm=f"local-sgd:{h - 1}")
+    assert below.efficiency < 0.9, "H is the smallest that reaches 90%"
+    assert [p.comm for p in slow.tried][:1] == ["sync"]
+
+
+def test_auto_uses_update_freq_before_local_sgd_when_a_small_k_is_enough():
+    # the all-reduce is a little over a tenth of the compute: --update-freq 2 reaches 90%
+    link = model.mbit_to_bytes_per_s(100)
+    sync = model.predict(BASE_PARAMS, 2, link, 1.0, precision="fp16")
+    compute = sync.comm_s * 9 / 1.8
+    choice = model.choose(BASE_PARAMS, 2, link, compute, overlaps={}, precision="fp16")
+    assert (choice.comm, choice.update_freq) == ("sync", 2)
+    assert choice.flag() == "--comm sync --update-freq 2"
+
+
+def test_the_outer_steps_options_reach_local_sgd_only():
+    """fairseq knows --block-momentum only under --use-bmuf: a sync run given it would not start."""
+    tuned = resolve("tiny", ["block_momentum=0"])
+    assert _value(_argv("local-sgd:8", preset=tuned), "--block-momentum") in ("0", "0.0")
+    assert _argv("local-sgd:8", preset=tuned).count("--block-momentum") == 1
+    assert "--block-momentum" not in _argv("sync", preset=tuned)

@@ -1,0 +1,107 @@
+"""Communication strategies: how the ranks share what each learned, chosen with `--comm`.
+
+- `sync`: every update all-reduces every gradient (fairseq's data parallelism; legacy_ddp on
+  CPU hosts, pytorch_ddp on GPUs, which overlaps the all-reduce with the backward pass).
+- `fp16`: the same with the gradients all-reduced in half precision (pytorch_ddp and its fp16
+  compression hook, fairseq `--ddp-comm-hook fp16`): half the bytes of fp32 gradients, the
+  optimizer still steps in full precision. Nothing to halve when the run trains in fp16/bf16.
+- `local-sgd:H`: every rank trains H updates on its own, then the ranks average their
+  parameters (fairseq's BMUF, `--use-bmuf`, one flat all-reduce: train.agent.fairseq_train).
+  H× fewer bytes; the optimization changes, so `fab bench-quality` measures what it costs. The
+  outer step is a plain average by default (block momentum 0): BMUF's outer Nesterov momentum at
+  1 − 1/ranks (its paper's setting, 0.5 for two) left the lab's 13× tiny model on its plateau
+  (valid loss +333% against sync after 320 updates; plain averaging +15%), so it is opt-in:
+  `--set block_momentum=0.5,block_lr=1`.
+  The model is a plain fairseq model: checkpoints, resume and evaluation are unchanged (the
+  outer momentum starts again from zero after a restart).
+- `--update-freq K` (gradient accumulation) is its own option: K× fewer all-reduces per sample,
+  K× larger effective batch.
+
+`auto` is resolved before the run starts (benchmarks.predict.choose_strategy) and the run
+remembers the concrete choice, so a resumed run keeps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+KINDS = ("sync", "fp16", "local-sgd")
+OUTER_STEP_OPTIONS = ("block_momentum", "block_lr")  # local SGD's own (--set), dropped for the others
+DEFAULT_PERIOD = 16
+
+
+class CommError(ValueError):
+    """A --comm value tandem does not know."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    kind: str = "sync"
+    period: int = 1  # H: updates between two syncs (local-sgd)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise CommError(f"--comm is sync, fp16, local-sgd[:H] or auto, not {self.kind!r}")
+        if self.period < 1 or (self.kind != "local-sgd" and self.period != 1):
+            raise CommError(f"a sync period of {self.period} makes no sense for {self.kind}")
+
+    @classmethod
+    def parse(cls, text: str | None) -> Strategy:
+        """`sync`, `fp16`, `local-sgd` (H = 16), `local-sgd:32`. `auto` is not a strategy: it picks one."""
+        text = (text or "sync").strip().lower()
+        kind, _, period = text.partition(":")
+        if kind == "local-sgd":
+            try:
+                h = int(period) if period else DEFAULT_PERIOD
+            except ValueError:
+                raise CommError(f"--comm local-sgd:H takes a whole number of updates, not {period!r}") from None
+            if h < 2:
+                raise CommError(f"--comm local-sgd:{h}: H must be at least 2 (H = 1 is sync)")
+            return cls("local-sgd", h)
+        if period:
+            raise CommError(f"--comm {kind} takes no period (only local-sgd:H does), not {text!r}")
+        return cls(kind)
+
+    def __str__(self) -> str:
+        return f"local-sgd:{self.period}" if self.kind == "local-sgd" else self.kind
+
+    @property
+    def syncs_every(self) -> int:
+        """Updates per all-reduce of the model's size."""
+        return self.period if self.kind == "local-sgd" else 1
+
+    def bytes_per_element(self, precision: str) -> int:
+        """What each element all-reduced weighs: fp16 compression halves fp32 gradients; local SGD
+        averages the fp32 parameters' deltas (the master copy under fp16/bf16 training)."""
+        if self.kind == "local-sgd":
+            return 4
+        if self.kind == "fp16":
+            return 2
+        return 4 if precision == "fp32" else 2
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the all-reduce can hide behind the backward pass (DDP buckets); local SGD's
+        sync comes after the optimizer step."""
+        return self.kind != "local-sgd"
+
+    def ddp_backend(self, default: str) -> str:
+        return "pytorch_ddp" if self.kind == "fp16" else default
+
+    def fairseq_args(self, ranks: int, options: Mapping[str, object] | None = None) -> list[str]:
+        """The fairseq-train options beyond the preset's (the DDP backend is set by the launcher);
+        the outer step's block_momentum / block_lr come from the run's options when it sets them."""
+        options = options or {}
+        if self.kind == "fp16":
+            return ["--ddp-comm-hook", "fp16"]
+        if self.kind == "local-sgd":
+            # warmup 0: no broadcast at the start; every rank builds the same model from the same
+            # seed, and a resumed run loads the same checkpoint on every host
+            args = ["--use-bmuf", "--global-sync-iter", str(self.period), "--use-nbm", "--warmup-iterations", "0"]
+            if OUTER_STEP_OPTIONS[0] not in options:
+                args += ["--block-momentum", "0"]  # a plain average (module docstring: measured)
+            if OUTER_STEP_OPTIONS[1] not in options:
+                args += ["--block-lr", "1"]
+            return args
+        return []

@@ -1,0 +1,70 @@
+"""Going on without a lost host: the run restarts from its last checkpoint on the hosts left.
+
+`fab train` (following, `--elastic`, the default) calls `continue_without` when the run stopped
+before its last update. The lost hosts are those SSH cannot reach, else the host whose rank
+torchrun saw fail first. The rest restart from the newest checkpoint they hold (copied host to
+host while the run went on; the controller's copy where none has it, so losing rank 0's host
+works too), with `--update-freq` scaled so that the effective batch stays the same (2 hosts → 1:
+×2) and fairseq's learning-rate schedule continuing from the checkpoint's update count. The run
+remembers its membership (Run.members): which hosts, from which update, with which update-freq,
+and why. When a lost host comes back, train.run.rejoin grows the run back to it at its next
+checkpoint, with the update-freq scaled back.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..cluster import Host
+from . import launch
+
+
+def lost_hosts(states: list[launch.HostState]) -> list[str]:
+    """The hosts to leave out: the unreachable ones, else the one whose rank failed first
+    without having lost a peer first (RankEnd.blame_order)."""
+    unreachable = [s.name for s in states if not s.reachable]
+    if unreachable:
+        return unreachable
+    failed = sorted((s for s in states if s.ended and not s.stopped_by_user), key=lambda s: s.ended.blame_order())
+    return [failed[0].name] if failed else []
+
+
+def scaled_update_freq(update_freq: int, hosts_before: int, hosts_after: int) -> int:
+    """The update frequency that keeps the effective batch (hosts × update_freq) the same, rounded
+    up where it does not divide (3 hosts → 2: ×1.5 → 2, a slightly larger batch, never a smaller)."""
+    return max(1, -(-update_freq * hosts_before // hosts_after))
+
+
+def continue_without(run: launch.Run, hosts: list[Host], states: list[launch.HostState],
+                     say=print, at: int | None = None) -> list[Host] | None:
+    """Restart `run` on the hosts left; returns them, or None when no host or no checkpoint is left
+    (the run stays stopped, and why_stopped_early says why). `at`: the update the run had reached,
+    as last seen (rank 0's log is out of reach when its host is the one lost)."""
+    lost = lost_hosts(states)
+    survivors = [h for h in hosts if h.name not in lost]
+    if not lost or not survivors:
+        return None
+    rank0 = states[0].progress
+    at = rank0.update if rank0 else (at or 0)
+    launch.stop(run, survivors)  # nothing of the old membership left on the hosts that stay
+    copy = launch.share_checkpoint(run, survivors)
+    if copy is None:
+        say(f"{', '.join(lost)} lost at update {at:,}; no checkpoint to continue from")
+        return None
+    update_freq = scaled_update_freq(run.update_freq, len(hosts), len(survivors))
+    resumed = launch.checkpoint_update(copy)
+    if not run.members:
+        run.members.append({"hosts": [h.name for h in hosts], "from_update": 0, "why": "start",
+                            "update_freq": run.update_freq})  # the effective batch a rejoin restores
+    why = "unreachable" if any(not s.reachable for s in states if s.name in lost) else next(
+        (s.ended.how for s in states if s.name in lost and s.ended), "stopped")
+    run.members.append({"hosts": [h.name for h in survivors], "from_update": resumed,
+                        "why": f"{', '.join(lost)} lost at update {at} ({why})",
+                        "lost": lost, "lost_at": at, "update_freq": update_freq,
+                        "time": round(time.time(), 1)})  # train.report.members
+    run.hosts, run.update_freq = [h.name for h in survivors], update_freq
+    run.save()
+    launch.start(run, survivors)
+    say(f"{', '.join(lost)} lost at update {at:,} ({why}); continuing on {', '.join(run.hosts)} "
+        f"from update {resumed:,}, update-freq {update_freq}")
+    return survivors
