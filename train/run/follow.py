@@ -1,11 +1,12 @@
 """Following a run from the controller: a live progress bar from rank 0's log.
 
-Ctrl-C detaches (the training goes on). Every `backup_every` seconds the last and best
-checkpoints are copied off the rank-0 host (host to host, and one copy to the controller), so
-losing its disk loses no training. The copy runs in the background: a multi-GB checkpoint must
-not hold up noticing a dead rank. When a rank stops, the others are stopped too: a half-dead
-job only holds GPUs and ports. With `elastic`, a run that stops early goes on without the lost
-host (train.run.elastic), and grows back to it when it answers again (train.run.rejoin.Watch).
+Ctrl-C detaches (the training goes on). As soon as rank 0 saved its first checkpoint, then every
+`backup_every` seconds, the last and best checkpoints are copied off the rank-0 host (host to
+host, and one copy to the controller), so losing its disk loses no training. The copy runs in
+the background: a multi-GB checkpoint must not hold up noticing a dead rank. When a rank stops,
+the others are stopped too: a half-dead job only holds GPUs and ports. With `elastic`, a run
+that stops early goes on without the lost host (train.run.elastic), and grows back to it when
+it answers again (train.run.rejoin.Watch).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def follow(run: launch.Run, hosts: list[Host], poll_s: float = 2.0, backup_every
     lost once that answers again (train.run.rejoin; `known`: the inventory's hosts, default `hosts`)."""
     last_backup = time.monotonic()
     backup: threading.Thread | None = None
+    backed_up: int | None = None  # the update of rank 0's checkpoint when the last copy began
     dead_since: float | None = None
     last_update = 0  # rank 0's, as last seen: its host may be the one lost
     hosts_below = HostLines(run, hosts, run.link_mbps)  # the per-host line of `fab watch`, under the bar
@@ -94,10 +96,13 @@ def follow(run: launch.Run, hosts: list[Host], poll_s: float = 2.0, backup_every
                     if grown := rejoin.step(hosts, rank0.progress):
                         hosts, dead_since = grown, None
                         continue
-                if time.monotonic() - last_backup > backup_every_s and not (backup and backup.is_alive()):
+                saved = rank0.progress.saved if rank0.progress else None
+                # the first checkpoint is copied at once: a host lost early must not cost the whole run
+                first = saved is not None and backed_up is None
+                if (first or time.monotonic() - last_backup > backup_every_s) and not (backup and backup.is_alive()):
                     backup = threading.Thread(target=_backup, args=(run, hosts), daemon=True, name="backup")
                     backup.start()
-                    last_backup = time.monotonic()
+                    last_backup, backed_up = time.monotonic(), saved
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             console.print(f"detached; {run.run_id} goes on. `fab status`, `fab logs`, `fab stop`.")

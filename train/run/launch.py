@@ -9,6 +9,7 @@ each host's command; this module only moves it, and files, between machines.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -198,20 +199,36 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
 CHECKPOINTS = ["checkpoint_last.pt", "checkpoint_best.pt"]
 
 
-def fetch_checkpoints(source: Host, save_dir: str, local: Path) -> list[str]:
+def fetch_checkpoints(source: Host, save_dir: str, local: Path, tries: int = 3) -> list[str]:
     """Copy rank 0's checkpoints to the controller, each only when it changed there (size, mtime):
     following a run backs up every 30 s, and a big preset's checkpoint is GBs on the link being
-    trained over. Returns the names copied."""
+    trained over. fairseq rewrites checkpoint_last.pt in place at every save, so a copy is kept
+    only if the file did not change while it was read (else it is read again). Returns the names
+    copied."""
     fetched = []
     with connect(source) as conn:
+
+        def stat(name: str):
+            result = conn.run(f"stat -c '%s %y' {save_dir}/{name}", warn=True, hide=True, in_stream=False,
+                              timeout=30)
+            return result.stdout.strip() if result.ok else None
+
         for name in CHECKPOINTS:
-            stat = conn.run(f"stat -c '%s %Y' {save_dir}/{name}", warn=True, hide=True, in_stream=False, timeout=30)
-            stamp = local / f".{name}.remote-stat"
-            if not stat.ok or ((local / name).exists() and stamp.exists()
-                               and stamp.read_text() == stat.stdout.strip()):
+            before, stamp = stat(name), local / f".{name}.remote-stat"
+            if before is None or ((local / name).exists() and stamp.exists() and stamp.read_text() == before):
                 continue
-            get_whole(conn, f"{save_dir}/{name}", str(local / name))
-            stamp.write_text(stat.stdout.strip())
+            for _ in range(tries):
+                get_whole(conn, f"{save_dir}/{name}", str(local / f".{name}.fetched"))
+                after = stat(name)
+                if after == before:
+                    break
+                before = after  # saved again while it was read: read the new one
+            else:
+                (local / f".{name}.fetched").unlink(missing_ok=True)
+                raise ClusterError(f"{source.name}: {save_dir}/{name} changed during each of {tries} copies "
+                                   "(saved faster than it copies); the controller keeps its previous copy")
+            os.replace(local / f".{name}.fetched", local / name)
+            stamp.write_text(before)
             fetched.append(name)
     return fetched
 
@@ -251,9 +268,11 @@ def push_command(save_dir: str, peers: list[Host]) -> str:
     for peer in peers:
         target = f"{peer.user}@{cluster_address(peer)}:{save_dir}/"
         rsync = f"rsync -a --timeout={TRANSFER_STALL_S} --rsync-path={shlex.quote(f'mkdir -p {save_dir} && rsync')}"
-        pushes.append(f"{{ {rsync} -e {ssh} "
-                      f"$files {shlex.quote(target)} >/dev/null 2>/tmp/tandem-push-{peer.name}.err; "
-                      f"echo {peer.name} $? $(tail -c 300 /tmp/tandem-push-{peer.name}.err | tr '\\n' ' '); }} &")
+        # rsync exits 23/24 when fairseq rewrites or replaces a checkpoint while it is read: try again
+        pushes.append(f"{{ for try in 1 2 3; do {rsync} -e {ssh} "
+                      f"$files {shlex.quote(target)} >/dev/null 2>/tmp/tandem-push-{peer.name}.err; rc=$?; "
+                      f"[ $rc = 23 ] || [ $rc = 24 ] || break; sleep 2; done; "
+                      f"echo {peer.name} $rc $(tail -c 300 /tmp/tandem-push-{peer.name}.err | tr '\\n' ' '); }} &")
     return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; '
 
             f"files=$(ls {names} 2>/dev/null); " + " ".join(pushes) + " wait")

@@ -1,0 +1,70 @@
+"""fairseq rewrites checkpoint_last.pt in place at every save: the controller's copy is one
+whole checkpoint, read while the file held still, or the previous copy stays."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from train.cluster import ClusterError, Host
+from train.run import launch
+
+
+class _RewrittenWhileRead:
+    """A host whose checkpoint_last.pt is saved again during the first `rewrites` reads."""
+
+    def __init__(self, rewrites: int):
+        self.rewrites, self.version = rewrites, 1
+        self.transport = SimpleNamespace(set_keepalive=lambda s: None)
+        channel = SimpleNamespace(settimeout=lambda s: None)
+        self._sftp = SimpleNamespace(get_channel=lambda: channel)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def open(self):
+        pass
+
+    def sftp(self):
+        return self._sftp
+
+    def run(self, command, **kwargs):
+        if "checkpoint_best" in command:
+            return SimpleNamespace(ok=False, stdout="")
+        return SimpleNamespace(ok=True, stdout=f"1000 2026-11-23 12:00:0{self.version}.0 +0000\n")
+
+    def get(self, remote, local):
+        with open(local, "wb") as f:
+            f.write(f"first half of save {self.version}|".encode())
+            if self.rewrites:
+                self.rewrites, self.version = self.rewrites - 1, self.version + 1
+            f.write(f"second half of save {self.version}".encode())
+
+
+@pytest.fixture
+def host(monkeypatch):
+    def use(conn):
+        monkeypatch.setattr(launch, "connect", lambda h: conn)
+        return Host(name="v100a", address="10.0.0.1")
+
+    return use
+
+
+def test_a_save_during_the_copy_is_read_again_whole(tmp_path, host):
+    source = host(_RewrittenWhileRead(rewrites=1))
+    assert launch.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path) == ["checkpoint_last.pt"]
+    assert (tmp_path / "checkpoint_last.pt").read_text() == "first half of save 2|second half of save 2"
+    assert not list(tmp_path.glob(".*.fetched"))
+
+
+def test_saves_during_every_copy_keep_the_previous_copy_and_say_so(tmp_path, host):
+    (tmp_path / "checkpoint_last.pt").write_text("the previous, whole checkpoint")
+    source = host(_RewrittenWhileRead(rewrites=3))
+    with pytest.raises(ClusterError, match=r"v100a: .*checkpoint_last\.pt changed during each of 3 copies"):
+        launch.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path)
+    assert (tmp_path / "checkpoint_last.pt").read_text() == "the previous, whole checkpoint"
+    assert not list(tmp_path.glob(".*.fetched"))
