@@ -44,10 +44,10 @@ lint: setup
 unit: setup
 	@.venv/bin/pytest -m "not lab"
 
-test: setup lint  ## everything, the lab included
-	@.venv/bin/pytest
+test: setup lint  ## everything, the lab included, but the step-time sweeps (make bench-targets)
+	@.venv/bin/pytest -m "not sweep"
 
-bench-targets: setup  ## the benchmarks' targets alone on the lab (part of make test; ~10 min)
+bench-targets: setup  ## the benchmarks' targets on the lab, the step-time sweeps included (~15 min)
 	@.venv/bin/pytest tests/bench -v
 
 help:

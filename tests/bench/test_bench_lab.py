@@ -1,7 +1,8 @@
 """The benchmarks on the provisioned lab, against the targets of issue 5.
 
 Rates are capped with tc on the hosts' eth0 (the lab's `shape`, or bench-step's own caps).
-The whole module takes about 8 minutes on a 2-core machine.
+The step-time sweeps (marked `sweep`, about 7 minutes) run in `make bench-targets`, not in
+`make test`: benchmarks/README.md records their figures.
 """
 
 from __future__ import annotations
@@ -104,17 +105,20 @@ def check_sweep(report):
     assert (BENCH / f"step-{report['timestamp'][:19].replace('-', '').replace(':', '').replace('T', '-')}.png").exists()
 
 
+@pytest.mark.sweep
 def test_tiny_predicted_within_15_percent(tiny_sweep, provisioned):
     check_sweep(tiny_sweep)
     assert not leftovers(provisioned.cfg)
 
 
+@pytest.mark.sweep
 def test_10x_model_predicted_within_15_percent(big_sweep, tiny_sweep, provisioned):
     assert big_sweep["params"] >= 10 * tiny_sweep["params"]
     check_sweep(big_sweep)
     assert not leftovers(provisioned.cfg)
 
 
+@pytest.mark.sweep
 def test_pytorch_ddp_overlap_fitted_and_each_rate_predicted_from_the_others(ddp_sweep, big_sweep, provisioned):
     assert ddp_sweep["ddp_backend"] == "pytorch_ddp" and big_sweep["ddp_backend"] == "legacy_ddp"
     assert big_sweep["overlap"] == 0.0
