@@ -79,6 +79,7 @@ def follow(run: launch.Run, hosts: list[Host], poll_s: float = 2.0, backup_every
                     if not survivors:
                         break
                     hosts, dead_since = survivors, None
+                    hosts_below.follow(hosts)
                     continue
                 if len(running) < len(states):
                     # A rank is gone. The survivors usually fail on their own within seconds;
@@ -95,6 +96,7 @@ def follow(run: launch.Run, hosts: list[Host], poll_s: float = 2.0, backup_every
                         backup.join()  # one copy of the checkpoint at a time
                     if grown := rejoin.step(hosts, rank0.progress):
                         hosts, dead_since = grown, None
+                        hosts_below.follow(hosts)
                         continue
                 saved = rank0.progress.saved if rank0.progress else None
                 # the first checkpoint is copied at once: a host lost early must not cost the whole run

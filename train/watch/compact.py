@@ -16,7 +16,7 @@ from .feed import Feed
 
 class HostLines:
     def __init__(self, run, hosts: list[Host], link_mbps: float | None = None):
-        self.run, self.link_mbps = asdict(run), link_mbps
+        self.run, self.link_mbps, self.remote_dir = asdict(run), link_mbps, run.remote_dir
         self.feed = Feed(run.remote_dir, hosts)
         self.lines: list[Text] = []
 
@@ -27,6 +27,12 @@ class HostLines:
             self.lines = [Text(f"  (host lines unavailable: {err})", style="dim")]
             return
         self.lines = [render.compact_line(row, shown) for row in shown.hosts]
+
+    def follow(self, hosts: list[Host]) -> None:
+        """The run's members changed (an elastic restart, a host grown back): show those now."""
+        if [h.name for h in hosts] != [f.host.name for f in self.feed.hosts]:
+            self.feed.close()
+            self.feed = Feed(self.remote_dir, hosts)
 
     def close(self) -> None:
         self.feed.close()
