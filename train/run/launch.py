@@ -217,17 +217,20 @@ def fetch_checkpoints(source: Host, save_dir: str, local: Path, tries: int = 3) 
             before, stamp = stat(name), local / f".{name}.remote-stat"
             if before is None or ((local / name).exists() and stamp.exists() and stamp.read_text() == before):
                 continue
-            for _ in range(tries):
-                get_whole(conn, f"{save_dir}/{name}", str(local / f".{name}.fetched"))
-                after = stat(name)
-                if after == before:
-                    break
-                before = after  # saved again while it was read: read the new one
-            else:
-                (local / f".{name}.fetched").unlink(missing_ok=True)
-                raise ClusterError(f"{source.name}: {save_dir}/{name} changed during each of {tries} copies "
-                                   "(saved faster than it copies); the controller keeps its previous copy")
-            os.replace(local / f".{name}.fetched", local / name)
+            candidate = local / f".{name}.fetched"
+            try:  # a try that fails (the host lost) leaves no GB-sized candidate behind
+                for _ in range(tries):
+                    get_whole(conn, f"{save_dir}/{name}", str(candidate))
+                    after = stat(name)
+                    if after == before:
+                        break
+                    before = after  # saved again while it was read: read the new one
+                else:
+                    raise ClusterError(f"{source.name}: {save_dir}/{name} changed during each of {tries} copies "
+                                       "(saved faster than it copies); the controller keeps its previous copy")
+                os.replace(candidate, local / name)
+            finally:
+                candidate.unlink(missing_ok=True)
             stamp.write_text(before)
             fetched.append(name)
     return fetched

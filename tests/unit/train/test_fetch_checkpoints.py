@@ -14,8 +14,8 @@ from train.run import launch
 class _RewrittenWhileRead:
     """A host whose checkpoint_last.pt is saved again during the first `rewrites` reads."""
 
-    def __init__(self, rewrites: int):
-        self.rewrites, self.version = rewrites, 1
+    def __init__(self, rewrites: int, lost_at_read: int | None = None):
+        self.rewrites, self.version, self.reads, self.lost_at_read = rewrites, 1, 0, lost_at_read
         self.transport = SimpleNamespace(set_keepalive=lambda s: None)
         channel = SimpleNamespace(settimeout=lambda s: None)
         self._sftp = SimpleNamespace(get_channel=lambda: channel)
@@ -38,6 +38,9 @@ class _RewrittenWhileRead:
         return SimpleNamespace(ok=True, stdout=f"1000 2026-11-23 12:00:0{self.version}.0 +0000\n")
 
     def get(self, remote, local):
+        self.reads += 1
+        if self.reads == self.lost_at_read:
+            raise TimeoutError("no byte for 60 s")
         with open(local, "wb") as f:
             f.write(f"first half of save {self.version}|".encode())
             if self.rewrites:
@@ -65,6 +68,15 @@ def test_saves_during_every_copy_keep_the_previous_copy_and_say_so(tmp_path, hos
     (tmp_path / "checkpoint_last.pt").write_text("the previous, whole checkpoint")
     source = host(_RewrittenWhileRead(rewrites=3))
     with pytest.raises(ClusterError, match=r"v100a: .*checkpoint_last\.pt changed during each of 3 copies"):
+        launch.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path)
+    assert (tmp_path / "checkpoint_last.pt").read_text() == "the previous, whole checkpoint"
+    assert not list(tmp_path.glob(".*.fetched"))
+
+
+def test_a_host_lost_during_a_second_read_leaves_the_previous_copy_and_no_candidate(tmp_path, host):
+    (tmp_path / "checkpoint_last.pt").write_text("the previous, whole checkpoint")
+    source = host(_RewrittenWhileRead(rewrites=1, lost_at_read=2))
+    with pytest.raises(TimeoutError):
         launch.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path)
     assert (tmp_path / "checkpoint_last.pt").read_text() == "the previous, whole checkpoint"
     assert not list(tmp_path.glob(".*.fetched"))
