@@ -8,7 +8,8 @@ HOSTS ?= 2
 SUBNET ?= 10.77.0.0/24
 RATE ?= none
 SLOW_NIC ?=
-CLUSTER_NET ?=
+CLUSTER_NET ?= 1
+DISTRO ?= bookworm
 LAB := $(PY) -m lab
 
 .PHONY: bench-targets require-root setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
@@ -16,14 +17,14 @@ LAB := $(PY) -m lab
 setup:  ## system packages + the virtualenv (idempotent, cached in $TANDEM_CACHE)
 	@bash lab/bootstrap.sh
 
-wheelhouse: setup  ## the offline wheelhouse provisioning installs from
-	@$(PY) -m train.wheelhouse
+wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PYTHON=3.12 ACCELERATOR=cu128 (default: this Python, cpu)
+	@$(PY) -m train.wheelhouse $(if $(HOST_PYTHON),--python $(HOST_PYTHON)) $(if $(ACCELERATOR),--accelerator $(ACCELERATOR))
 
 require-root:
 	@[ "$$(id -u)" -eq 0 ] || { echo "the lab needs root (network namespaces, mounts, loop devices): run sudo make $(MAKECMDGOALS)" >&2; exit 2; }
 
-lab-up: require-root setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24, SLOW_NIC=v100b)
-	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET) --slow-nic "$(SLOW_NIC)" $(if $(CLUSTER_NET),--cluster-net)
+lab-up: require-root setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24, SLOW_NIC=v100b, CLUSTER_NET=0: one network, DISTRO=trixie: Debian 13)
+	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET) --slow-nic "$(SLOW_NIC)" $(if $(filter 1,$(CLUSTER_NET)),--cluster-net,--no-cluster-net) --distro $(DISTRO)
 
 lab-down:  ## remove everything the lab made
 	@if [ -x $(PY) ]; then $(LAB) down; else bash lab/bootstrap.sh && $(LAB) down; fi

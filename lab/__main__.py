@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import hosts, inventory, network, rootfs
-from .config import LabConfig
+from .config import DISTROS, LabConfig
 from .shell import LabError, run
 
 console = Console(highlight=False, soft_wrap=True)
@@ -47,7 +47,8 @@ def saved_config(prefix: str) -> LabConfig | None:
     return LabConfig(hosts=data["hosts"], subnet=data["subnet"], prefix=prefix,
                      http_port=data.get("http_port", 8080),
                      slow_nic_hosts=tuple(data.get("slow_nic_hosts", ())),
-                     cluster_net=bool(data.get("cluster_net", False)))
+                     cluster_net=bool(data.get("cluster_net", False)),
+                     distro=data.get("distro", "bookworm"))
 
 
 def server_pid(cfg: LabConfig) -> int | None:
@@ -86,8 +87,8 @@ def already_up(cfg: LabConfig) -> bool:
     running = saved_config(cfg.prefix)
     if running is None or not healthy(running):
         return False
-    if (running.hosts, running.subnet, running.slow_nic_hosts, running.cluster_net) != (
-            cfg.hosts, cfg.subnet, cfg.slow_nic_hosts, cfg.cluster_net):
+    if (running.hosts, running.subnet, running.slow_nic_hosts, running.cluster_net, running.distro) != (
+            cfg.hosts, cfg.subnet, cfg.slow_nic_hosts, cfg.cluster_net, cfg.distro):
         raise LabError(
             f"a lab of {running.hosts} hosts on {running.subnet} is running: "
             f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
@@ -101,13 +102,14 @@ def already_up(cfg: LabConfig) -> bool:
 
 def cached_images(cfg: LabConfig) -> Path:
     """The Debian root filesystem and the training wheelhouse, built once; the wheelhouse's path."""
-    if not rootfs.is_built(cfg.cache):
-        with step("building the hosts' Debian root filesystem with mmdebstrap (once, cached)"):
-            rootfs.build(cfg.cache)
+    if not rootfs.is_built(cfg.cache, cfg.distro):
+        with step(f"building the hosts' Debian ({cfg.distro}) root filesystem with mmdebstrap (once, cached)"):
+            rootfs.build(cfg.cache, cfg.distro)
     from train import wheelhouse
 
-    with step("the training wheelhouse the hosts install from (built once, cached)"):
-        return wheelhouse.build()
+    with step(f"the training wheelhouse the hosts install from (Python {cfg.python}, torch {cfg.accelerator}; "
+              "built once, cached)"):
+        return wheelhouse.build(python=cfg.python, accelerator=cfg.accelerator)
 
 
 def serve_packages(cfg: LabConfig, wheels: Path) -> None:
@@ -116,7 +118,7 @@ def serve_packages(cfg: LabConfig, wheels: Path) -> None:
         network.create_bridge(cfg)
         www = cfg.state / "www"
         www.mkdir()
-        (www / "apt").symlink_to(rootfs.repo_dir(cfg.cache))
+        (www / "apt").symlink_to(rootfs.repo_dir(cfg.cache, cfg.distro))
         (www / "wheels").symlink_to(wheels)
         server = subprocess.Popen(
             [sys.executable, "-m", "http.server", "--bind", cfg.bridge_ip, "--directory", str(www),
@@ -162,7 +164,7 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     cfg.state.mkdir(parents=True, exist_ok=True)
     (cfg.state / "lab.json").write_text(json.dumps(
         {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
-         "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net}))
+         "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net, "distro": cfg.distro}))
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
     serve_packages(cfg, wheels)
     if cfg.cluster_net:
@@ -256,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--inventory", type=Path, help="where to write the inventory")
     p_up.add_argument("--slow-nic", default="", help="hosts (comma-separated) that also get eth1, "
                       "a NIC reporting 100 Mb/s to ethtool")
-    p_up.add_argument("--cluster-net", action="store_true", help="a private cluster network on a second "
-                      "bridge (ens5, cluster_address), SSH on the management network (eth0), as on cloud VMs")
+    p_up.add_argument("--cluster-net", action=argparse.BooleanOptionalAction, default=True,
+                      help="a private cluster network on a second bridge (ens5, cluster_address), SSH on the "
+                      "management network (eth0), as on cloud VMs (the default); --no-cluster-net: one network")
+    p_up.add_argument("--distro", default="bookworm", choices=sorted(DISTROS),
+                      help="the hosts' Debian: bookworm (12, Python 3.11, the default) or trixie (13, Python 3.13)")
     sub.add_parser("down", help="remove everything the lab made")
     sub.add_parser("status", help="show the hosts and caps")
     p_shape = sub.add_parser("shape", help="cap the link between hosts (tc tbf), or RATE=none")
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             slow = tuple(h for h in args.slow_nic.split(",") if h)
             cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow,
-                            cluster_net=args.cluster_net)
+                            cluster_net=args.cluster_net, distro=args.distro)
             up(cfg, args.inventory or cfg.default_inventory)
         elif args.command == "down":
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))

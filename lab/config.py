@@ -10,6 +10,11 @@ from pathlib import Path
 
 CLUSTER_SUBNET = "172.30.0.0/24"
 CLUSTER_NIC = "ens5"  # what a cloud VM's second NIC is called: not eth0, on purpose
+# The Debian releases a lab host can run: their Python, and the torch build the lab's wheelhouse gives
+# them. Debian 13's Python 3.13 has no CPU build of torch on PyPI (only on download.pytorch.org, which
+# this machine cannot reach): its hosts get PyPI's build, CUDA 13.0, which runs on a CPU as well and
+# puts the wheelhouse's CUDA build through provisioning for real.
+DISTROS = {"bookworm": ("3.11", "cpu"), "trixie": ("3.13", "cu130")}
 
 
 def default_cache() -> Path:
@@ -35,9 +40,11 @@ class LabConfig:
     data_disk_gb: int = 4
     # Hosts that also get eth1, a NIC that reports 100 Mb/s to ethtool.
     slow_nic_hosts: tuple[str, ...] = ()
-    # A cloud VM's shape: eth0 on the management network (SSH, ansible_host), ens5 on a private
-    # cluster network (cluster_address) that the controller cannot reach.
-    cluster_net: bool = False
+    # A cloud VM's shape (the default): eth0 on the management network (SSH, ansible_host), ens5 on a
+    # private cluster network (cluster_address) that the controller cannot reach.
+    cluster_net: bool = True
+    # The hosts' Debian release (DISTROS): bookworm is the controller's own, trixie another Python.
+    distro: str = "bookworm"
 
     def __post_init__(self) -> None:
         if len(self.prefix) > 8 or not self.prefix.isalnum():
@@ -45,10 +52,20 @@ class LabConfig:
         net = ipaddress.ip_network(self.subnet)
         if net.num_addresses < 16 + self.hosts:
             raise ValueError(f"subnet {self.subnet} is too small for {self.hosts} hosts")
+        if self.distro not in DISTROS:
+            raise ValueError(f"the lab's hosts run Debian {' or '.join(DISTROS)}, not {self.distro!r}")
         unknown = set(self.slow_nic_hosts) - set(host_names(self.hosts))
         if unknown:
             raise ValueError(f"slow NIC for unknown host {', '.join(sorted(unknown))}: the lab has "
                              f"{', '.join(host_names(self.hosts))}")
+
+    @property
+    def python(self) -> str:
+        return DISTROS[self.distro][0]
+
+    @property
+    def accelerator(self) -> str:
+        return DISTROS[self.distro][1]
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -89,6 +106,14 @@ class LabConfig:
 
     def cluster_veth(self, name: str) -> str:
         return f"{self.prefix}-{name}c"
+
+    def peer_ip(self, name: str) -> str:
+        """The address the other hosts reach `name` at: its cluster address where there is one."""
+        return self.cluster_ip(name) if self.cluster_net else self.host_ip(name)
+
+    def links(self, name: str) -> list[str]:
+        """Every link that joins `name` to the others, as seen from the controller (its cable(s))."""
+        return [self.veth(name)] + ([self.cluster_veth(name)] if self.cluster_net else [])
 
     def netns(self, name: str) -> str:
         return f"{self.prefix}-{name}"

@@ -84,7 +84,7 @@ def detach_data_disks(cfg: LabConfig) -> list[str]:
 def start(cfg: LabConfig, name: str) -> int:
     host = cfg.host_dir(name)
     root = host / "root"
-    lower = rootfs.rootfs_dir(cfg.cache)
+    lower = rootfs.rootfs_dir(cfg.cache, cfg.distro)
     boot = " && ".join([
         f"mount -t overlay overlay -o lowerdir={lower},upperdir={host / 'upper'},workdir={host / 'work'} {root}",
         f"mount -t proc proc {root}/proc",

@@ -36,6 +36,8 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
                 "network_expected_mbps": 1000,
                 # The hosts have no route off this machine: packages come from the lab.
                 "train_env_wheelhouse_url": f"{cfg.repo_url}/wheels/",
+                # torch's build in the wheelhouse for the hosts' Python (lab/config.py DISTROS)
+                "train_env_accelerator": cfg.accelerator,
                 "tandem_lab": True,
                 # The hosts share this machine's cores: one rank per host, each on its share of them
                 # (unset, torch would start a thread per core in every rank and they would contend).
@@ -45,7 +47,7 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
         }
     }
     header = (
-        f"# The tandem lab ({cfg.hosts} hosts on {cfg.subnet}), written by `make lab-up`.\n"
+        f"# The tandem lab ({cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}), written by `make lab-up`.\n"
         "# It describes the lab exactly as a real cluster's inventory would: see inventory/hosts.yml.\n"
     )
     return header + yaml.safe_dump(inventory, sort_keys=False)

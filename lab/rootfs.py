@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .shell import LabError, run
 
-SUITE = "bookworm"
+SUITES = ("bookworm", "trixie")  # Debian 12 (Python 3.11), Debian 13 (Python 3.13)
 # What a freshly rented Debian VM has.
 BASE_PACKAGES = [
     "openssh-server", "python3", "python3-apt", "iproute2", "sudo", "tini",
@@ -26,28 +26,32 @@ REPO_PACKAGES = [
     "iperf3", "ethtool", "python3-venv", "rsync", "chrony", "acl", "e2fsprogs",
     "nftables", "pciutils", "kmod",
 ]
+# Where the controller's Python is not the hosts', provisioning builds fairseq's wheel on a host.
+BUILD_PACKAGES = {"bookworm": [], "trixie": ["build-essential", "python3-dev"]}
 
 
-def _key() -> str:
-    text = " ".join([SUITE, *BASE_PACKAGES, "|", *REPO_PACKAGES, "v2"])
+def _key(suite: str) -> str:
+    text = " ".join([suite, *BASE_PACKAGES, "|", *REPO_PACKAGES, *BUILD_PACKAGES[suite], "v2"])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def rootfs_dir(cache: Path) -> Path:
-    return cache / "lab" / f"rootfs-{_key()}"
+def rootfs_dir(cache: Path, suite: str = "bookworm") -> Path:
+    return cache / "lab" / f"rootfs-{_key(suite)}"
 
 
-def repo_dir(cache: Path) -> Path:
-    return cache / "lab" / f"apt-{_key()}"
+def repo_dir(cache: Path, suite: str = "bookworm") -> Path:
+    return cache / "lab" / f"apt-{_key(suite)}"
 
 
-def is_built(cache: Path) -> bool:
-    return (rootfs_dir(cache) / ".complete").exists() and (repo_dir(cache) / "Packages").exists()
+def is_built(cache: Path, suite: str = "bookworm") -> bool:
+    return (rootfs_dir(cache, suite) / ".complete").exists() and (repo_dir(cache, suite) / "Packages").exists()
 
 
-def build(cache: Path) -> None:
+def build(cache: Path, suite: str = "bookworm") -> None:
     """Build the root filesystem and the apt repository (about 40 s, once)."""
-    root, repo = rootfs_dir(cache), repo_dir(cache)
+    if suite not in SUITES:
+        raise LabError(f"the lab builds Debian {' or '.join(SUITES)}, not {suite!r}")
+    root, repo = rootfs_dir(cache, suite), repo_dir(cache, suite)
     tmp_root, tmp_repo = root.with_name(root.name + ".tmp"), repo.with_name(repo.name + ".tmp")
     for path in (tmp_root, tmp_repo):
         shutil.rmtree(path, ignore_errors=True)
@@ -57,11 +61,12 @@ def build(cache: Path) -> None:
     run(
         "mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
         # Download (not install) what provisioning may ask for, with its dependencies.
-        "--customize-hook=chroot \"$1\" apt-get install -y --download-only " + " ".join(REPO_PACKAGES),
+        "--customize-hook=chroot \"$1\" apt-get install -y --download-only "
+        + " ".join(REPO_PACKAGES + BUILD_PACKAGES[suite]),
         f"--customize-hook=cp \"$1\"/var/cache/apt/archives/*.deb {tmp_repo}/",
         # Each host gets its own host keys at lab-up.
         "--customize-hook=rm -f \"$1\"/etc/ssh/ssh_host_*",
-        SUITE, str(tmp_root),
+        suite, str(tmp_root),
     )
     (tmp_repo / "Packages").write_text(_ftparchive(tmp_repo))
     (tmp_root / ".complete").touch()

@@ -40,11 +40,12 @@ def lab():
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
     prefix = os.environ.get("LAB_PREFIX", "tandem")
-    # LAB_CLUSTER_NET=1: the cloud VM's shape, SSH on eth0 and a private cluster network on ens5
-    cluster_net = os.environ.get("LAB_CLUSTER_NET") == "1"
+    # The cloud VM's shape by default: SSH on eth0, a private cluster network on ens5.
+    # LAB_CLUSTER_NET=0: one network (eth0) for everything.
+    cluster_net = os.environ.get("LAB_CLUSTER_NET", "1") == "1"
     cfg = LabConfig(subnet=os.environ.get("LAB_SUBNET", "10.77.0.0/24"), prefix=prefix, cluster_net=cluster_net)
     try:
-        lab_cli("up", "--subnet", cfg.subnet, *(["--cluster-net"] if cluster_net else []), prefix=prefix)
+        lab_cli("up", "--subnet", cfg.subnet, "--cluster-net" if cluster_net else "--no-cluster-net", prefix=prefix)
         yield cfg
     finally:
         if os.environ.get("TANDEM_KEEP_LAB") != "1":

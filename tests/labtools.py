@@ -23,6 +23,12 @@ def lab_cli(*args: str, prefix: str, check: bool = True) -> subprocess.Completed
     return proc
 
 
+def set_links(cfg: LabConfig, name: str, state: str) -> None:
+    """Pull (state="down") or plug back ("up") every cable of `name`: both networks of a two-network host."""
+    for link in cfg.links(name):
+        subprocess.run(["ip", "link", "set", link, state], check=True)
+
+
 def ssh(cfg: LabConfig, name: str, command: str) -> subprocess.CompletedProcess:
     """Plain OpenSSH with host key checking on, as a user would connect."""
     return subprocess.run(

@@ -1,6 +1,7 @@
 """The benchmarks on the provisioned lab, against the targets of issue 5.
 
-Rates are capped with tc on the hosts' eth0 (the lab's `shape`, or bench-step's own caps).
+Rates are capped with tc on the hosts' cluster NIC
+(ens5; eth0 on a one-network lab) (the lab's `shape`, or bench-step's own caps).
 The step-time sweeps (marked `sweep`, about 7 minutes) run in `make bench-targets`, not in
 `make test`: benchmarks/README.md records their figures.
 """
@@ -18,6 +19,8 @@ import time
 import pytest
 from labtools import FAB, TOP, fab, processes, ssh
 
+from lab.network import link_nic
+
 BENCH = TOP / "reports" / "bench"
 # A model ≥10× tiny's 0.3M parameters: 256 dims, 1024 FFN, 2+2 layers = 3.9M (15.8 MB of fp32 gradients).
 BIG = "encoder_embed_dim=256,decoder_embed_dim=256,encoder_ffn_embed_dim=1024,decoder_ffn_embed_dim=1024"
@@ -29,7 +32,7 @@ def leftovers(cfg) -> dict[str, str]:
     """Per host: any tbf qdisc, training or benchmark process still there."""
     out = {}
     for name in cfg.names:
-        qdisc = ssh(cfg, name, "tc qdisc show dev eth0").stdout
+        qdisc = ssh(cfg, name, f"tc qdisc show dev {link_nic(cfg)}").stdout
         procs = processes(cfg, name, "fairseq_train|torchrun|train.agent.allreduce|iperf3")
         if " tbf " in qdisc or procs:
             out[name] = qdisc + procs

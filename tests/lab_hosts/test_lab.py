@@ -57,7 +57,8 @@ def test_fabric_runs_on_every_host_in_parallel(lab):
 
 def test_lab_up_on_a_running_lab_changes_nothing(lab):
     pids = [lab_hosts.host_pid(lab, name) for name in lab.names]
-    out = lab_cli("up", "--subnet", lab.subnet, prefix=lab.prefix).stdout
+    out = lab_cli("up", "--subnet", lab.subnet, "--cluster-net" if lab.cluster_net else "--no-cluster-net",
+                  prefix=lab.prefix).stdout
     assert "nothing changed" in out
     assert [lab_hosts.host_pid(lab, name) for name in lab.names] == pids
 
@@ -69,7 +70,7 @@ def iperf_mbps(cfg: LabConfig, server: str, client: str, seconds: int = 3) -> fl
     try:
         time.sleep(0.5)
         out = subprocess.run(
-            ["ip", "netns", "exec", cfg.netns(client), "iperf3", "-c", cfg.host_ip(server),
+            ["ip", "netns", "exec", cfg.netns(client), "iperf3", "-c", cfg.peer_ip(server),
              "-t", str(seconds), "-J"], capture_output=True, text=True, timeout=60, check=True).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
     finally:

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from labtools import TOP, fab, ssh
 
+from lab.network import link_nic
+
 pytestmark = pytest.mark.lab
 
 HOSTS = ("v100a", "v100b")
@@ -96,10 +98,11 @@ def test_host_state(provisioned, name):
     assert host.file("/data").user == "root"  # the training user defaults to ansible_user (root on the lab)
     assert "UUID=" in host.file("/etc/fstab").content_string
     env = host.file("/etc/tandem/env").content_string
-    assert "NCCL_SOCKET_IFNAME=eth0" in env and "GLOO_SOCKET_IFNAME=eth0" in env
+    nic = link_nic(provisioned.cfg)  # ens5 on the two-network lab: the cluster network's NIC
+    assert f"NCCL_SOCKET_IFNAME={nic}" in env and f"GLOO_SOCKET_IFNAME={nic}" in env
     assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in env
     hosts_file = host.file("/etc/hosts").content_string
-    assert all(f"{provisioned.cfg.host_ip(n)} {n}" in hosts_file for n in HOSTS)
+    assert all(f"{provisioned.cfg.peer_ip(n)} {n}" in hosts_file for n in HOSTS)
     assert all(host.file("/etc/ssh/ssh_known_hosts").contains(n) for n in HOSTS)
     venv = "/opt/tandem/venv/bin/python"
     versions = json.loads(host.check_output(
@@ -118,11 +121,12 @@ def test_host_state(provisioned, name):
 
 
 def test_firewall_lets_only_peers_reach_training_ports(provisioned):
-    """A listener on a rendezvous port of v100a: v100b connects, the controller (no peer) cannot."""
+    """A listener on a rendezvous port of v100a: v100b connects at v100a's cluster address, the
+    controller (no peer) cannot at the address it has for v100a, and SSH stays open to it."""
     a, b = provisioned.testinfra_host("v100a"), provisioned.testinfra_host("v100b")
-    address = provisioned.cfg.host_ip("v100a")
+    address = provisioned.cfg.host_ip("v100a")  # the only one the controller has a route to
     a.run("setsid timeout 30 python3 -m http.server 29507 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null &")
-    probe = f"import socket; socket.create_connection(('{address}', 29507), timeout=5).close()"
+    probe = f"import socket; socket.create_connection(('{provisioned.cfg.peer_ip('v100a')}', 29507), timeout=5).close()"
     try:
         for _ in range(20):  # the server needs a moment to listen
             if b.run(f'python3 -c "{probe}"').rc == 0:
@@ -162,8 +166,8 @@ def test_unreachable_host_is_named_once_with_the_reason_at_once(provisioned):
 def test_hosts_sharing_an_address_are_named(provisioned):
     run = provisioned.playbook("--tags", "preflight", "-e", f"ansible_host={provisioned.cfg.host_ip('v100a')}")
     assert run.rc != 0
-    assert f"hosts share an address: v100a and v100b are both {provisioned.cfg.host_ip('v100a')}" in \
-        " ".join(run.output.split())
+    assert f"hosts share an address: v100a and v100b are both reached over SSH at " \
+           f"{provisioned.cfg.host_ip('v100a')}:22" in " ".join(run.output.split())
 
 
 def test_link_capped_at_100mbit_fails_naming_the_pair(provisioned):

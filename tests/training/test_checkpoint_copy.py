@@ -33,8 +33,8 @@ def test_hosts_copy_checkpoints_to_each_other_and_nobody_else_holds_the_key(prov
              "-o", "BatchMode=yes", f"root@{cfg.host_ip('v100b')}", "true"], capture_output=True, text=True, timeout=60)
         assert from_controller.returncode == 255 and "Permission denied" in from_controller.stderr
 
-        # a peer that does not answer (an unused address on the lab's own network) is named
-        gone = Host("v100z", str(cfg.network[99]), user="root")
+        # a peer that does not answer (an unused address on the network the hosts reach each other on) is named
+        gone = Host("v100z", str((cfg.cluster_network if cfg.cluster_net else cfg.network)[99]), user="root")
         # rsync exits 255 or 12 for the same refused ssh, depending on which side reports first
         with pytest.raises(ClusterError, match=r"failed for: v100z (255|12)\b.*(No route to host|timed out)"):
             launch.push_between_hosts(hosts[0], [gone], SAVE_DIR)

@@ -1,5 +1,5 @@
-"""The cloud VM's shape (`LAB_CLUSTER_NET=1`): SSH on eth0's management address, the cluster on a
-private network whose NIC is ens5. Training, iperf3 and the all_reduce cross ens5 (its counters
+"""The cloud VM's shape (the default lab; `LAB_CLUSTER_NET=0` skips this): SSH on eth0's management
+address, the cluster on a private network whose NIC is ens5. Training, iperf3 and the all_reduce cross ens5 (its counters
 show the bytes), the firewall drops rendezvous traffic from the management network, and without
 cluster_nic in the inventory the NIC provisioning detected reaches NCCL/gloo and the monitor."""
 
@@ -23,7 +23,7 @@ RUNS = "/data/tandem/runs"
 @pytest.fixture(scope="module")
 def cloud(provisioned):
     if not provisioned.cfg.cluster_net:
-        pytest.skip("needs the two-network lab: LAB_CLUSTER_NET=1")
+        pytest.skip("needs the two-network lab (the default; LAB_CLUSTER_NET=0 was set)")
     return provisioned
 
 

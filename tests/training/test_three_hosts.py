@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from labtools import FAB, TOP, Provisioned, fab, lab_cli, ssh
+from labtools import FAB, TOP, Provisioned, fab, lab_cli, set_links, ssh
 from test_train import RUNS, inner_records, log_of, training_processes, wait_for_update
 
 from lab.config import LabConfig
@@ -117,15 +117,14 @@ def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, 
     run_id = time.strftime("run-rejoin-%Y%m%d-%H%M%S")
     started = time.monotonic()
     follower = Follower(three_hosts, "train", "--new", "--run", run_id, "--set", SETTINGS)
-    veth = cfg.veth("v100c")
     try:
         wait_for_update(cfg, run_id, 30)  # past the first checkpoint (25)
         down = time.monotonic()
-        subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+        set_links(cfg, "v100c", "down")
         said_at, lost = follower.wait_for(r"v100c lost at update ([\d,]+) \(unreachable\); continuing on v100a, "
                                           r"v100b from update (\d+), update-freq 2", timeout=180)
         up = time.monotonic()  # back as soon as the run went on without it
-        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        set_links(cfg, "v100c", "up")
         deadline = time.monotonic() + 120
         while not trained_since(log := log_of(cfg, "v100a", run_id), 1) and time.monotonic() < deadline:
             time.sleep(1)
@@ -144,7 +143,7 @@ def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, 
         follower.proc.wait(timeout=600)
         follower.reader.join(timeout=10)
     finally:
-        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        set_links(cfg, "v100c", "up")
         if follower.proc.poll() is None:
             follower.proc.kill()
             fab(three_hosts, "stop", "--run", run_id, check=False)

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from labtools import FAB, TOP, fab, ssh
+from labtools import FAB, TOP, fab, set_links, ssh
 
 RUNS = "/data/tandem/runs"
 # torchrun's worker (`python3 -u -m ...`), not torchrun, whose command line names the module too;
@@ -193,10 +193,10 @@ def test_a_run_that_loses_a_host_goes_on_with_the_rest(data_ready):
             time.sleep(1)
         run_id = latest_run_id()
         wait_for_update(cfg, run_id, 22)
-        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "down"], check=True)
+        set_links(cfg, "v100b", "down")
         out, _ = follower.communicate(timeout=480)
     finally:
-        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "up"], check=True)
+        set_links(cfg, "v100b", "up")
         if follower.poll() is None:
             follower.kill()
             fab(data_ready, "stop", check=False)
@@ -230,11 +230,11 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_rea
         while not copy.exists() and time.monotonic() < deadline:
             time.sleep(1)
         assert copy.exists(), "the controller holds no copy of rank 0's checkpoint"
-        subprocess.run(["ip", "link", "set", cfg.veth("v100a"), "down"], check=True)
+        set_links(cfg, "v100a", "down")
         ssh(cfg, "v100b", f"rm -f {RUNS}/{run_id}/checkpoints/checkpoint_*.pt")
         out, _ = follower.communicate(timeout=600)
     finally:
-        subprocess.run(["ip", "link", "set", cfg.veth("v100a"), "up"], check=True)
+        set_links(cfg, "v100a", "up")
         if follower.poll() is None:
             follower.kill()
             fab(data_ready, "stop", "--run", run_id, check=False)
@@ -288,7 +288,7 @@ def test_a_host_whose_network_vanishes_leaves_nothing_running_with_nobody_follow
     fab(data_ready, "train", "--new", "--detach", "--set", "max_update=100000")
     run_id = latest_run_id()
     wait_for_update(cfg, run_id, 10)
-    subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "down"], check=True)
+    set_links(cfg, "v100b", "down")
     cut = time.monotonic()
     try:
         while run_processes(run_id) and time.monotonic() - cut < 120:
@@ -298,7 +298,7 @@ def test_a_host_whose_network_vanishes_leaves_nothing_running_with_nobody_follow
         status = fab(data_ready, "status", check=False)
         status_s = time.monotonic() - started
     finally:
-        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "up"], check=True)
+        set_links(cfg, "v100b", "up")
     if left:
         fab(data_ready, "stop", check=False)
     assert left == [], f"{len(left)} processes of the run still up {took:.0f} s after v100b vanished: {left}"

@@ -210,7 +210,7 @@ def test_tensorboard_through_the_tunnel_shows_the_runs_scalars(provisioned, capp
                                "--virtual-time-budget=5000", url], capture_output=True, text=True, timeout=90).stdout
         assert "<tb-webapp" in page, page[:2000]
         # bound to rank 0's loopback only: its cluster address does not answer, from the other host
-        probe = ssh(cfg, "v100b", f"timeout 5 bash -c 'echo > /dev/tcp/{cfg.host_ip('v100a')}/{remote}' "
+        probe = ssh(cfg, "v100b", f"timeout 5 bash -c 'echo > /dev/tcp/{cfg.peer_ip('v100a')}/{remote}' "
                                   "&& echo open || echo closed")
         assert probe.stdout.strip().endswith("closed"), probe.stdout + probe.stderr
         assert ssh(cfg, "v100a", f"timeout 5 bash -c 'echo > /dev/tcp/127.0.0.1/{remote}'").returncode == 0

@@ -40,7 +40,7 @@ def test_a_rate_tc_would_not_understand_is_refused_before_any_host_is_touched(ra
 
 
 def test_the_inventory_the_lab_writes_resolves_through_ansible(tmp_path):
-    cfg = LabConfig(hosts=3)
+    cfg = LabConfig(hosts=3, cluster_net=False)  # one network: eth0 for everything
     path = tmp_path / "lab.yml"
     path.write_text(inventory.render(cfg, {n: f"/dev/loop{i}" for i, n in enumerate(cfg.names)}))
     hosts = load_hosts(path)
@@ -52,12 +52,24 @@ def test_the_inventory_the_lab_writes_resolves_through_ansible(tmp_path):
 
 def test_the_two_network_lab_describes_a_cloud_vms_addresses(tmp_path):
     """SSH to eth0's address (ansible_host), everything host to host over ens5 (cluster_address)."""
-    cfg = LabConfig(prefix="tdmtwo", subnet="10.79.0.0/24", cluster_net=True)
+    cfg = LabConfig(prefix="tdmtwo", subnet="10.79.0.0/24")  # the default shape
     path = tmp_path / "lab.yml"
     path.write_text(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))
     assert [(h.address, h.cluster_address, h.nic) for h in load_hosts(path)] == [
         ("10.79.0.11", "172.30.0.11", "ens5"), ("10.79.0.12", "172.30.0.12", "ens5")]
-    assert network.link_nic(cfg) == "ens5" and network.link_nic(LabConfig()) == "eth0"  # what lab-shape caps
+    assert network.link_nic(cfg) == "ens5" and network.link_nic(LabConfig(cluster_net=False)) == "eth0"  # what lab-shape caps
+    assert cfg.peer_ip("v100b") == "172.30.0.12" and cfg.links("v100b") == ["tdmtwo-v100b", "tdmtwo-v100bc"]
+
+
+def test_a_debian_13_lab_gets_its_pythons_wheelhouse_build(tmp_path):
+    """Debian 13's hosts run Python 3.13: the inventory asks for the wheelhouse build with torch's
+    CUDA 13.0 (PyPI's build for 3.13; the CPU one is not reachable from here)."""
+    cfg = LabConfig(distro="trixie")
+    assert (cfg.python, cfg.accelerator) == ("3.13", "cu130")
+    rendered = yaml.safe_load(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))
+    assert rendered["all"]["vars"]["train_env_accelerator"] == "cu130"
+    with pytest.raises(ValueError, match="bookworm or trixie, not 'jammy'"):
+        LabConfig(distro="jammy")
     assert all(len(n) <= 15 for n in [cfg.cluster_bridge, *map(cfg.cluster_veth, cfg.names)])
 
 
@@ -89,4 +101,4 @@ def test_a_slow_nic_is_the_cluster_nic_of_its_host():
     cfg = LabConfig(hosts=2, slow_nic_hosts=("v100b",))
     hosts = yaml.safe_load(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))["all"]["children"][
         "cluster"]["hosts"]
-    assert hosts["v100a"]["cluster_nic"] == "eth0" and hosts["v100b"]["cluster_nic"] == "eth1"
+    assert hosts["v100a"]["cluster_nic"] == "ens5" and hosts["v100b"]["cluster_nic"] == "eth1"

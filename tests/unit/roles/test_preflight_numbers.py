@@ -60,5 +60,13 @@ def test_hosts_sharing_an_address_are_named():
     addresses = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(addresses)
     hostvars = {"a": {"ansible_host": "10.0.0.1"}, "b": {"ansible_host": "10.0.0.1"}, "c": {"ansible_host": "10.0.0.3"}}
-    assert addresses.shared_addresses(["a", "b", "c"], hostvars) == ["a and b are both 10.0.0.1"]
+    assert addresses.shared_addresses(["a", "b", "c"], hostvars) == [
+        "a and b are both 10.0.0.1 (cluster address)",
+        "a and b are both reached over SSH at 10.0.0.1:22 (ansible_host:ansible_port)"]
     assert addresses.shared_addresses(["a", "c"], hostvars) == []
+    # rented VMs behind one NAT'd public IP: SSH on different ports, a private address each
+    natted = {"a": {"ansible_host": "203.0.113.9", "ansible_port": 40022, "cluster_address": "10.1.0.1"},
+              "b": {"ansible_host": "203.0.113.9", "ansible_port": 40023, "cluster_address": "10.1.0.2"}}
+    assert addresses.shared_addresses(["a", "b"], natted) == []
+    natted["b"]["cluster_address"] = "10.1.0.1"
+    assert addresses.shared_addresses(["a", "b"], natted) == ["a and b are both 10.1.0.1 (cluster address)"]
