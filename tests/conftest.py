@@ -17,7 +17,7 @@ from labtools import TOP, Provisioned, fab, lab_cli
 
 from lab.config import LabConfig
 
-ORDER = ["unit", "lab_hosts", "provision", "training", "bench"]  # tests/<dir>, in a user's order
+ORDER = ["unit", "lab_hosts", "provision", "training", "bench", "other_distro"]  # tests/<dir>, in a user's order
 LAB_DIRS = set(ORDER) - {"unit"}
 
 

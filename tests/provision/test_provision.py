@@ -170,6 +170,37 @@ def test_hosts_sharing_an_address_are_named(provisioned):
            f"{provisioned.cfg.host_ip('v100a')}:22" in " ".join(run.output.split())
 
 
+STAND_IN = "/usr/local/bin/python-standin"
+
+
+def test_a_host_whose_python_is_too_old_or_differs_is_named_before_anything_is_installed(provisioned):
+    """The venv is made with the host's own Python. An Ubuntu 22.04 host's 3.10 (a stand-in
+    interpreter on v100b that answers as 3.10 would) is named with the version it needs and what to
+    set; a host whose Python differs from the others' (3.12 beside 3.11) is named too. Neither run
+    creates or touches a venv."""
+    cfg = provisioned.cfg
+    picked = f'train_env_python={{{{ "{STAND_IN}" if inventory_hostname == "v100b" else "/usr/bin/python3" }}}}'
+    try:
+        for version, said in (
+            ("3.10.12", "v100b: {stand_in} is Python 3.10.12; tandem's pins (numpy, scikit-learn, torch 3.11+ "
+                        "wheels) need Python 3.11 or newer. On Ubuntu 22.04: apt install python3.11"),
+            ("3.12.3", "the hosts' training Pythons differ (v100a has 3.11, v100b has 3.12): one cluster needs one "
+                       "Python"),
+        ):
+            minor = ".".join(version.split(".")[:2])
+            answer = json.dumps({"version": version, "minor": minor, "machine": "x86_64", "libc": "glibc-2.35"})
+            script = f"#!/bin/sh\ncat <<'JSON'\n{answer}\nJSON\n"  # whatever -c asks, it answers this
+            ssh(cfg, "v100b", f"cat > {STAND_IN} <<'SCRIPT'\n{script}SCRIPT\nchmod +x {STAND_IN}")
+            run = provisioned.playbook("--tags", "train_env", "-e", picked)
+            assert run.rc != 0
+            text = " ".join(run.output.split())
+            assert said.format(stand_in=STAND_IN) in text, text[-3000:]
+            assert "Create the virtualenv" not in run.output and "Install the pinned packages" not in run.output
+    finally:
+        ssh(cfg, "v100b", f"rm -f {STAND_IN}")
+    assert ssh(cfg, "v100b", "/opt/tandem/venv/bin/python -c 'import torch, fairseq'").returncode == 0
+
+
 def test_link_capped_at_100mbit_fails_naming_the_pair(provisioned):
     provisioned.shape("100mbit")
     try:

@@ -1,0 +1,67 @@
+"""Hosts whose Debian and Python are not the controller's: Debian 13 (Python 3.13) provisioned from
+this Debian 12 controller (Python 3.11), as a user's Ubuntu 24.04 VMs (3.12) would be. The
+wheelhouse build for 3.13 (torch's CUDA 13.0 build from PyPI: the CPU one for 3.13 is not reachable
+from here) installs there; fairseq's wheel, which the wheelhouse has only as source for 3.13, is
+built once on one host and shared; then the user's whole job runs: prepare-data, train, evaluate,
+report. Its own lab (prefix tdm13), on the two-network shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+from labtools import TOP, Provisioned, fab, lab_cli, ssh
+
+from lab.config import LabConfig
+
+RUN = time.strftime("run-debian13-%Y%m%d-%H%M%S")
+
+
+@pytest.fixture(scope="module")
+def debian13(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    cfg = LabConfig(prefix="tdm13", subnet="10.83.0.0/24", distro="trixie")
+    try:
+        lab_cli("up", "--subnet", cfg.subnet, "--distro", cfg.distro, prefix=cfg.prefix)
+        p = Provisioned(cfg=cfg, inventory=cfg.default_inventory, reports=tmp_path_factory.mktemp("debian13"))
+        p.first = p.playbook(timeout=1800)
+        assert p.first.rc == 0, p.first.output[-6000:]
+        yield p
+    finally:
+        if os.environ.get("TANDEM_KEEP_LAB") != "1":
+            lab_cli("down", prefix=cfg.prefix, check=False)
+
+
+def test_debian_13_hosts_get_an_environment_for_their_own_python(debian13):
+    cfg, out = debian13.cfg, debian13.first.output
+    print(f"provisioned 2 Debian 13 hosts in {debian13.first.seconds:.0f} s")
+    for name in cfg.names:
+        assert ssh(cfg, name, ". /etc/os-release && echo $VERSION_ID").stdout.strip() == "13"
+        probed = json.loads(ssh(cfg, name, "/opt/tandem/venv/bin/python -m train.agent.probe").stdout)
+        assert probed["python"].startswith("3.13.") and probed["torch"].startswith("2.13.0"), probed
+        assert probed["fairseq"] == "0.12.3.1" and "import_error" not in probed, probed
+    # fairseq's wheel for 3.13 was built on one host, kept on the controller, and copied to the other
+    assert re.search(r"TASK \[train_env : Build fairseq's wheel \(compiles.*?\n(changed|ok): \[v100a -> v100a\]", out,
+                     re.S) or "Look for a fairseq wheel built earlier" in out
+    cache = cfg.cache / "wheels"
+    assert list(cache.glob("fairseq_fixed-0.12.3.1-cp313-cp313-linux_x86_64.whl")), sorted(cache.iterdir())
+    sums = {n: ssh(cfg, n, "/opt/tandem/venv/bin/pip show -f fairseq-fixed | grep -c '\\.so$'").stdout.strip()
+            for n in cfg.names}
+    assert sums["v100a"] == sums["v100b"] != "0", sums  # the same compiled wheel on both
+    # the verification table names the build
+    assert re.search(r"2\.13\.0.*CUDA 13\.0|cu130|13\.0", out), out[-3000:]
+
+
+def test_debian_13_hosts_run_the_whole_job(debian13):
+    """prepare-data, train (a short run), evaluate, report: as on the Debian 12 lab."""
+    assert "identical on every host" in fab(debian13, "prepare-data").stdout
+    out = fab(debian13, "train", "--new", "--run", RUN, "--set", "max_update=40,save_interval_updates=20").stdout
+    assert "40/40" in out, out[-3000:]
+    scored = fab(debian13, "evaluate", "--run", RUN).stdout
+    assert re.search(r"BLEU\s*=?\s*[\d.]+", scored), scored[-2000:]
+    fab(debian13, "report", "--run", RUN)
+    assert (TOP / "reports" / RUN / "index.html").exists()
