@@ -18,7 +18,8 @@ VENV_BIN = TOP / ".venv" / "bin"
 console = Console(highlight=False, soft_wrap=True)
 
 STEPS = [
-    ("Bring up the lab: two hosts with their own Debian, sshd and an empty data disk",
+    ("Bring up the lab: two hosts with their own Debian, sshd and an empty data disk, each on two "
+     "networks like a cloud VM (SSH on eth0, the cluster on ens5)",
      ["make", "-s", "lab-up"]),
     ("Ansible reaches every host through the lab inventory (host keys checked)",
      ["ansible", "-i", "inventory/lab.yml", "cluster", "-m", "ansible.builtin.ping"]),
