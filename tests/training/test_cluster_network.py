@@ -1,7 +1,8 @@
 """The cloud VM's shape (the default lab; `LAB_CLUSTER_NET=0` skips this): SSH on eth0's management
-address, the cluster on a private network whose NIC is ens5. Training, iperf3 and the all_reduce cross ens5 (its counters
-show the bytes), the firewall drops rendezvous traffic from the management network, and without
-cluster_nic in the inventory the NIC provisioning detected reaches NCCL/gloo and the monitor."""
+address, the cluster on a private network whose NIC is ens5. Training, iperf3 and the all_reduce
+cross ens5 (its counters show the bytes), the firewall drops rendezvous traffic from the management
+network, and without cluster_nic in the inventory the NIC provisioning detected reaches NCCL/gloo
+and the monitor."""
 
 from __future__ import annotations
 

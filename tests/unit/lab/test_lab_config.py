@@ -57,7 +57,8 @@ def test_the_two_network_lab_describes_a_cloud_vms_addresses(tmp_path):
     path.write_text(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))
     assert [(h.address, h.cluster_address, h.nic) for h in load_hosts(path)] == [
         ("10.79.0.11", "172.30.0.11", "ens5"), ("10.79.0.12", "172.30.0.12", "ens5")]
-    assert network.link_nic(cfg) == "ens5" and network.link_nic(LabConfig(cluster_net=False)) == "eth0"  # what lab-shape caps
+    # what lab-shape caps
+    assert network.link_nic(cfg) == "ens5" and network.link_nic(LabConfig(cluster_net=False)) == "eth0"
     assert cfg.peer_ip("v100b") == "172.30.0.12" and cfg.links("v100b") == ["tdmtwo-v100b", "tdmtwo-v100bc"]
 
 
