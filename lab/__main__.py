@@ -82,17 +82,21 @@ def refresh_inventory(cfg: LabConfig) -> Path | None:
     return path
 
 
+def describe(cfg: LabConfig) -> str:
+    """'2 Debian bookworm hosts on 10.77.0.0/24, two networks': what tells two labs apart."""
+    slow = f", slow NIC on {','.join(cfg.slow_nic_hosts)}" if cfg.slow_nic_hosts else ""
+    return (f"{cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}, "
+            f"{'two networks' if cfg.cluster_net else 'one network'}{slow}")
+
+
 def already_up(cfg: LabConfig) -> bool:
     """True when this very lab runs already (its inventory refreshed); raises for a different one."""
     running = saved_config(cfg.prefix)
     if running is None or not healthy(running):
         return False
-    if (running.hosts, running.subnet, running.slow_nic_hosts, running.cluster_net, running.distro) != (
-            cfg.hosts, cfg.subnet, cfg.slow_nic_hosts, cfg.cluster_net, cfg.distro):
-        raise LabError(
-            f"a lab of {running.hosts} hosts on {running.subnet} is running: "
-            f"`make lab-down` first to start one of {cfg.hosts} hosts on {cfg.subnet}"
-        )
+    if describe(running) != describe(cfg):
+        raise LabError(f"a lab of {describe(running)} is running: `make lab-down` first to start one of "
+                       f"{describe(cfg)}")
     refreshed = refresh_inventory(running)
     console.print(f"[green]✓[/] the lab is already up ({', '.join(cfg.names)}): "
                   + (f"inventory {refreshed} rewritten (this checkout writes it differently)" if refreshed

@@ -1,7 +1,7 @@
 """The benchmarks on the provisioned lab, against the targets of issue 5.
 
-Rates are capped with tc on the hosts' cluster NIC
-(ens5; eth0 on a one-network lab) (the lab's `shape`, or bench-step's own caps).
+Rates are capped with tc on the hosts' cluster NIC, ens5 (eth0 on a one-network lab): the lab's
+`shape`, or bench-step's own caps.
 The step-time sweeps (marked `sweep`, about 7 minutes) run in `make bench-targets`, not in
 `make test`: benchmarks/README.md records their figures.
 """

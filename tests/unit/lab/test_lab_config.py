@@ -103,3 +103,13 @@ def test_a_slow_nic_is_the_cluster_nic_of_its_host():
     hosts = yaml.safe_load(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))["all"]["children"][
         "cluster"]["hosts"]
     assert hosts["v100a"]["cluster_nic"] == "ens5" and hosts["v100b"]["cluster_nic"] == "eth1"
+
+
+def test_a_running_lab_of_another_shape_is_described_by_what_differs():
+    """`lab up` refuses a lab that runs with another shape, naming both: the same host count and
+    subnet must not read as the same lab."""
+    from lab.__main__ import describe
+
+    assert describe(LabConfig()) == "2 Debian bookworm hosts on 10.77.0.0/24, two networks"
+    assert describe(LabConfig(cluster_net=False, distro="trixie", slow_nic_hosts=("v100b",))) == (
+        "2 Debian trixie hosts on 10.77.0.0/24, one network, slow NIC on v100b")
