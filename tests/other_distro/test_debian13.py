@@ -56,7 +56,8 @@ def test_debian_13_hosts_get_an_environment_for_their_own_python(debian13):
         assert ssh(cfg, name, f"sha256sum /opt/tandem/wheels/{wheel}").stdout.split()[:1] == [want], name
     # the verification table names the Python and the torch build on each host
     for name in cfg.names:
-        assert re.search(rf"{name}\s+0/0\s+-\s+2\.13\.0\+cu130\s+no\s+ens5\s.*\s3\.13\.\d+\s+0\.12\.3\.1", out), out[-3000:]
+        row = rf"{name}\s+0/0\s+-\s+2\.13\.0\+cu130\s+no\s+ens5\s.*\s3\.13\.\d+\s+0\.12\.3\.1"
+        assert re.search(row, out), out[-3000:]
 
 
 def test_debian_13_hosts_run_the_whole_job(debian13):
