@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,14 +103,36 @@ def select(hosts: list[Host], names: list[str] | None) -> list[Host]:
     return [by_name[n] for n in names]
 
 
-def connect(host: Host, timeout: float = 10) -> Connection:
+CONNECT_S = 10.0  # connect(): TCP connect, banner, authentication
+DEAD_LINK_S = 30  # sent bytes unacknowledged this long, or an idle link unanswered: the host is gone
+
+
+class HostConnection(Connection):
+    """A Fabric connection whose TCP socket notices a vanished network. Without it a request
+    sent just before a host's network went down waits for its answer forever (paramiko has no
+    deadline on exec's reply, and TCP retransmits for ~15 minutes); with it the kernel drops the
+    connection after DEAD_LINK_S, paramiko's transport ends, and every wait on it returns."""
+
+    def open(self):
+        opened = super().open()
+        sock = self.client.get_transport().sock
+        if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux controllers
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_LINK_S * 1000)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 4)
+        return opened
+
+
+def connect(host: Host, timeout: float = CONNECT_S) -> Connection:
     """A Fabric connection with host key checking on, against the inventory's known_hosts."""
     connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
     if host.key:
         connect_kwargs["key_filename"] = os.path.expanduser(host.key)
     config = Config(overrides={"load_ssh_configs": False})
-    conn = Connection(host.address, user=host.user, port=host.port, config=config,
-                      connect_kwargs=connect_kwargs, connect_timeout=timeout)
+    conn = HostConnection(host.address, user=host.user, port=host.port, config=config,
+                          connect_kwargs=connect_kwargs, connect_timeout=timeout)
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     known = os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
     if os.path.exists(known):
@@ -141,19 +165,59 @@ def group(hosts: list[Host]) -> ThreadingGroup:
     return ThreadingGroup.from_connections([connect(h) for h in hosts])
 
 
+class Deadline:
+    """Closes the SSH transports of `connections` still open `seconds` after entering.
+
+    invoke's `timeout` starts once the command runs; before that paramiko waits up to an hour
+    for a channel to open and, for the reply to exec, forever. A host whose network vanishes
+    between the handshake and that reply would hold the caller (`fab train` following a run
+    that just lost that host) for good. Closing the transport ends every such wait at once."""
+
+    def __init__(self, connections: list[Connection], seconds: float):
+        self.connections, self.seconds, self.cut = list(connections), seconds, set()
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+
+    def _cut(self) -> None:
+        for conn in self.connections:
+            transport = conn.client.get_transport()
+            if transport is not None and transport.is_active():
+                self.cut.add(id(conn))
+                transport.close()
+
+    def explain(self, conn: Connection, result: object) -> object:
+        """A host's failure caused by the cut, said as what it is."""
+        if id(conn) in self.cut and isinstance(result, Exception):
+            return TimeoutError(f"no answer within {self.seconds:g} s; its connection was closed "
+                                f"({type(result).__name__})")
+        return result
+
+    def __enter__(self) -> Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+
 def run_all(hosts: list[Host], command: str, **kwargs) -> dict[str, object]:
     """Run one command on every host in parallel: {host name: Result or the exception}.
     Unreachable hosts and failing commands are results, not a crash, so callers can
-    name the host and the cause."""
+    name the host and the cause. With `timeout`, the whole call (connecting included) ends
+    within timeout + CONNECT_S + 5 s, whatever the network does."""
     kwargs.setdefault("hide", True)
     kwargs.setdefault("warn", True)
     kwargs.setdefault("in_stream", False)  # never wait on our stdin
+    limit = kwargs["timeout"] + CONNECT_S + 5 if kwargs.get("timeout") else None
     with group(hosts) as connections:  # closed afterwards: `fab train` polls every 2 s while following
-        try:
-            results = connections.run(command, **kwargs)
-        except GroupException as err:
-            results = err.result
-    return {conn.tandem_host.name: result for conn, result in results.items()}
+        deadline = Deadline(list(connections), limit) if limit else None
+        with deadline or contextlib.nullcontext():
+            try:
+                results = connections.run(command, **kwargs)
+            except GroupException as err:
+                results = err.result
+    return {conn.tandem_host.name: deadline.explain(conn, result) if deadline else result
+            for conn, result in results.items()}
 
 
 def on_each(hosts: list[Host], work) -> dict[str, object]:

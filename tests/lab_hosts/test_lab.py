@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import threading
 import time
 
 import pytest
-from labtools import TOP, lab_cli, ssh
+from labtools import TOP, lab_cli, set_links, ssh
 
 from lab import hosts as lab_hosts
 from lab.config import LabConfig
-from train.cluster import load_hosts, run_all
+from train.cluster import DEAD_LINK_S, connect, load_hosts, run_all
 
 
 def test_each_host_answers_ssh_with_its_own_name_and_host_key(lab):
@@ -53,6 +54,35 @@ def test_fabric_runs_on_every_host_in_parallel(lab):
           + ", ".join(f"{e:.1f}" for e in elapsed) + " s")
     assert statistics.median(spreads) < 1.5, f"hosts started their command one after another: {spreads}"
     assert statistics.median(elapsed) < 2 * len(hosts), f"{elapsed} s for {len(hosts)} x 2 s: not parallel"
+
+
+def test_a_request_to_a_host_whose_network_vanished_fails_instead_of_waiting_forever(lab):
+    """An open connection to v100b; its cables are pulled; the next command (no timeout of its
+    own) fails once the kernel gives up on the unacknowledged request (DEAD_LINK_S): paramiko
+    alone waits for exec's reply for ever, which held `fab train` following a run that lost v100b."""
+    host = next(h for h in load_hosts(lab.default_inventory) if h.name == "v100b")
+    outcome: list = []
+
+    def request(conn):
+        try:
+            outcome.append(conn.run("true", hide=True, warn=True, in_stream=False))
+        except Exception as err:
+            outcome.append(err)
+
+    with connect(host) as conn:
+        assert conn.run("hostname", hide=True, in_stream=False).stdout.strip() == "v100b"
+        set_links(lab, "v100b", "down")
+        try:
+            started = time.monotonic()
+            caller = threading.Thread(target=request, args=(conn,), daemon=True)
+            caller.start()
+            caller.join(DEAD_LINK_S + 60)
+            waited = time.monotonic() - started
+        finally:
+            set_links(lab, "v100b", "up")
+    assert not caller.is_alive(), f"still waiting on v100b {waited:.0f} s after its network went"
+    assert outcome and isinstance(outcome[0], Exception), outcome
+    print(f"the request failed after {waited:.0f} s: {type(outcome[0]).__name__}: {outcome[0]}")
 
 
 def test_lab_up_on_a_running_lab_changes_nothing(lab):
