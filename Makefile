@@ -45,10 +45,10 @@ lint: setup
 unit: setup
 	@.venv/bin/pytest -m "not lab"
 
-test: setup lint  ## everything, the lab included, but the step-time sweeps (make bench-targets)
+test: setup lint  ## everything, the lab included, but the speed targets (make bench-targets)
 	@.venv/bin/pytest -m "not sweep"
 
-bench-targets: setup  ## the benchmarks' targets on the lab, the step-time sweeps included (~15 min)
+bench-targets: setup  ## the benchmarks' targets on the lab, the step-time sweeps and the all_reduce bandwidth included (~17 min)
 	@.venv/bin/pytest tests/bench -v
 
 help:
