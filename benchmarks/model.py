@@ -42,7 +42,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from train.run.comm import Strategy
+from train.run.comm import Strategy, sync_start
 
 # Dimensions the fairseq architectures set (fairseq/models/transformer/transformer_legacy.py)
 ARCH_DIMS: dict[str, dict[str, int | bool]] = {
@@ -160,6 +160,8 @@ class Prediction:
     max_update: int | None
     update_freq_for_90: int  # the --update-freq that brings efficiency to 90%
     comm: str = "sync"  # the communication strategy (train.run.comm)
+    sync_updates: int = 0  # local SGD's synchronous start (train.run.comm): its first updates
+    sync_step_s: float = 0.0  # seconds per update of that start (fp32 gradients, after the backward pass)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -181,7 +183,11 @@ class Prediction:
 
     @property
     def run_hours(self) -> float | None:
-        return None if self.max_update is None else self.max_update * self.step_s / 3600
+        """The run's training steps; local SGD's synchronous start at its own, slower step."""
+        if self.max_update is None:
+            return None
+        start = min(self.sync_updates, self.max_update)
+        return (start * self.sync_step_s + (self.max_update - start) * self.step_s) / 3600
 
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
@@ -256,12 +262,14 @@ def predict(
     intra_host_bytes_per_s: float | None = None,
     target_efficiency: float = 0.9,
     comm: str = "sync",
+    sync_updates: int = 0,
 ) -> Prediction:
     """Predict seconds per update (and the run's hours) for `ranks` ranks on `hosts` hosts.
 
     `hosts` defaults to `ranks` (one rank per host). With one host the all-reduce never
     crosses a NIC: it costs 0 unless `intra_host_bytes_per_s` is given. `comm`: the
-    communication strategy; `comm_s` is then its average per update.
+    communication strategy; `comm_s` is then its average per update. `sync_updates`: local SGD's
+    synchronous start, in the run's hours (its fp32 gradients all-reduced after each backward pass).
     """
     strategy = Strategy.parse(comm)
     hosts = ranks if hosts is None else hosts
@@ -283,6 +291,8 @@ def predict(
         comm = 0.0
     hidden = min(comm, overlap * compute_s) if strategy.overlaps else 0.0
     step = update_freq * compute_s + comm - hidden
+    start = sync_updates if strategy.kind == "local-sgd" else 0
+    start_step = update_freq * compute_s + comm * strategy.syncs_every if start else 0.0
     return Prediction(
         params=params,
         ranks=ranks,
@@ -298,6 +308,8 @@ def predict(
         max_update=max_update,
         update_freq_for_90=update_freq_for_efficiency(compute_s, comm - hidden, target_efficiency),
         comm=str(strategy),
+        sync_updates=start,
+        sync_step_s=start_step,
     )
 
 
@@ -388,6 +400,9 @@ def explain(p: Prediction) -> str:
         + (" — NETWORK-BOUND" if p.network_bound else ""),
     ]
     if p.run_hours is not None:
+        if p.sync_updates:
+            lines.append(f"the first {min(p.sync_updates, p.max_update):,} updates synchronous (local SGD's start): "
+                         f"{p.sync_step_s:.2f} s each")
         lines.append(f"{p.max_update} updates ≈ {duration(p.run_hours * 3600)} (training steps only: validation "
                      "and checkpoints come on top)")
     if p.update_freq_for_90 > p.update_freq and strategy.kind != "local-sgd":
@@ -411,15 +426,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update-freq", type=int, default=1)
     parser.add_argument("--max-update", type=int)
     parser.add_argument("--comm", default="sync", help="sync, fp16, local-sgd:H or auto")
+    parser.add_argument("--sync-updates", type=int, help="local SGD's synchronous start in updates "
+                        "(default: the preset's warmup_updates, else 0)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    start = 0
     if args.preset:
         from train.run.presets import resolve
 
-        params = preset_params(resolve(args.preset).options, args.vocab)
+        options = resolve(args.preset).options
+        params = preset_params(options, args.vocab)
+        start = sync_start(options)
     else:
         params = int(args.params)
-    kw = {"hosts": args.hosts, "precision": args.precision, "max_update": args.max_update}
+    kw = {"hosts": args.hosts, "precision": args.precision, "max_update": args.max_update,
+          "sync_updates": start if args.sync_updates is None else args.sync_updates}
     link = mbit_to_bytes_per_s(args.link_mbit)
     choice = None
     if args.comm == "auto":

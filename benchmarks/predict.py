@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from train.cluster import ClusterError, Host
 from train.run import presets
-from train.run.comm import CommError, Strategy
+from train.run.comm import CommError, Strategy, sync_start
 
 from . import link, model, net
 
@@ -144,10 +144,10 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
            compute_source: str, port_mbps: float | None = None, precision: str = "fp32", update_freq: int = 1,
            max_update: int | None = None, overlap: float = 0.0, overlap_source: str = "given",
            comm: str = "sync", overlaps: dict[str, float] | None = None,
-           overlap_sources: dict[str, str] | None = None) -> Verdict:
+           overlap_sources: dict[str, str] | None = None, sync_updates: int = 0) -> Verdict:
     """Pure: figures in, verdict and the lines explaining it out. `comm`: a strategy, or `auto`
     (model.choose, with `overlaps` per strategy); a network-bound sync run is told which `--comm`
-    would reach 90%."""
+    would reach 90%. `sync_updates`: local SGD's synchronous start (train.run.comm.sync_start)."""
     ranks = sum(max(h.gpus, 1) for h in hosts)
     expected = hosts[0].vars.get("network_expected_mbps")
     ratio = float(hosts[0].vars.get("network_min_ratio", 0.9))
@@ -156,7 +156,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     overlaps = dict(overlaps or {"sync": overlap, "fp16": overlap})
     if comm == "auto" and compute_s is not None:
         v.choice = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                hosts=len(hosts), precision=precision, max_update=max_update)
+                                hosts=len(hosts), precision=precision, max_update=max_update,
+                                sync_updates=sync_updates)
         comm, update_freq = v.choice.comm, v.choice.update_freq
     elif comm == "auto":
         raise ClusterError("--comm auto needs the compute-only time per update: run `fab bench-step --rates none` "
@@ -168,7 +169,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     overlap_source = (overlap_sources or {}).get(kind, overlap_source) if kind != "local-sgd" else \
         "local SGD: its all-reduce follows the optimizer step"
     kw = {"hosts": len(hosts), "precision": precision, "update_freq": update_freq, "max_update": max_update,
-          "overlap": overlap, "comm": comm}
+          "overlap": overlap, "comm": comm, "sync_updates": sync_updates}
     v.lines.append(f"link {link_mbps:.0f} Mbit/s ({link_source})"
                    + (f"; the inventory expects {v.expected_mbps:.0f} Mbit/s" if v.expected_mbps else ""))
     if compute_s is not None:
@@ -180,7 +181,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines += model.explain(v.prediction).splitlines()
         if v.prediction.efficiency < 0.9 and not v.choice:
             better = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                  hosts=len(hosts), precision=precision, max_update=max_update)
+                                  hosts=len(hosts), precision=precision, max_update=max_update,
+                                  sync_updates=sync_updates)
             if better.comm != comm or better.update_freq != update_freq:
                 v.choice = better
                 p = better.prediction
@@ -245,7 +247,7 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
     return assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
                   compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
                   overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
-                  overlap_sources=sources)
+                  overlap_sources=sources, sync_updates=sync_start(options))
 
 
 def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:

@@ -239,6 +239,7 @@ def verdicts(results: list[dict], target: float = TARGET) -> list[str]:
         within = r["ratio"] <= target
         lines.append(f"{r['strategy']}: valid loss {r['valid_loss']:.3f} vs sync's {results[0]['valid_loss']:.3f} "
                      f"({r['ratio']:+.1%}): {'within' if within else 'NOT within'} {target:.0%} of sync"
+                     + (f" (synchronous for its first {r['sync_updates']} updates)" if r.get("sync_updates") else "")
                      + ("" if r.get("synced_at_end") else " (the ranks were NOT synced when it validated)"))
     return lines
 
@@ -363,7 +364,8 @@ def run_one(hosts: list[Host], entry: Entry, n: int, stamp: str, preset: str, ov
                     f"{s.name}: {' | '.join(s.tail[-3:]) or s.error}" for s in states))
             sent = {name: after[name] - before[name] for name in after}
             result.update(run_id=run.run_id, wall_s=wall, s_per_update=wall / updates, tx_bytes=sent,
-                          tx_per_update=sum(sent.values()) / len(sent) / updates)
+                          tx_per_update=sum(sent.values()) / len(sent) / updates,
+                          sync_updates=Strategy.parse(entry.comm).sync_updates(run.resolved_preset().options))
             if bleu:
                 result["bleu"], result["bleu_s"] = evaluate(run, hosts[0])
             say(f"[{entry.label}] valid loss {result['valid_loss']:.3f} after {updates} updates, {wall:.0f} s"

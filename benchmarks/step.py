@@ -42,12 +42,18 @@ from datetime import UTC, datetime
 from train.cluster import ClusterError, Host, connect, run_all
 from train.report import logparse
 from train.run import launch, presets
-from train.run.comm import Strategy
+from train.run.comm import SYNC_UPDATES_OPTION, Strategy
 
 from . import link, model
 from .net import REPORT_DIR, run_allreduce, write
 
 BENCH_OVERRIDES = ["log_interval=1", "disable_validation=true", "no_save=true"]
+
+
+def steady_state(strategy: Strategy) -> list[str]:
+    """Local SGD measured as it runs after its synchronous start (train.run.comm), from the first
+    update: the start costs sync's step, which the sync rows measure."""
+    return [f"{SYNC_UPDATES_OPTION}=0"] if strategy.kind == "local-sgd" else []
 
 
 def parse_rates(text: str) -> list[str]:
@@ -374,7 +380,8 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     updates = -(-updates // period) * period
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run = launch.Run(run_id=f"bench-{stamp}", hosts=[h.name for h in hosts], preset=preset,
-                     overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES], dataset=dataset,
+                     overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES, *steady_state(strategy)],
+                     dataset=dataset,
                      master_port=port, precision=precision, comm=str(strategy))
     started = False
     follower = None

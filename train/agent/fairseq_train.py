@@ -11,7 +11,8 @@
   legacy_ddp, whose all-reduce never overlaps the backward pass. The lab measures that overlap
   (benchmarks.step) with this.
 
-- local SGD's outer state (fairseq's BMUF) is saved in checkpoints (below).
+- local SGD's outer state (fairseq's BMUF) is saved in checkpoints (below), and its first updates
+  can be synchronous (TANDEM_LOCAL_SGD_SYNC_UPDATES, below).
 
 With TANDEM_PROFILE=FIRST:COUNT:DIR it also profiles a window of updates (train/agent/profile.py).
 
@@ -167,10 +168,40 @@ def _average_in_one_all_reduce(self) -> None:
     """BMUF's sync, as fairseq's (the deltas, or the parameters without block momentum, averaged
     over the ranks) in one all-reduce of one flat buffer instead of one per tensor: a Transformer
     has a hundred or more, each a round trip, which on the lab cost seconds per sync."""
+    _average([p.data if self.block_momentum == 0 else g for p, g in zip(self.params, self.grads, strict=True)])
+
+
+def local_sgd_synchronous_start() -> None:
+    """Local SGD (BMUF) whose first TANDEM_LOCAL_SGD_SYNC_UPDATES updates are synchronous: before
+    each of them the gradients are averaged over the ranks, as sync's all-reduce does, so every
+    rank takes the same step with the same Adam state; BMUF's own syncs every H updates then
+    average identical models. After those updates each rank steps alone between syncs. (fairseq's
+    BMUF `warmup_iterations` is not that: its ranks train alone until then, and rank 0's model is
+    broadcast at its end.) The gradients are those the optimizer is about to use: scaled and
+    clipped, and under fp16 the fp32 master copy's."""
+    until = int(os.environ.get("TANDEM_LOCAL_SGD_SYNC_UPDATES") or 0)
+    if until <= 0:
+        return
+    from fairseq.optim.bmuf import FairseqBMUF
+
+    if getattr(FairseqBMUF, "_tandem_sync_start", False):
+        return
+    step = FairseqBMUF.step
+
+    def step_after_averaging(self, closure=None):
+        if self.get_num_updates() < until and self.world_size > 1:
+            _average([p.grad for p in self.params if p.grad is not None])
+        return step(self, closure)
+
+    FairseqBMUF.step = step_after_averaging
+    FairseqBMUF._tandem_sync_start = True
+
+
+def _average(tensors) -> None:
+    """Every tensor replaced by its mean over the ranks, in one all-reduce of one flat buffer."""
     import torch
     import torch.distributed as dist
 
-    tensors = [p.data if self.block_momentum == 0 else g for p, g in zip(self.params, self.grads, strict=True)]
     if not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors]).div_(float(dist.get_world_size()))
@@ -191,6 +222,7 @@ def main() -> None:
     process_group_timeout()
     heartbeat_kills()
     local_sgd_state_in_checkpoints()
+    local_sgd_synchronous_start()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile
 

@@ -12,6 +12,12 @@
   1 − 1/ranks (its paper's setting, 0.5 for two) left the lab's 13× tiny model on its plateau
   (valid loss +333% against sync after 320 updates; plain averaging +15%), so it is opt-in:
   `--set block_momentum=0.5,block_lr=1`.
+  The first updates are synchronous (post-local SGD): until the learning rate's warm-up ends
+  (the preset's `warmup_updates`; `--set local_sgd_sync_updates=N` for another N, 0 for none)
+  every update averages the gradients as sync does, so the ranks leave the fast-learning start
+  together, with one Adam state; local SGD takes over after it. Alone, each rank's Adam stepping
+  on half the batch from the first update left the valid loss 8–12% behind sync's after 320
+  updates (benchmarks/README.md, "What was tried").
   The model is a plain fairseq model: checkpoints, resume and evaluation are unchanged (the
   outer momentum starts again from zero after a restart).
 - `--update-freq K` (gradient accumulation) is its own option: K× fewer all-reduces per sample,
@@ -28,11 +34,25 @@ from dataclasses import dataclass
 
 KINDS = ("sync", "fp16", "local-sgd")
 OUTER_STEP_OPTIONS = ("block_momentum", "block_lr")  # local SGD's own (--set), dropped for the others
+SYNC_UPDATES_OPTION = "local_sgd_sync_updates"  # tandem's own (--set), never passed to fairseq
 DEFAULT_PERIOD = 16
 
 
 class CommError(ValueError):
     """A --comm value tandem does not know."""
+
+
+def sync_start(options: Mapping[str, object]) -> int:
+    """The updates local SGD starts with synchronously (gradients averaged every update):
+    `local_sgd_sync_updates` if the run sets it, else the learning rate's warm-up."""
+    value = options.get(SYNC_UPDATES_OPTION, options.get("warmup_updates", 0))
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise CommError(f"{SYNC_UPDATES_OPTION} is a whole number of updates, not {value!r}") from None
+    if n < 0:
+        raise CommError(f"{SYNC_UPDATES_OPTION} is a whole number of updates, not {n}")
+    return n
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,10 @@ class Strategy:
         """Whether the all-reduce can hide behind the backward pass (DDP buckets); local SGD's
         sync comes after the optimizer step."""
         return self.kind != "local-sgd"
+
+    def sync_updates(self, options: Mapping[str, object]) -> int:
+        """Local SGD's synchronous start (sync_start); 0 for the others."""
+        return sync_start(options) if self.kind == "local-sgd" else 0
 
     def ddp_backend(self, default: str) -> str:
         return "pytorch_ddp" if self.kind == "fp16" else default

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from train.run.comm import OUTER_STEP_OPTIONS, Strategy
+from train.run.comm import OUTER_STEP_OPTIONS, SYNC_UPDATES_OPTION, Strategy
 from train.run.presets import COMMON, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
@@ -134,7 +134,7 @@ def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
     args = [launch.data_dir, "--save-dir", launch.save_dir]
     strategy = Strategy.parse(launch.comm)
     options = {k: v for k, v in preset.options.items()  # fairseq knows BMUF's options only under --use-bmuf
-               if strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS}
+               if (strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS) and k != SYNC_UPDATES_OPTION}
     args += to_args(_fill(options, launch))
     if launch.update_freq > 1:
         args += ["--update-freq", str(launch.update_freq)]
@@ -177,6 +177,8 @@ def environment(launch: Launch, preset: Preset | None = None) -> dict[str, str]:
         env["NCCL_SOCKET_IFNAME"] = launch.nic
     if launch.omp_threads:
         env["OMP_NUM_THREADS"] = str(launch.omp_threads)
+    if preset and (sync_updates := Strategy.parse(launch.comm).sync_updates(preset.options)):
+        env["TANDEM_LOCAL_SGD_SYNC_UPDATES"] = str(sync_updates)  # train.agent.fairseq_train
     return env
 
 

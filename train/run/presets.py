@@ -169,6 +169,7 @@ EXTRA_OPTIONS: dict[str, type] = {
     # --comm local-sgd:H's outer step (fairseq's BMUF): train.run.comm sets them unless given here
     "block_momentum": float,
     "block_lr": float,
+    "local_sgd_sync_updates": int,  # tandem's own: local SGD's synchronous start (train.run.comm)
     "report_accuracy": bool,
 }
 

@@ -99,3 +99,32 @@ def test_a_sync_is_one_all_reduce_of_every_delta():
         assert bmuf.grads[0].tolist() == [[3.0] * 3] * 2  # (4 + 2) / 2
         assert bmuf.grads[1].tolist() == [1.0, 1.5, 2.0, 2.5]  # (i + 2) / 2
     """)
+
+
+def test_the_first_updates_average_the_gradients_then_each_rank_steps_alone():
+    """TANDEM_LOCAL_SGD_SYNC_UPDATES=2: updates 1 and 2 step on the ranks' mean gradient (as sync),
+    update 3 on this rank's own; one all-reduce per synchronous update."""
+    run("""
+        import os
+
+        os.environ["TANDEM_LOCAL_SGD_SYNC_UPDATES"] = "2"
+        fairseq_train.local_sgd_synchronous_start()
+        param = torch.nn.Parameter(torch.zeros(3))
+        bmuf = bmuf_around([param])
+        calls = []
+
+        def all_reduce(tensor, op=None):  # the other rank's gradient is 1.0 everywhere
+            calls.append(tensor.numel())
+            tensor.add_(1.0 / 2)
+
+        dist.all_reduce, dist.get_world_size = all_reduce, lambda: 2
+        steps = []
+        for _ in range(3):
+            param.grad = torch.full((3,), 3.0)  # this rank's
+            before = param.detach().clone()
+            bmuf.step()
+            steps.append(round(float((before - param.detach())[0]), 4))
+        assert calls == [3, 3], calls
+        # SGD, lr 0.1, momentum 0.9: the mean gradient 2.0 twice, then this rank's 3.0
+        assert steps == [0.2, 0.38, 0.642], steps
+    """)

@@ -97,3 +97,19 @@ def test_the_outer_steps_options_reach_local_sgd_only():
     assert _value(_argv("local-sgd:8", preset=tuned), "--block-momentum") in ("0", "0.0")
     assert _argv("local-sgd:8", preset=tuned).count("--block-momentum") == 1
     assert "--block-momentum" not in _argv("sync", preset=tuned)
+
+
+def test_local_sgd_starts_synchronous_until_the_learning_rates_warmup_ends():
+    """The ranks average gradients every update for the preset's warmup_updates (tiny: 100), then
+    local SGD; `local_sgd_sync_updates` sets another count (0: none) and never reaches fairseq."""
+    assert "TANDEM_LOCAL_SGD_SYNC_UPDATES=100" in _argv("local-sgd:16")
+    assert not any(a.startswith("TANDEM_LOCAL_SGD_SYNC_UPDATES=") for a in _argv("sync") + _argv("fp16"))
+    later = _argv("local-sgd:16", preset=resolve("tiny", ["local_sgd_sync_updates=250"]))
+    assert "TANDEM_LOCAL_SGD_SYNC_UPDATES=250" in later and not any("sync_updates" in a.lower() for a in later
+                                                                     if a.startswith("--"))
+    none = _argv("local-sgd:16", preset=resolve("tiny", ["local_sgd_sync_updates=0"]))
+    assert not any(a.startswith("TANDEM_LOCAL_SGD_SYNC_UPDATES=") for a in none)
+    assert not any("sync_updates" in a or "sync-updates" in a for a in _argv("sync", preset=resolve(
+        "tiny", ["local_sgd_sync_updates=250"])))
+    with pytest.raises(CommError, match="local_sgd_sync_updates"):
+        _argv("local-sgd:16", preset=resolve("tiny", ["local_sgd_sync_updates=-3"]))
