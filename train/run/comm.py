@@ -18,8 +18,8 @@
   together, with one Adam state; local SGD takes over after it. Alone, each rank's Adam stepping
   on half the batch from the first update left the valid loss 8–12% behind sync's after 320
   updates (benchmarks/README.md, "What was tried").
-  The model is a plain fairseq model: checkpoints, resume and evaluation are unchanged (the
-  outer momentum starts again from zero after a restart).
+  The model is a plain fairseq model: checkpoints, resume and evaluation are unchanged (BMUF's
+  outer state rides in the checkpoint: train.agent.fairseq_train).
 - `--update-freq K` (gradient accumulation) is its own option: K× fewer all-reduces per sample,
   K× larger effective batch.
 
