@@ -35,7 +35,6 @@ import json
 import math
 import re
 import shlex
-import signal
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,7 +45,7 @@ from train.run import command, launch, presets
 from train.run.comm import CommError, Strategy
 
 from .net import write
-from .step import _signals_raise, require_cluster, tx_bytes
+from .step import _signals_raise, require_cluster, signals_ignored, tx_bytes
 
 REFERENCE = "sync"
 TARGET = 0.03  # issue 15: local SGD's validation loss within 3% of sync's after the same samples
@@ -313,11 +312,11 @@ def evaluate(run: launch.Run, host: Host) -> tuple[float, float]:
 
 def stop_and_clean(run: launch.Run, hosts: list[Host], started: bool, say=print, finished: bool = False) -> None:
     """Stop the run (train.run.launch.stop confirms no process is left) and remove its checkpoints,
-    even on a second Ctrl-C; said unless the run had finished. The logs stay, for a look afterwards."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        if not started:
-            return
+    even on a second Ctrl-C or SIGTERM; said unless the run had finished. The logs stay, for a look
+    afterwards."""
+    if not started:
+        return
+    with signals_ignored():
         try:
             launch.stop(run, hosts)
         except ClusterError as err:
@@ -326,8 +325,6 @@ def stop_and_clean(run: launch.Run, hosts: list[Host], started: bool, say=print,
         run_all(hosts, f"rm -f {shlex.quote(run.remote_dir)}/checkpoints/*.pt")
         if not finished:
             say(f"stopped {run.run_id} on every host (no training process left)")
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def run_one(hosts: list[Host], entry: Entry, n: int, stamp: str, preset: str, overrides: list[str],

@@ -221,6 +221,19 @@ def _signals_raise():
             signal.signal(s, h)
 
 
+@contextlib.contextmanager
+def signals_ignored():
+    """Ctrl-C, SIGTERM and SIGHUP ignored while a cleanup runs: a second one (a user pressing Ctrl-C
+    again, `timeout` signalling its whole process group after the first) must not cut it short and
+    leave ranks training or a cap on the link."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 class Follower:
     """Rank 0's last logged update, asked over one kept-open connection; raises when a rank stopped."""
 
@@ -336,9 +349,8 @@ def sweep(follower: Follower, hosts: list[Host], rates: list[str], cycles: int, 
 
 
 def clean_up(run: launch.Run, hosts: list[Host], started: bool, follower: Follower | None, say=print) -> None:
-    """Stop the job (when it was started) and remove every cap, even on a second Ctrl-C."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
-    try:
+    """Stop the job (when it was started) and remove every cap, even on a second Ctrl-C or SIGTERM."""
+    with signals_ignored():
         if follower:
             follower.close()
         if started:
@@ -349,8 +361,6 @@ def clean_up(run: launch.Run, hosts: list[Host], started: bool, follower: Follow
                 say(f"could not stop {run.run_id}: {err}")
         link.remove_caps(hosts)
         say(f"cap removed on {', '.join(h.name for h in hosts)} (tc qdisc show: no tbf left)")
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def require_cluster(hosts: list[Host], precision: str, too_few: str) -> list[str]:

@@ -226,3 +226,25 @@ def test_summary_warns_when_the_reference_learned_nothing_and_names_what_an_inte
     assert "WARNING: the reference (sync) did not learn to translate (BLEU 0.00)" in text
     assert "INCOMPLETE: KeyboardInterrupt: ; not measured: fp16, local-sgd:16" in text
     assert "WARNING" not in quality.summary(report_of(sample_results()))
+
+
+def test_a_second_sigterm_during_the_cleanup_does_not_cut_it_short(monkeypatch):
+    """`timeout` (or a user) sends SIGTERM again while bench-quality stops its run: the ranks are still
+    stopped and the checkpoints removed (before, the second signal raised out of the cleanup)."""
+    import os
+    import signal
+
+    from benchmarks import step
+
+    done = []
+
+    def stop(run, hosts):
+        os.kill(os.getpid(), signal.SIGTERM)  # the second signal, mid-cleanup
+        done.append("stop")
+
+    monkeypatch.setattr(quality.launch, "stop", stop)
+    monkeypatch.setattr(quality, "run_all", lambda hosts, cmd: done.append(cmd))
+    run = quality.launch.Run(run_id="quality-x-sync", hosts=["v100a"], preset="tiny", overrides=[], dataset="synthetic")
+    with step._signals_raise():
+        quality.stop_and_clean(run, [], started=True, say=done.append)
+    assert done[0] == "stop" and "checkpoints/*.pt" in done[1] and "stopped quality-x-sync" in done[2], done
