@@ -29,7 +29,8 @@ def debian13(tmp_path_factory):
     try:
         lab_cli("up", "--subnet", cfg.subnet, "--distro", cfg.distro, prefix=cfg.prefix)
         p = Provisioned(cfg=cfg, inventory=cfg.default_inventory, reports=tmp_path_factory.mktemp("debian13"))
-        p.first = p.playbook(timeout=1800)
+        # The all_reduce check is the pair lab's to test; the whole job below trains across both hosts.
+        p.first = p.playbook("-e", "verify_allreduce=false", timeout=1800)
         assert p.first.rc == 0, p.first.output[-6000:]
         yield p
     finally:

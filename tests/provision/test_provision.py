@@ -19,6 +19,7 @@ import yaml
 from labtools import TOP, fab, ssh
 
 from lab.network import link_nic
+from train.run import launch
 
 pytestmark = pytest.mark.lab
 
@@ -60,7 +61,8 @@ def test_second_run_changes_nothing(provisioned):
 def test_a_rerun_reuses_the_measurements_until_asked_or_shaped(provisioned):
     """iperf3 and the all_reduce are the slow part of a rerun: the figures stand while nothing they
     depend on changed, the table says when they were taken, and network_measure=always measures."""
-    provisioned.playbook("--tags", "network,verify")  # figures in this session's report directory
+    if not all((provisioned.reports / f).exists() for f in ("network.json", "verify.json")):
+        provisioned.playbook("--tags", "network,verify")  # figures in this session's report directory
     before = json.loads((provisioned.reports / "network.json").read_text())
     run = provisioned.playbook("--tags", "network,verify")
     assert run.rc == 0, run.output[-4000:]
@@ -235,16 +237,21 @@ def test_zero_link_speed_stops_in_preflight_and_the_check_is_turned_off_by_name(
 
 
 def test_drifted_packages_are_named_by_fab_train_and_restored_by_provisioning(provisioned):
-    """Two pinned packages fab train's version check never looked at go missing on v100b."""
+    """Two pinned packages fab train's version check never looked at go missing on v100b, and its
+    host-side agent is another version's (a controller updated without re-provisioning)."""
     assert provisioned.playbook("--tags", "train_env").rc == 0  # this tree's agent on the hosts
     pip = "/opt/tandem/venv/bin/pip"
-    gone = ssh(provisioned.cfg, "v100b", f"{pip} uninstall -y -q sacrebleu tensorboardX")
+    gone = ssh(provisioned.cfg, "v100b", f"{pip} uninstall -y -q sacrebleu tensorboardX "
+                                         "&& echo '# another version' >> /opt/tandem/lib/train/agent/state.py")
     assert gone.returncode == 0, gone.stderr
     proc = fab(provisioned, "train", "--new", check=False)
     assert proc.returncode != 0
+    said = " ".join(proc.stdout.split())
     assert ("v100b: packages differ from the pins: sacrebleu missing (pinned 2.6.0), tensorboardx missing "
-            "(pinned 2.6.5); re-run provision.yml (--tags train_env) to restore them") in " ".join(proc.stdout.split())
-    assert "v100a: packages differ" not in proc.stdout
+            "(pinned 2.6.5); re-run provision.yml (--tags train_env) to restore them") in said
+    assert re.search(r"v100b: tandem's host-side agent \(train/agent\) there is version [0-9a-f]{12}, not this "
+                     rf"controller's {launch.AGENT[:12]}: re-run provision.yml \(--tags train_env\)", said), said
+    assert "v100a: packages differ" not in proc.stdout and "v100a: tandem's" not in proc.stdout
 
     run = provisioned.playbook("--tags", "train_env")
     assert run.rc == 0, run.output[-4000:]
@@ -253,6 +260,9 @@ def test_drifted_packages_are_named_by_fab_train_and_restored_by_provisioning(pr
     assert "tensorboardX 2.6.5 (was missing)" in text.lower().replace("tensorboardx", "tensorboardX")
     assert "v100a: restored" not in text
     assert run.recap()["v100a"]["changed"] == 0
+    probed = ssh(provisioned.cfg, "v100b", "/opt/tandem/venv/bin/python -m train.agent.probe "
+                                           "--cache /opt/tandem/versions.json")
+    assert json.loads(probed.stdout)["agent"] == launch.AGENT  # the controller's agent again
 
 
 class Disk:

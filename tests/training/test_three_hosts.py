@@ -12,7 +12,7 @@ import time
 
 import pytest
 from labtools import FAB, TOP, Provisioned, fab, lab_cli, set_links, ssh
-from test_train import RUNS, inner_records, log_of, training_processes, wait_for_update
+from test_train import QUICK_HEARTBEAT, RUNS, inner_records, log_of, training_processes, wait_for_update
 
 from lab.config import LabConfig
 from train.report import logparse
@@ -22,7 +22,7 @@ from train.report import logparse
 # would read as 5%); half the preset's batch makes 300 updates cost what 150 did (~110 s on three
 # hosts) and ends them where the curve is flatter.
 MAX_UPDATE = 300
-SETTINGS = f"max_update={MAX_UPDATE},save_interval_updates=25,max_tokens=1024"
+SETTINGS = f"max_update={MAX_UPDATE},save_interval_updates=25,max_tokens=1024,{QUICK_HEARTBEAT}"
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,9 @@ import pytest
 from labtools import FAB, TOP, fab, set_links, ssh
 
 RUNS = "/data/tandem/runs"
+# fairseq's heartbeat ends a rank blocked on a lost peer: 45 s by default (the vanished-network test
+# keeps it); 20 s where a test only needs the run to notice, to keep the suite short.
+QUICK_HEARTBEAT = "heartbeat_timeout=20"
 # torchrun's worker (`python3 -u -m ...`), not torchrun, whose command line names the module too;
 # the brackets keep the pattern from matching pkill's own shell.
 KILL_THE_RANK = "pkill -9 -f 'python[0-9.]* -u -m train[.]agent[.]fairseq_train'"
@@ -178,51 +181,18 @@ def test_following_a_run_whose_rank_is_killed_fails_naming_the_culprit(data_read
     assert re.search(r"v100b: rank 1 killed by SIGKILL at update \d+; the others stopped", out), out[-3000:]
 
 
-def test_a_run_that_loses_a_host_goes_on_with_the_rest(data_ready):
-    """Following (elastic, the default), v100b's link goes down past update 20: the run continues
-    on v100a from its last checkpoint with update-freq 2 (the same effective batch), reaches its
-    last update, and remembers which hosts trained when."""
-    cfg = data_ready.cfg
-    env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
-    before = latest_run_id() if (TOP / "reports" / "latest").exists() else None
-    follower = subprocess.Popen([FAB, "train", "--new", "--set", "max_update=70,save_interval_updates=10"], cwd=TOP,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while latest_run_id() == before and time.monotonic() < deadline:
-            time.sleep(1)
-        run_id = latest_run_id()
-        wait_for_update(cfg, run_id, 22)
-        set_links(cfg, "v100b", "down")
-        out, _ = follower.communicate(timeout=480)
-    finally:
-        set_links(cfg, "v100b", "up")
-        if follower.poll() is None:
-            follower.kill()
-            fab(data_ready, "stop", check=False)
-    assert follower.returncode == 0, out[-4000:]
-    said = re.search(r"v100b lost at update [\d,]+ \(unreachable\); continuing on v100a from update (\d+), "
-                     r"update-freq 2", out)
-    assert said, out[-4000:]
-    log = log_of(cfg, "v100a", run_id).split("Loaded checkpoint")[-1]
-    after = [int(r["num_updates"]) for r in inner_records(log)]
-    assert after and after[0] > int(said.group(1)) and after[-1] >= 60, after
-    assert "done training" in log
-    members = json.loads((TOP / "reports" / run_id / "run.json").read_text())["members"]
-    assert [m["hosts"] for m in members] == [["v100a", "v100b"], ["v100a"]], members
-
-
 def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_ready):
     """Rank 0's host (v100a) vanishes once the controller holds a checkpoint, and v100b's own copy
     is removed as it goes, so the controller's copy is the only one left: the run goes on on v100b
     alone from it (update-freq 2), reaches its last update, and `fab report` marks the change.
-    The run is named: reports/latest is shared by everyone training from this checkout."""
+    The run is named: reports/latest is shared by everyone training from this checkout. (Losing
+    a host that is not rank 0's: tests/training/test_three_hosts.py.)"""
     cfg = data_ready.cfg
     env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
     run_id = time.strftime("run-rank0-lost-%Y%m%d-%H%M%S")
     copy = TOP / "reports" / run_id / "checkpoints" / "checkpoint_last.pt"
     follower = subprocess.Popen([FAB, "train", "--new", "--run", run_id, "--set",
-                                 "max_update=120,save_interval_updates=10"], cwd=TOP, env=env,
+                                 f"max_update=70,save_interval_updates=10,{QUICK_HEARTBEAT}"], cwd=TOP, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_update(cfg, run_id, 22)
@@ -250,7 +220,7 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_rea
     loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)
     assert loaded and int(loaded[-1]) == resumed, loaded
     after = [int(r["num_updates"]) for r in inner_records(log.split("Loaded checkpoint")[-1])]
-    assert after and after[0] > resumed and after[-1] >= 110, after
+    assert after and after[0] > resumed and after[-1] >= 60, after
     assert "done training" in log
     members = json.loads((TOP / "reports" / run_id / "run.json").read_text())["members"]
     assert [m["hosts"] for m in members] == [["v100a", "v100b"], ["v100b"]], members
@@ -264,10 +234,10 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_rea
     from train.report import answers as A
 
     logged = [iv.update for iv in A.analyze(A.load(TOP / "reports" / run_id)).intervals]
-    assert logged[0] == 10 and logged[-1] == 120 and resumed + 10 in logged, logged
+    assert logged[0] == 10 and logged[-1] == 70 and resumed + 10 in logged, logged
 
     # resumed on the host it has now, 10 more updates: the start line times the interval with the run's own pace
-    again = fab(data_ready, "--hosts", "v100b", "train", "--run", run_id, "--set", "max_update=130").stdout
+    again = fab(data_ready, "--hosts", "v100b", "train", "--run", run_id, "--set", "max_update=80").stdout
     measured = re.search(r"checkpoint\s+every\s+10\s+updates\s+\(≈\s+\d+\s+s\s+at\s+[\d.]+\s+s/update,"
                          r"\s+this\s+run's\s+log\)", again)
     assert measured, again[-3000:]
@@ -316,7 +286,7 @@ def test_a_frozen_host_leaves_nothing_running_with_nobody_following(data_ready):
     frozen rank, which can end nothing itself, must not stay behind holding v100b's GPU."""
     cfg = data_ready.cfg
     run_id = time.strftime("run-frozen-%Y%m%d-%H%M%S")  # named: reports/latest is shared by the checkout
-    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000")
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", f"max_update=100000,{QUICK_HEARTBEAT}")
     wait_for_update(cfg, run_id, 10)
     ssh(cfg, "v100b", "pkill -STOP -f 'python[0-9.]* -u -m train[.]agent[.]fairseq_train'")
     frozen = time.monotonic()
@@ -326,7 +296,7 @@ def test_a_frozen_host_leaves_nothing_running_with_nobody_following(data_ready):
     if left:
         fab(data_ready, "stop", check=False)
     assert left == [], f"{len(left)} processes of the run still up {took:.0f} s after v100b froze: {left}"
-    assert took < 90, f"the run took {took:.0f} s to end"
+    assert took < 65, f"the run took {took:.0f} s to end"  # the heartbeat (20 s), the watchdog 15 s later
     print(f"every process of the run gone {took:.0f} s after v100b's ranks froze")
     status = fab(data_ready, "status", "--run", run_id, check=False)
     assert re.search(r"v100b\s*│\s*1\s*│\s*died: frozen \(stopped \d+ s\), killed by tandem.s watchdog",

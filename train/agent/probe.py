@@ -4,7 +4,8 @@
     python -m train.agent.probe --data DIR --port 29500 --run DIR --packages
                                                                   # + what `fab train` checks first
 
-prints one JSON object: python, torch, cuda, cuda_available, cuda_devices, fairseq, numpy;
+prints one JSON object: python, torch, cuda, cuda_available, cuda_devices, fairseq, numpy, agent
+(the digest of this agent's own sources);
 with --data the sha256 of the dataset's MANIFEST.sha256 (null when absent) and the free GB on
 /data; with --port whether the rendezvous port is free; with --run the pid of a process of that
 run already there (null when none); with --packages every installed distribution and its version
@@ -79,6 +80,23 @@ def cached_versions(path: str) -> dict:
     return out
 
 
+def agent_digest() -> str:
+    """sha256 of the host-side agent's sources, as roles/train_env installs them (train/__init__.py and
+    train/agent/*.py): the controller computes it over its checkout, each host over its copy, and
+    `fab train` refuses a host whose copy is another version's (a controller updated without
+    re-provisioning would run the old agent, which ignores what it does not know)."""
+    agent = os.path.dirname(os.path.abspath(__file__))
+    files = [os.path.join(os.path.dirname(agent), "__init__.py")]
+    files += sorted(os.path.join(agent, n) for n in os.listdir(agent) if n.endswith(".py"))
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            content = f.read()
+        digest.update(f"{os.path.relpath(path, os.path.dirname(os.path.dirname(agent)))}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()
+
+
 def manifest_sha256(data_dir: str) -> str | None:
     manifest = os.path.join(data_dir, "MANIFEST.sha256")
     if not os.path.exists(manifest):
@@ -106,6 +124,7 @@ def port_free(port: int) -> tuple[bool, str | None]:
 def probe(data: str | None = None, port: int | None = None, run: str | None = None,
           packages: bool = False, cache: str | None = None) -> dict:
     out = cached_versions(cache) if cache else versions()
+    out["agent"] = agent_digest()
     if packages:
         from train.agent.pins import installed
 

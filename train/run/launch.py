@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..agent import pins
-from ..agent.probe import versions_differ
+from ..agent.probe import agent_digest, versions_differ
 from ..cluster import TOP, TRANSFER_STALL_S, ClusterError, Host, connect, get_whole, on_each, run_all
 from ..report import logparse
 from . import command, presets
@@ -26,6 +26,7 @@ RUNS_ROOT = "/data/tandem/runs"
 REPORTS = TOP / "reports"
 DEFAULT_VENV = "/opt/tandem/venv"
 PINS = pins.read_pins(TOP / "requirements-train.txt")  # what train_env installs on every host
+AGENT = agent_digest()  # this checkout's host-side agent, as train_env installs it on every host
 
 
 def venv_of(host: Host) -> str:
@@ -169,6 +170,10 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
     first = hosts[0].name
     for host in hosts:
         a = answers[host.name]
+        if a.get("agent") != AGENT:
+            found = f"version {a['agent'][:12]}" if a.get("agent") else "one older than this check"
+            problems.append(f"{host.name}: tandem's host-side agent (train/agent) there is {found}, not this "
+                            f"controller's {AGENT[:12]}: re-run provision.yml (--tags train_env) to install it")
         if "packages" in a and (drifted := pins.drift(pinned, a["packages"])):  # often why an import fails
             problems.append(f"{host.name}: packages differ from the pins: {', '.join(drifted)}; "
                             "re-run provision.yml (--tags train_env) to restore them")

@@ -45,7 +45,7 @@ def test_fab_train_preflight_names_the_host_and_its_drifted_packages():
     run = launch.Run(run_id="run-x", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
     hosts = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]
     answer = {"python": "3.11.7", "torch": "2.13.0+cpu", "fairseq": "0.12.3.1", "numpy": "2.4.6", "data": "d",
-              "free_gb": 3.0, "port_free": True, "running": None}
+              "free_gb": 3.0, "port_free": True, "running": None, "agent": launch.AGENT}
     answers = {"v100a": {**answer, "packages": {**PINNED, "torch": "2.13.0+cpu"}},
                "v100b": {**answer, "packages": {**PINNED, "sacrebleu": "2.5.0", "numpy": "2.3.1"}}}
     problems = launch.check(run, hosts, answers, pinned=PINNED)

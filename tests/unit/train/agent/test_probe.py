@@ -80,3 +80,46 @@ def test_cached_versions_are_answered_without_importing_torch_until_a_package_ch
 
     monkeypatch.setattr(pins, "installed", lambda: {"torch": "2.0.0"})  # a package changed
     assert probe.cached_versions(str(cache)) == {"python": "imported again"}
+
+
+def installed_agent(root) -> None:
+    """The agent as roles/train_env's rsync installs it: train/__init__.py and train/agent/*.py."""
+    import shutil
+    from pathlib import Path
+
+    top = Path(probe.__file__).resolve().parent.parent
+    (root / "train" / "agent").mkdir(parents=True)
+    shutil.copy(top / "__init__.py", root / "train" / "__init__.py")
+    for source in (top / "agent").glob("*.py"):
+        shutil.copy(source, root / "train" / "agent" / source.name)
+
+
+def test_a_host_whose_agent_is_another_version_is_named_before_launch(tmp_path):
+    """A controller updated (git pull) without re-provisioning: the hosts still run the agent
+    provisioning copied, which silently ignores what it does not know. The probe says which
+    agent it is; `fab train`'s preflight names the host that has another one, and the fix."""
+    from train.cluster import Host
+    from train.run import launch
+
+    installed_agent(tmp_path)
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    same = subprocess.run([sys.executable, "-m", "train.agent.probe"], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert json.loads(same.stdout)["agent"] == launch.AGENT  # the copy is this checkout's agent
+    state = tmp_path / "train" / "agent" / "state.py"
+    state.write_text(state.read_text() + "\n# an older agent\n")
+    older = json.loads(subprocess.run([sys.executable, "-m", "train.agent.probe"], capture_output=True, text=True,
+                                      timeout=120, env=env, cwd=tmp_path).stdout)["agent"]
+    assert older != launch.AGENT
+
+    run = launch.Run(run_id="run-x", hosts=["v100a", "v100b", "v100c"], preset="tiny", overrides=[],
+                     dataset="synthetic")
+    hosts = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2"), Host("v100c", "10.0.0.3")]
+    answer = {"python": "3.11.7", "torch": "2.13.0+cpu", "fairseq": "0.12.3.1", "numpy": "2.4.6", "data": "d",
+              "free_gb": 3.0, "port_free": True, "running": None}
+    answers = {"v100a": {**answer, "agent": launch.AGENT}, "v100b": {**answer, "agent": older}, "v100c": answer}
+    assert launch.check(run, hosts, answers, pinned={}) == [
+        f"v100b: tandem's host-side agent (train/agent) there is version {older[:12]}, not this controller's "
+        f"{launch.AGENT[:12]}: re-run provision.yml (--tags train_env) to install it",
+        f"v100c: tandem's host-side agent (train/agent) there is one older than this check, not this controller's "
+        f"{launch.AGENT[:12]}: re-run provision.yml (--tags train_env) to install it"]
