@@ -438,7 +438,7 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
     "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in; "
                  "default fp16 on GPU hosts, fp32 on CPU hosts",
     "comm": "communication strategies, comma-separated, one training job each: sync (default), fp16, "
-            "local-sgd:H; several are compared side by side at the end",
+            "local-sgd:H, auto (fab train's pick at each capped rate); several are compared side by side at the end",
 })
 @cluster_task
 def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
@@ -455,13 +455,18 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
         raise ClusterError(str(err)) from err
     from train.run.comm import CommError, Strategy
 
+    names = [x.strip().lower() for x in str(comm).split(",") if x.strip()]
+    overrides = [o for o in (set or "").split(",") if o]
+    if "auto" in names:
+        picked = _auto_per_rate(hosts, rate_list, preset, overrides, dataset, precision)
+        names = list(dict.fromkeys(n for name in names for n in (picked if name == "auto" else [name])))
     try:
-        strategies = [str(Strategy.parse(x)) for x in str(comm).split(",") if x.strip()]
+        strategies = [str(Strategy.parse(x)) for x in names]
     except CommError as err:
         raise ClusterError(str(err)) from None
     reports = []
     for strategy in strategies:
-        report = step.bench_step(hosts, rate_list, preset=preset, overrides=[o for o in (set or "").split(",") if o],
+        report = step.bench_step(hosts, rate_list, preset=preset, overrides=overrides,
                                  dataset=dataset, updates=int(updates), cycles=int(cycles), skip=int(skip),
                                  port=int(port), precision=precision, comm=strategy, say=_say)
         console.print(step.summary(report), markup=False)
@@ -471,6 +476,32 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
         png = step.REPORT_DIR / f"step-compare-{reports[-1]['timestamp'].replace(':', '')}.png"
         step.plot_compare(reports, png, quality=bench_net.latest("quality"))
         console.print(f"plot {png}", markup=False)
+
+
+def _auto_per_rate(hosts, rates, preset, overrides, dataset, precision) -> list[str]:
+    """bench-step's `--comm auto`: what fab train --comm auto would pick at each capped rate (the
+    predict model; C from the latest bench-step of this model), one job per distinct pick."""
+    from benchmarks import link as bench_link
+    from benchmarks import predict as bench_predict
+
+    capped = [r for r in rates if bench_link.rate_bits(r)] or ["measure"]
+    picked = []
+    for rate in capped:
+        where = "measure" if rate == "measure" else f"{bench_link.rate_bits(rate) / 1e6:g}"
+        verdict = bench_predict.predict_for(hosts, preset, overrides, dataset, where, precision=precision,
+                                            comm="auto")
+        choice = verdict.choice
+        if choice is None:
+            raise ClusterError(f"--comm auto at {rate}: no choice without the compute-only step time "
+                               f"({verdict.compute_source}); run `fab bench-step --rates none` for this model first")
+        if choice.update_freq > 1:
+            raise ClusterError(f"--comm auto at {rate} picks {choice.flag()}: bench-step measures --comm "
+                               f"strategies only; measure that with fab train or fab bench-quality "
+                               f"--comm update-freq:{choice.update_freq}")
+        console.print(f"--comm auto at {rate}: {choice.comm} ({choice.prediction.efficiency:.0%} predicted)",
+                      markup=False)
+        picked.append(choice.comm)
+    return list(dict.fromkeys(picked))
 
 
 @task(help={

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import statistics
+from types import SimpleNamespace
+
+import pytest
 
 from benchmarks import step
 
@@ -68,3 +71,30 @@ def test_auto_without_a_compute_figure_says_how_to_get_one():
     with pytest.raises(ClusterError, match="fab bench-step --rates none"):
         predict.assess(hosts, 1_000_000, link_mbps=100.0, link_source="given", compute_s=None,
                        compute_source="unknown", comm="auto")
+
+
+def test_bench_step_auto_measures_what_fab_train_would_pick_at_each_capped_rate(monkeypatch):
+    """`fab bench-step --comm auto`: the predict model's pick at each capped rate (not the uncapped
+    one), one job per distinct pick; a pick bench-step cannot run (--update-freq) is named."""
+    import fabfile
+    from benchmarks import model
+    from benchmarks import predict as bench_predict
+    from train.cluster import ClusterError
+
+    picks = {"10": ("local-sgd:136", 1), "100": ("local-sgd:15", 1), "1000": ("local-sgd:15", 1)}
+    asked = []
+
+    def predict_for(hosts, preset, overrides, dataset, link, **kwargs):
+        asked.append(link)
+        comm, k = picks[link]
+        prediction = model.predict(3_938_304, 2, 1e9, 0.8, comm=comm, update_freq=k)
+        return SimpleNamespace(choice=model.Choice(prediction, [prediction], True, 0.9), compute_source="bench")
+
+    monkeypatch.setattr(bench_predict, "predict_for", predict_for)
+    rates = ["10mbit", "100mbit", "1gbit", "none"]
+    assert fabfile._auto_per_rate([], rates, "tiny", [], "synthetic", "fp32") == ["local-sgd:136", "local-sgd:15"]
+    assert asked == ["10", "100", "1000"]
+    picks["100"] = ("sync", 4)
+    with pytest.raises(ClusterError, match=r"--comm auto at 100mbit picks --comm sync --update-freq 4: bench-step "
+                                           r"measures --comm strategies only"):
+        fabfile._auto_per_rate([], rates, "tiny", [], "synthetic", "fp32")
