@@ -488,12 +488,9 @@ def _auto_per_rate(hosts, rates, preset, overrides, dataset, precision) -> list[
     picked = []
     for rate in capped:
         where = "measure" if rate == "measure" else f"{bench_link.rate_bits(rate) / 1e6:g}"
-        verdict = bench_predict.predict_for(hosts, preset, overrides, dataset, where, precision=precision,
-                                            comm="auto")
-        choice = verdict.choice
-        if choice is None:
-            raise ClusterError(f"--comm auto at {rate}: no choice without the compute-only step time "
-                               f"({verdict.compute_source}); run `fab bench-step --rates none` for this model first")
+        # without a compute-only time predict_for says how to get one (benchmarks.predict.assess)
+        choice = bench_predict.predict_for(hosts, preset, overrides, dataset, where, precision=precision,
+                                           comm="auto").choice
         if choice.update_freq > 1:
             raise ClusterError(f"--comm auto at {rate} picks {choice.flag()}: bench-step measures --comm "
                                f"strategies only; measure that with fab train or fab bench-quality "

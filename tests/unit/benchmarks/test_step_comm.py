@@ -88,7 +88,7 @@ def test_bench_step_auto_measures_what_fab_train_would_pick_at_each_capped_rate(
         asked.append(link)
         comm, k = picks[link]
         prediction = model.predict(3_938_304, 2, 1e9, 0.8, comm=comm, update_freq=k)
-        return SimpleNamespace(choice=model.Choice(prediction, [prediction], True, 0.9), compute_source="bench")
+        return SimpleNamespace(choice=model.Choice(prediction, [prediction], True, 0.9))
 
     monkeypatch.setattr(bench_predict, "predict_for", predict_for)
     rates = ["10mbit", "100mbit", "1gbit", "none"]
