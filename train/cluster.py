@@ -18,6 +18,8 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
+from invoke.exceptions import UnexpectedExit
+from invoke.runners import Result
 
 TOP = Path(__file__).resolve().parent.parent
 CLUSTER_GROUP = "cluster"
@@ -200,11 +202,76 @@ class Deadline:
         self._timer.cancel()
 
 
-def run_all(hosts: list[Host], command: str, **kwargs) -> dict[str, object]:
-    """Run one command on every host in parallel: {host name: Result or the exception}.
-    Unreachable hosts and failing commands are results, not a crash, so callers can
-    name the host and the cause. With `timeout`, the whole call (connecting included) ends
-    within timeout + CONNECT_S + 5 s, whatever the network does."""
+# What losing a host looks like to SSH: no route, refused, timed out (Deadline), transport gone.
+UNREACHABLE = (OSError, EOFError, paramiko.SSHException)
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """One host's outcome, as callers need it (Fabric's Result, or the exception in its place):
+    did it work, what it printed or returned, and when not, why."""
+
+    host: str
+    stdout: str = ""
+    stderr: str = ""
+    exited: int | None = None  # None: no exit status (unreachable, cut off)
+    error: Exception | None = None  # the host was not reached, or the work raised
+    value: object = None  # on_each: what the work returned
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.exited == 0
+
+    @property
+    def reachable(self) -> bool:
+        """False when SSH could not reach the host, or lost it (not when the work itself raised)."""
+        return not isinstance(self.error, UNREACHABLE)
+
+    @property
+    def why(self) -> str:
+        """The cause in a few words: `unreachable (...)`, else the command's own last words."""
+        if not self.reachable:
+            return f"unreachable ({self.error})"
+        if self.error is not None:
+            return f"{type(self.error).__name__}: {self.error}"
+        return (self.stderr.strip() or self.stdout.strip())[-300:] or f"failed (exit {self.exited})"
+
+    @classmethod
+    def of(cls, host: str, outcome: object) -> HostResult:
+        if isinstance(outcome, UnexpectedExit):  # a c.run without warn=True: its result, not a crash
+            outcome = outcome.result
+        if isinstance(outcome, Exception):
+            return cls(host, error=outcome)
+        if isinstance(outcome, Result):
+            return cls(host, stdout=outcome.stdout or "", stderr=outcome.stderr or "", exited=outcome.exited,
+                       value=outcome)
+        return cls(host, exited=0, value=outcome)
+
+
+class GroupResult(dict[str, HostResult]):
+    """{host name: HostResult}, in the order the hosts were given, with the outcome read once."""
+
+    @property
+    def failed(self) -> dict[str, HostResult]:
+        return {name: r for name, r in self.items() if not r.ok}
+
+    @property
+    def succeeded(self) -> dict[str, HostResult]:
+        return {name: r for name, r in self.items() if r.ok}
+
+    @property
+    def unreachable(self) -> dict[str, HostResult]:
+        return {name: r for name, r in self.items() if not r.reachable}
+
+    def problems(self) -> list[str]:
+        """`host: why` for each host that failed."""
+        return [f"{name}: {r.why}" for name, r in self.failed.items()]
+
+
+def run_all(hosts: list[Host], command: str, **kwargs) -> GroupResult:
+    """Run one command on every host in parallel. Unreachable hosts and failing commands are
+    results, not a crash, so callers can name the host and the cause. With `timeout`, the whole
+    call (connecting included) ends within timeout + CONNECT_S + 5 s, whatever the network does."""
     kwargs.setdefault("hide", True)
     kwargs.setdefault("warn", True)
     kwargs.setdefault("in_stream", False)  # never wait on our stdin
@@ -216,12 +283,22 @@ def run_all(hosts: list[Host], command: str, **kwargs) -> dict[str, object]:
                 results = connections.run(command, **kwargs)
             except GroupException as err:
                 results = err.result
-    return {conn.tandem_host.name: deadline.explain(conn, result) if deadline else result
-            for conn, result in results.items()}
+    by_name = {conn.tandem_host.name: deadline.explain(conn, result) if deadline else result
+               for conn, result in results.items()}
+    return GroupResult((h.name, HostResult.of(h.name, by_name[h.name])) for h in hosts)
 
 
-def on_each(hosts: list[Host], work) -> dict[str, object]:
-    """work(host, connection) on every host at once: {name: result or exception}."""
+def run_each(hosts: list[Host], commands: dict[str, str], **kwargs) -> GroupResult:
+    """A command per host (each host may name its NIC or paths differently), all at once."""
+    if len(set(commands.values())) == 1:
+        return run_all(hosts, next(iter(commands.values())), **kwargs)
+    kwargs = {"hide": True, "warn": True, "in_stream": False, **kwargs}
+    return on_each(hosts, lambda h, c: c.run(commands[h.name], **kwargs))
+
+
+def on_each(hosts: list[Host], work) -> GroupResult:
+    """work(host, connection) on every host at once; what it returns (a Fabric Result, or any
+    value), or the exception it raised, per host."""
 
     def one(host: Host):
         try:
@@ -231,6 +308,7 @@ def on_each(hosts: list[Host], work) -> dict[str, object]:
             return err
 
     if not hosts:
-        return {}
+        return GroupResult()
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        return dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=True))
+        outcomes = list(pool.map(one, hosts))
+    return GroupResult((h.name, HostResult.of(h.name, o)) for h, o in zip(hosts, outcomes, strict=True))

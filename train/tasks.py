@@ -58,3 +58,8 @@ def cluster_task(body):
     params = list(signature.parameters.values())
     wrapper.__signature__ = signature.replace(parameters=[params[0], *params[2:]])
     return wrapper
+
+
+def known_hosts(c) -> list[Host]:
+    """Every host of the inventory, whatever --hosts picked (a host a run lost can come back from there)."""
+    return load_hosts(inventory_path(c.config.get("inventory")))

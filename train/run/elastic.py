@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from ..cluster import Host
-from . import launch
+from . import checkpoints, launch, record
 
 
 def lost_hosts(states: list[launch.HostState]) -> list[str]:
@@ -35,7 +35,7 @@ def scaled_update_freq(update_freq: int, hosts_before: int, hosts_after: int) ->
     return max(1, -(-update_freq * hosts_before // hosts_after))
 
 
-def continue_without(run: launch.Run, hosts: list[Host], states: list[launch.HostState],
+def continue_without(run: record.Run, hosts: list[Host], states: list[launch.HostState],
                      say=print, at: int | None = None) -> list[Host] | None:
     """Restart `run` on the hosts left; returns them, or None when no host or no checkpoint is left
     (the run stays stopped, and why_stopped_early says why). `at`: the update the run had reached,
@@ -47,12 +47,12 @@ def continue_without(run: launch.Run, hosts: list[Host], states: list[launch.Hos
     rank0 = states[0].progress
     at = rank0.update if rank0 else (at or 0)
     launch.stop(run, survivors)  # nothing of the old membership left on the hosts that stay
-    copy = launch.share_checkpoint(run, survivors)
+    copy = checkpoints.share_checkpoint(run, survivors)
     if copy is None:
         say(f"{', '.join(lost)} lost at update {at:,}; no checkpoint to continue from")
         return None
     update_freq = scaled_update_freq(run.update_freq, len(hosts), len(survivors))
-    resumed = launch.checkpoint_update(copy)
+    resumed = checkpoints.checkpoint_update(copy)
     if not run.members:
         run.members.append({"hosts": [h.name for h in hosts], "from_update": 0, "why": "start",
                             "update_freq": run.update_freq})  # the effective batch a rejoin restores

@@ -171,8 +171,7 @@ def from_bench(report: Mapping | None, *, preset: str, overrides: list[str], pre
 def measured_step(run, hosts, resuming: bool) -> StepFigure | None:
     """The measured s/update for `fab train`'s start line (see the module docstring); None when
     tandem has none. Never fails the start: a log out of reach is skipped."""
-    from benchmarks import net
-
+    from ..plan import measurements
     from . import launch
 
     if resuming:
@@ -183,7 +182,7 @@ def measured_step(run, hosts, resuming: bool) -> StepFigure | None:
         if figure:
             return figure
     try:
-        report = net.latest("step")
+        report = measurements.latest("step")
     except (OSError, ValueError):
         report = None
     ranks = sum(max(1, int(getattr(h, "gpus", 0) or 0)) for h in hosts)

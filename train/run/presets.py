@@ -39,6 +39,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .params import preset_params
+
 Value = bool | int | float | str | None
 
 COMMON: dict[str, Value] = {
@@ -255,6 +257,28 @@ def parse_override(text: str) -> tuple[str, str]:
     return key, value.strip()
 
 
+def parse_overrides(text: str | None) -> list[str]:
+    """`--set` text as a list of `key=value`: split on the commas between overrides, not on those
+    inside brackets or quotes, so `adam_betas=(0.9, 0.98),lr=0.001` is two overrides."""
+    overrides, current, depth, quote = [], [], 0, ""
+    for char in text or "":
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            overrides.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    overrides.append("".join(current))
+    return [o.strip() for o in overrides if o.strip()]
+
+
 # What rank 0 writes at a checkpoint, per parameter: fp32 weights and Adam's two moments (+ the
 # fp16 copy on GPUs); measured 849 MB for Transformer base's 60.1M parameters on an H100.
 CHECKPOINT_BYTES_PER_PARAM = 14
@@ -270,8 +294,6 @@ def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000) -> int:
     all-reduce, so the timeout outlasts the slowest save (4 copies on a 100 MB/s disk, 1.2× for
     safety); below that, the preset's heartbeat (45 s). Transformer big (~210M parameters, 2.9 GB
     a checkpoint): 141 s; base and tiny: 45 s."""
-    from benchmarks.model import preset_params  # the one parameter count (fab predict's)
-
     save_s = preset_params(options, vocab) * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
     return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s))
 

@@ -11,11 +11,11 @@ Two ways in, one procedure:
   (fabfile's train, with `membership_after` and `record`).
 
 The procedure: a host that answers again gets the preflight every host gets before a start
-(`preflight`: its leftover ranks of the run stopped, then launch.probe + launch.check against the
+(`preflight`: its leftover ranks of the run stopped, then preflight.probe + preflight.check against the
 current rank 0: the pinned packages, torch/fairseq, the dataset's checksum, free disk, the same
 versions). Once it passes, tandem waits for rank 0's next checkpoint (`due`: saved at an update
 after the last one seen), stops the run (launch.stop), shares that checkpoint with every host from
-the current rank 0 (launch.share_checkpoint: the joiner's own copy is stale) and restarts the run
+the current rank 0 (checkpoints.share_checkpoint: the joiner's own copy is stale) and restarts the run
 on the hosts in the order they first trained in (rank 0 is the run's first rank 0 again), with
 `--update-freq` scaled back to the effective batch the run started with (elastic.scaled_update_freq
 from the first membership). The membership gets an entry (why: "v100c rejoined at update 60") and
@@ -36,8 +36,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..cluster import ClusterError, Host, connect
 from ..report import logparse
-from . import launch
+from . import checkpoints, launch
+from . import preflight as host_checks
 from .elastic import scaled_update_freq
+from .record import Run
 
 CHECK_EVERY_S = 15.0  # how often a follower asks the hosts the run lost (a connect, bounded: cheap)
 SSH_TIMEOUT_S = 5.0  # how long one such question may take
@@ -84,7 +86,7 @@ def grown_update_freq(members: Sequence[dict] | None, update_freq: int, hosts_no
     return max(1, update_freq * hosts_now // max(1, hosts_after))
 
 
-def membership_after(run: launch.Run, joining: Sequence[str]) -> tuple[list[str], int]:
+def membership_after(run: Run, joining: Sequence[str]) -> tuple[list[str], int]:
     """The hosts (rank order) and update-freq of `run` once `joining` are back."""
     names = grown_hosts(run.members, run.hosts, joining)
     return names, grown_update_freq(run.members, run.update_freq, len(run.hosts), len(names))
@@ -113,7 +115,7 @@ def line(joined: list[str], hosts: list[str], at: int, update_freq: int) -> str:
             f"from update {at:,}, update-freq {update_freq}")
 
 
-def record(run: launch.Run, joining: Sequence[str], at: int) -> str:
+def record(run: Run, joining: Sequence[str], at: int) -> str:
     """Grow `run`'s membership by `joining` from update `at` (the entry, its hosts and update-freq;
     not saved, nothing started); returns the line to say."""
     names, update_freq = membership_after(run, joining)
@@ -143,21 +145,21 @@ def answering(hosts: Sequence[Host], timeout_s: float = SSH_TIMEOUT_S) -> list[H
     return [h for h, ok in zip(hosts, back, strict=True) if ok]
 
 
-def preflight(run: launch.Run, current: Sequence[Host], joining: Sequence[Host]) -> list[str]:
+def preflight(run: Run, current: Sequence[Host], joining: Sequence[Host]) -> list[str]:
     """Why `joining` cannot rejoin `run`, each problem naming its host ([]: they can). Ranks of the
     run left on them from before the loss are stopped first (their heartbeat ends them; this makes
-    sure); then launch.probe and launch.check with the current rank 0 as the reference for the
+    sure); then preflight.probe and preflight.check with the current rank 0 as the reference for the
     dataset and the versions (its own rank, running, is no problem here)."""
     try:
         launch.stop(run, list(joining))
-        answers = launch.probe(run, [current[0], *joining])
+        answers = host_checks.probe(run, [current[0], *joining])
     except ClusterError as err:
         return [str(err)]
     names = {h.name for h in joining}
-    return [p for p in launch.check(run, [current[0], *joining], answers) if p.split(":", 1)[0] in names]
+    return [p for p in host_checks.check(run, [current[0], *joining], answers) if p.split(":", 1)[0] in names]
 
 
-def grow(run: launch.Run, current: Sequence[Host], joining: Sequence[Host], say: Callable[[str], None] = print
+def grow(run: Run, current: Sequence[Host], joining: Sequence[Host], say: Callable[[str], None] = print
          ) -> list[Host]:
     """Stop `run` (rank 0 just saved a checkpoint), share that checkpoint and restart on `current` +
     `joining`; returns the hosts it trains on now. Where the joining hosts fail on the way (gone
@@ -170,15 +172,15 @@ def grow(run: launch.Run, current: Sequence[Host], joining: Sequence[Host], say:
         return list(current)
     before = (list(run.hosts), run.update_freq, len(run.members))
     try:
-        copy = launch.share_checkpoint(run, [*current, *joining])  # from the current rank 0
-        said = record(run, [h.name for h in joining], launch.checkpoint_update(copy) if copy else 0)
+        copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from the current rank 0
+        said = record(run, [h.name for h in joining], checkpoints.checkpoint_update(copy) if copy else 0)
         run.save()
         hosts = [by_name[n] for n in run.hosts]
         launch.start(run, hosts)
     except ClusterError as err:
         run.hosts, run.update_freq, run.members[:] = before[0], before[1], run.members[:before[2]]
         run.save()
-        launch.share_checkpoint(run, list(current))
+        checkpoints.share_checkpoint(run, list(current))
         launch.start(run, list(current))
         say(f"could not grow back to {', '.join(h.name for h in joining)} ({err}); going on on "
             f"{', '.join(run.hosts)}")
@@ -187,7 +189,7 @@ def grow(run: launch.Run, current: Sequence[Host], joining: Sequence[Host], say:
     return hosts
 
 
-def grow_once(run: launch.Run, current: Sequence[Host], joining: Sequence[Host],
+def grow_once(run: Run, current: Sequence[Host], joining: Sequence[Host],
               say: Callable[[str], None] = print, poll_s: float = 2.0) -> list[Host] | None:
     """`fab train --rejoin` on a run training on fewer hosts: the joining hosts' preflight
     (ClusterError naming the problems), then wait for rank 0's next checkpoint and grow. None when
@@ -215,7 +217,7 @@ def grow_once(run: launch.Run, current: Sequence[Host], joining: Sequence[Host],
 class Watch:
     """A follower's eye on the hosts the run lost (the module's docstring): `step` on every poll."""
 
-    def __init__(self, run: launch.Run, known: Sequence[Host], say: Callable[[str], None] = print,
+    def __init__(self, run: Run, known: Sequence[Host], say: Callable[[str], None] = print,
                  every_s: float = CHECK_EVERY_S, timeout_s: float = SSH_TIMEOUT_S) -> None:
         self.run, self.known, self.say = run, list(known), say
         self.every_s, self.timeout_s = every_s, timeout_s

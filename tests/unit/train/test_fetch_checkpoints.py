@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from train.cluster import ClusterError, Host
-from train.run import launch
+from train.run import checkpoints
 
 
 class _RewrittenWhileRead:
@@ -51,7 +51,7 @@ class _RewrittenWhileRead:
 @pytest.fixture
 def host(monkeypatch):
     def use(conn):
-        monkeypatch.setattr(launch, "connect", lambda h: conn)
+        monkeypatch.setattr(checkpoints, "connect", lambda h: conn)
         return Host(name="v100a", address="10.0.0.1")
 
     return use
@@ -59,7 +59,7 @@ def host(monkeypatch):
 
 def test_a_save_during_the_copy_is_read_again_whole(tmp_path, host):
     source = host(_RewrittenWhileRead(rewrites=1))
-    assert launch.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path) == ["checkpoint_last.pt"]
+    assert checkpoints.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path) == ["checkpoint_last.pt"]
     assert (tmp_path / "checkpoint_last.pt").read_text() == "first half of save 2|second half of save 2"
     assert not list(tmp_path.glob(".*.fetched"))
 
@@ -68,7 +68,7 @@ def test_saves_during_every_copy_keep_the_previous_copy_and_say_so(tmp_path, hos
     (tmp_path / "checkpoint_last.pt").write_text("the previous, whole checkpoint")
     source = host(_RewrittenWhileRead(rewrites=3))
     with pytest.raises(ClusterError, match=r"v100a: .*checkpoint_last\.pt changed during each of 3 copies"):
-        launch.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path)
+        checkpoints.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path)
     assert (tmp_path / "checkpoint_last.pt").read_text() == "the previous, whole checkpoint"
     assert not list(tmp_path.glob(".*.fetched"))
 
@@ -77,6 +77,6 @@ def test_a_host_lost_during_a_second_read_leaves_the_previous_copy_and_no_candid
     (tmp_path / "checkpoint_last.pt").write_text("the previous, whole checkpoint")
     source = host(_RewrittenWhileRead(rewrites=1, lost_at_read=2))
     with pytest.raises(TimeoutError):
-        launch.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path)
+        checkpoints.fetch_checkpoints(source, "/data/run/checkpoints", tmp_path)
     assert (tmp_path / "checkpoint_last.pt").read_text() == "the previous, whole checkpoint"
     assert not list(tmp_path.glob(".*.fetched"))

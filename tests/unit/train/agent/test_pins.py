@@ -8,7 +8,7 @@ import sys
 
 from train.agent import pins
 from train.cluster import Host
-from train.run import launch
+from train.run import preflight, record
 
 PINNED = {"torch": "2.13.0", "sacrebleu": "2.6.0", "numpy": "2.4.6", "fairseq-fixed": "0.12.3.1"}
 
@@ -42,13 +42,13 @@ def test_the_probe_lists_this_environment_packages():
 
 
 def test_fab_train_preflight_names_the_host_and_its_drifted_packages():
-    run = launch.Run(run_id="run-x", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
+    run = record.Run(run_id="run-x", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
     hosts = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]
     answer = {"python": "3.11.7", "torch": "2.13.0+cpu", "fairseq": "0.12.3.1", "numpy": "2.4.6", "data": "d",
-              "free_gb": 3.0, "port_free": True, "running": None, "agent": launch.AGENT}
+              "free_gb": 3.0, "port_free": True, "running": None, "agent": preflight.controller_agent()}
     answers = {"v100a": {**answer, "packages": {**PINNED, "torch": "2.13.0+cpu"}},
                "v100b": {**answer, "packages": {**PINNED, "sacrebleu": "2.5.0", "numpy": "2.3.1"}}}
-    problems = launch.check(run, hosts, answers, pinned=PINNED)
+    problems = preflight.check(run, hosts, answers, pins_wanted=PINNED)
     assert problems == ["v100b: packages differ from the pins: numpy 2.3.1 (pinned 2.4.6), sacrebleu 2.5.0 "
                         "(pinned 2.6.0); re-run provision.yml (--tags train_env) to restore them"]
 

@@ -99,27 +99,27 @@ def test_a_host_whose_agent_is_another_version_is_named_before_launch(tmp_path):
     provisioning copied, which silently ignores what it does not know. The probe says which
     agent it is; `fab train`'s preflight names the host that has another one, and the fix."""
     from train.cluster import Host
-    from train.run import launch
+    from train.run import preflight, record
 
     installed_agent(tmp_path)
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
     same = subprocess.run([sys.executable, "-m", "train.agent.probe"], capture_output=True, text=True,
                           timeout=120, env=env, cwd=tmp_path)
-    assert json.loads(same.stdout)["agent"] == launch.AGENT  # the copy is this checkout's agent
+    assert json.loads(same.stdout)["agent"] == preflight.controller_agent()  # the copy is this checkout's agent
     state = tmp_path / "train" / "agent" / "state.py"
     state.write_text(state.read_text() + "\n# an older agent\n")
     older = json.loads(subprocess.run([sys.executable, "-m", "train.agent.probe"], capture_output=True, text=True,
                                       timeout=120, env=env, cwd=tmp_path).stdout)["agent"]
-    assert older != launch.AGENT
+    assert older != preflight.controller_agent()
 
-    run = launch.Run(run_id="run-x", hosts=["v100a", "v100b", "v100c"], preset="tiny", overrides=[],
+    run = record.Run(run_id="run-x", hosts=["v100a", "v100b", "v100c"], preset="tiny", overrides=[],
                      dataset="synthetic")
     hosts = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2"), Host("v100c", "10.0.0.3")]
     answer = {"python": "3.11.7", "torch": "2.13.0+cpu", "fairseq": "0.12.3.1", "numpy": "2.4.6", "data": "d",
               "free_gb": 3.0, "port_free": True, "running": None}
-    answers = {"v100a": {**answer, "agent": launch.AGENT}, "v100b": {**answer, "agent": older}, "v100c": answer}
-    assert launch.check(run, hosts, answers, pinned={}) == [
+    answers = {"v100a": {**answer, "agent": preflight.controller_agent()}, "v100b": {**answer, "agent": older}, "v100c": answer}
+    assert preflight.check(run, hosts, answers, pins_wanted={}) == [
         f"v100b: tandem's host-side agent (train/agent) there is version {older[:12]}, not this controller's "
-        f"{launch.AGENT[:12]}: re-run provision.yml (--tags train_env) to install it",
+        f"{preflight.controller_agent()[:12]}: re-run provision.yml (--tags train_env) to install it",
         f"v100c: tandem's host-side agent (train/agent) there is one older than this check, not this controller's "
-        f"{launch.AGENT[:12]}: re-run provision.yml (--tags train_env) to install it"]
+        f"{preflight.controller_agent()[:12]}: re-run provision.yml (--tags train_env) to install it"]

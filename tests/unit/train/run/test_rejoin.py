@@ -7,7 +7,7 @@ import pytest
 
 from train.cluster import ClusterError, Host
 from train.report import logparse, members
-from train.run import launch, rejoin
+from train.run import checkpoints, launch, record, rejoin, session
 
 START = {"hosts": ["v100a", "v100b", "v100c"], "from_update": 0, "why": "start", "update_freq": 1}
 LOST_C = {"hosts": ["v100a", "v100b"], "from_update": 30, "why": "v100c lost at update 34 (unreachable)",
@@ -21,8 +21,8 @@ def progress(update: int, saved: int | None, finished: bool = False, max_update:
                              seconds_per_update=0.5, wps=1000.0, wpb=400.0, devices=2, finished=finished, saved=saved)
 
 
-def a_run(hosts, members_, update_freq=2) -> launch.Run:
-    return launch.Run(run_id="run-rejoin", hosts=list(hosts), preset="tiny", overrides=[], dataset="synthetic",
+def a_run(hosts, members_, update_freq=2) -> record.Run:
+    return record.Run(run_id="run-rejoin", hosts=list(hosts), preset="tiny", overrides=[], dataset="synthetic",
                       update_freq=update_freq, members=[dict(m) for m in members_])
 
 
@@ -133,11 +133,11 @@ def test_two_hosts_back_at_once_are_said_together():
 def cluster(monkeypatch):
     """launch's host-touching parts replaced by a record of what was asked."""
     calls = []
-    monkeypatch.setattr(launch.Run, "save", lambda self: calls.append(("save", list(self.hosts))))
+    monkeypatch.setattr(record.Run, "save", lambda self: calls.append(("save", list(self.hosts))))
     monkeypatch.setattr(launch, "stop", lambda run, hosts, **kw: calls.append(("stop", [h.name for h in hosts])))
-    monkeypatch.setattr(launch, "share_checkpoint",
+    monkeypatch.setattr(checkpoints, "share_checkpoint",
                         lambda run, hosts: calls.append(("share", [h.name for h in hosts])) or "copy")
-    monkeypatch.setattr(launch, "checkpoint_update", lambda path: 60)
+    monkeypatch.setattr(checkpoints, "checkpoint_update", lambda path: 60)
     monkeypatch.setattr(launch, "start", lambda run, hosts: calls.append(("start", [h.name for h in hosts])))
     return calls
 
@@ -273,27 +273,25 @@ def test_a_host_of_the_run_gone_as_it_grows_leaves_it_to_the_elastic_restart(clu
 
 
 @pytest.fixture
-def fabfile(monkeypatch):
-    import fabfile
-
+def lost_c(monkeypatch):
     run = a_run(["v100a", "v100b"], [START, LOST_C])
-    monkeypatch.setattr(launch.Run, "load", classmethod(lambda cls, run_id: run))
-    return fabfile
+    monkeypatch.setattr(record.Run, "load", classmethod(lambda cls, run_id: run))
+    return run
 
 
-def test_fab_train_grows_to_hosts_the_run_lost_and_refuses_others(fabfile):
+def test_fab_train_grows_to_hosts_the_run_lost_and_refuses_others(lost_c):
     three = [HOSTS["v100a"], HOSTS["v100b"], HOSTS["v100c"]]
-    run, resuming = fabfile._pick_run(three, None, False, "tiny", None, "synthetic", 29500, 1, "fp32")
+    run, resuming = session.pick_run(three, session.TrainRequest(), "fp32")
     assert resuming and run.hosts == ["v100a", "v100b"]  # the membership grows once the checkpoint is shared
     stranger = Host(name="v100d", address="10.0.0.14")
     with pytest.raises(ClusterError, match="ran on v100a, v100b, not v100a, v100b, v100d"):
-        fabfile._pick_run([*three[:2], stranger], None, False, "tiny", None, "synthetic", 29500, 1, "fp32")
+        session.pick_run([*three[:2], stranger], session.TrainRequest(), "fp32")
     with pytest.raises(ClusterError, match="not v100a: pass the same --hosts"):  # fewer: not a rejoin
-        fabfile._pick_run(three[:1], None, False, "tiny", None, "synthetic", 29500, 1, "fp32")
+        session.pick_run(three[:1], session.TrainRequest(), "fp32")
 
 
-def test_rejoin_picks_every_host_the_run_lost_that_the_inventory_has(fabfile):
+def test_rejoin_picks_every_host_the_run_lost_that_the_inventory_has(lost_c):
     known = [HOSTS["v100c"], HOSTS["v100b"], HOSTS["v100a"]]
-    assert [h.name for h in fabfile._rejoin_hosts(known, None)] == ["v100a", "v100b", "v100c"]
+    assert [h.name for h in session.rejoin_hosts(known, None)] == ["v100a", "v100b", "v100c"]
     with pytest.raises(ClusterError, match="lost no host the inventory has"):
-        fabfile._rejoin_hosts(known[1:], None)
+        session.rejoin_hosts(known[1:], None)

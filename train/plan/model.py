@@ -1,7 +1,10 @@
 """The cost model: will the network dominate each step, and how long will the run take?
 
-    python -m benchmarks.model --preset transformer_wmt_en_de --vocab 32000 --ranks 2 \\
+    python -m train.plan.model --preset transformer_wmt_en_de --vocab 32000 --ranks 2 \\
         --link-mbit 100 --compute-s 0.6 --max-update 300000 [--json]
+
+It needs no hosts: every figure is given (exit 3 when network-bound). `fab predict` runs the same
+model on figures measured on the cluster (train.plan.predict).
 
 Inputs: the gradient size S (parameters × bytes per element: 4 in fp32, 2 when fairseq
 trains in fp16/bf16 and all-reduces half-precision gradients), the number of ranks n, the
@@ -29,7 +32,7 @@ step time C (one rank, no communication).
   optimizer step (nothing hides it): comm per update = 2(n−1)/n × 4P / B / H.
   `choose` picks the least invasive one that reaches 90% (sync, fp16, update-freq, local SGD).
 
-The field reports' numbers come out of it (tests/unit/test_model.py): Transformer base ≈
+The field reports' numbers come out of it (tests/unit/train/plan/test_model.py): Transformer base ≈
 61M parameters = 244 MB of fp32 gradients; two ranks over 100 Mb/s (12.5 MB/s) spend
 19.5 s per update communicating, four ranks (2 hosts × 2 GPUs) 29 s: "20–30 s/step".
 """
@@ -43,20 +46,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from train.run.comm import Strategy, sync_start
-
-# Dimensions the fairseq architectures set (fairseq/models/transformer/transformer_legacy.py)
-ARCH_DIMS: dict[str, dict[str, int | bool]] = {
-    "transformer": {"embed_dim": 512, "ffn_dim": 2048, "encoder_layers": 6, "decoder_layers": 6},
-    "transformer_wmt_en_de": {"embed_dim": 512, "ffn_dim": 2048, "encoder_layers": 6, "decoder_layers": 6},
-    "transformer_iwslt_de_en": {"embed_dim": 512, "ffn_dim": 1024, "encoder_layers": 6, "decoder_layers": 6},
-    "transformer_vaswani_wmt_en_de_big": {
-        "embed_dim": 1024,
-        "ffn_dim": 4096,
-        "encoder_layers": 6,
-        "decoder_layers": 6,
-    },
-    "transformer_wmt_en_de_big": {"embed_dim": 1024, "ffn_dim": 4096, "encoder_layers": 6, "decoder_layers": 6},
-}
+from train.run.params import preset_params
+from train.run.presets import resolve
 
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -64,70 +55,6 @@ BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2}
 def mbit_to_bytes_per_s(mbit_per_s: float) -> float:
     """Link rate in Mbit/s (as iperf3 and NIC specs give it) → bytes per second."""
     return mbit_per_s * 1e6 / 8
-
-
-def transformer_params(
-    vocab: int,
-    embed_dim: int,
-    ffn_dim: int,
-    encoder_layers: int,
-    decoder_layers: int,
-    *,
-    share_all_embeddings: bool = True,
-    share_decoder_input_output_embed: bool = False,
-    target_vocab: int | None = None,
-    normalize_before: bool = False,
-    learned_positions: bool = False,
-    max_positions: int = 1024,
-) -> int:
-    """Parameters of a fairseq `TransformerModel`, counted from its dimensions (no torch).
-
-    Embeddings V×d (one matrix when all embeddings are shared, else source, target and,
-    unless tied, the output projection); per encoder layer self-attention 4d²+4d (q, k, v,
-    out with biases), FFN 2·d·f+f+d, two LayerNorms 4d; per decoder layer the same plus
-    encoder attention 4d²+4d and a third LayerNorm. Sinusoidal positions have no parameters.
-    """
-    d, f = embed_dim, ffn_dim
-    target_vocab = vocab if target_vocab is None else target_vocab
-    attention = 4 * d * d + 4 * d
-    ffn = 2 * d * f + f + d
-    encoder_layer = attention + ffn + 2 * 2 * d
-    decoder_layer = 2 * attention + ffn + 3 * 2 * d
-    if share_all_embeddings:
-        embeddings = vocab * d
-    else:
-        embeddings = vocab * d + target_vocab * d
-        if not share_decoder_input_output_embed:
-            embeddings += target_vocab * d
-    total = embeddings + encoder_layers * encoder_layer + decoder_layers * decoder_layer
-    if normalize_before:
-        total += 2 * 2 * d  # final LayerNorm of encoder and decoder
-    if learned_positions:
-        total += 2 * (max_positions + 2) * d
-    return total
-
-
-def preset_params(options: Mapping[str, object], vocab: int) -> int:
-    """Parameters of the model a preset's options describe (explicit dims win over the arch's)."""
-    arch = str(options.get("arch", "transformer"))
-    if arch not in ARCH_DIMS:
-        raise ValueError(f"no dimensions known for arch {arch!r} (known: {', '.join(ARCH_DIMS)})")
-    dims = ARCH_DIMS[arch]
-
-    def pick(key: str, default: object) -> int:
-        value = options.get(key)
-        return int(value if value is not None else default)  # type: ignore[call-overload]
-
-    return transformer_params(
-        vocab,
-        embed_dim=pick("encoder_embed_dim", dims["embed_dim"]),
-        ffn_dim=pick("encoder_ffn_embed_dim", dims["ffn_dim"]),
-        encoder_layers=pick("encoder_layers", dims["encoder_layers"]),
-        decoder_layers=pick("decoder_layers", dims["decoder_layers"]),
-        share_all_embeddings=bool(options.get("share_all_embeddings", False)),
-        share_decoder_input_output_embed=bool(options.get("share_decoder_input_output_embed", False)),
-        normalize_before=bool(options.get("encoder_normalize_before", False)),
-    )
 
 
 def gradient_bytes(params: int, precision: str = "fp32") -> int:
@@ -432,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = 0
     if args.preset:
-        from train.run.presets import resolve
-
         options = resolve(args.preset).options
         params = preset_params(options, args.vocab)
         start = sync_start(options)

@@ -1,0 +1,103 @@
+"""Every reason not to start, asked of every host in one round trip before anything starts.
+
+`probe` runs train.agent.probe on each host (versions, pinned packages, the agent's digest, GPUs,
+the dataset's checksum, free disk, the rendezvous port); `check` turns the answers into problems,
+each naming the host, the cause and the fix. Pure: answers in, problems out.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from ..agent import pins
+from ..agent.probe import agent_digest, versions_differ
+from ..cluster import TOP, ClusterError, Host, HostResult, run_all
+from .record import Run
+from .remote import agent_command, venv_of
+
+
+@functools.cache
+def pinned() -> dict[str, str]:
+    """What train_env installs on every host: requirements-train.txt's pins (read once)."""
+    return pins.read_pins(TOP / "requirements-train.txt")
+
+
+@functools.cache
+def controller_agent() -> str:
+    """This checkout's host-side agent, as train_env installs it on every host (hashed once)."""
+    return agent_digest()
+
+
+def answer(result: HostResult) -> dict | None:
+    """The JSON object an agent module printed last, None when there is none."""
+    lines = result.stdout.strip().splitlines()
+    try:
+        said = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return said if isinstance(said, dict) else None
+
+
+def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
+    """Every host's answers to train.agent.probe, in one round trip; an unreachable host raises,
+    naming it and why."""
+    results = run_all(hosts, agent_command(hosts[0], "probe", "--data", run.data_dir, "--port", run.master_port,
+                                           "--run", run.remote_dir, "--packages"))
+    answers, problems = {}, []
+    for host in hosts:
+        result = results[host.name]
+        if not result.reachable:
+            problems.append(f"{host.name} ({host.address}): unreachable: {result.error}")
+        elif (said := answer(result)) is None:
+            problems.append(f"{host.name}: the training environment did not answer "
+                            f"({venv_of(host)}/bin/python: {result.stderr.strip()[-300:]}); provision it first")
+        else:
+            answers[host.name] = said
+    if problems:
+        raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
+    return answers
+
+
+def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: float = 1.0,
+          pins_wanted: dict[str, str] | None = None, agent: str | None = None) -> list[str]:
+    """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out.
+    `pins_wanted`: the training environment's pins (default: requirements-train.txt); `agent`: the
+    agent's digest hosts must answer (default: this checkout's)."""
+    pins_wanted = pinned() if pins_wanted is None else pins_wanted
+    agent = controller_agent() if agent is None else agent
+    problems = []
+    first = hosts[0].name
+    for host in hosts:
+        a = answers[host.name]
+        if a.get("agent") != agent:
+            found = f"version {a['agent'][:12]}" if a.get("agent") else "one older than this check"
+            problems.append(f"{host.name}: tandem's host-side agent (train/agent) there is {found}, not this "
+                            f"controller's {agent[:12]}: re-run provision.yml (--tags train_env) to install it")
+        if "packages" in a and (drifted := pins.drift(pins_wanted, a["packages"])):  # often why an import fails
+            problems.append(f"{host.name}: packages differ from the pins: {', '.join(drifted)}; "
+                            "re-run provision.yml (--tags train_env) to restore them")
+        if "import_error" in a:
+            problems.append(f"{host.name}: torch/fairseq do not import: {a['import_error']}")
+            continue
+        if a.get("cuda_devices", 0) != host.gpus and host.gpus > 0:
+            problems.append(f"{host.name}: expected {host.gpus} GPUs, torch sees {a.get('cuda_devices')}")
+        if a.get("data") is None:
+            problems.append(f"{host.name}: no dataset at {run.data_dir}: run `fab prepare-data`")
+        elif a["data"] != answers[first].get("data"):
+            problems.append(f"{host.name}: dataset {run.data_dir} differs from {first}'s (checksums): "
+                            "run `fab prepare-data` again")
+        if a.get("free_gb", 0) < min_free_gb:
+            problems.append(f"{host.name}: {a.get('free_gb')} GB free on /data, need {min_free_gb} GB")
+        if a.get("running"):
+            problems.append(f"{host.name}: run {run.run_id} is already training there (pid {a['running']}): "
+                            "`fab stop` first, or `fab status`")
+        elif host.name == first and not a.get("port_free"):
+            problems.append(f"{host.name}: rendezvous port {run.master_port} is in use ({a.get('port_error')}): "
+                            "stop what holds it or pick another with --port")
+    importable = {h.name: answers[h.name] for h in hosts if "import_error" not in answers[h.name]}
+    problems += [f"{line}: mismatched versions break distributed init; re-run provision.yml"
+                 for line in versions_differ(importable)]
+    return problems
+
+

@@ -1,0 +1,86 @@
+"""What the controller remembers of a run: its id, hosts, preset, membership (reports/<id>/run.json).
+
+A run has an id. On every host its files live in /data/tandem/runs/<id>/ (train.log,
+train.pid, checkpoints/, tensorboard/); on the controller in reports/<id>/ (run.json, the
+off-host copy of the last and best checkpoints, collected logs). Every command that needs a
+run finds it by id, the latest by default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ..cluster import TOP, ClusterError, Host
+from . import presets
+
+DATA_ROOT = "/data/tandem/datasets"
+RUNS_ROOT = "/data/tandem/runs"
+REPORTS = TOP / "reports"
+
+
+@dataclass
+class Run:
+    """What the controller remembers of a run (reports/<id>/run.json)."""
+
+    run_id: str
+    hosts: list[str]
+    preset: str
+    overrides: list[str]
+    dataset: str
+    master_port: int = 29500
+    update_freq: int = 1
+    precision: str = "fp32"
+    comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
+    link_mbps: float | None = None  # the cluster link as measured when the run started
+    members: list[dict] = field(default_factory=list)  # which hosts from which update (train.run.elastic)
+    created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+    @property
+    def remote_dir(self) -> str:
+        return f"{RUNS_ROOT}/{self.run_id}"
+
+    @property
+    def data_dir(self) -> str:
+        return f"{DATA_ROOT}/{self.dataset}"
+
+    @property
+    def local_dir(self) -> Path:
+        return REPORTS / self.run_id
+
+    def hosts_of(self, hosts: list[Host]) -> list[Host]:
+        """Those of `hosts` this run ran on, in rank order (rank 0 first)."""
+        by_name = {h.name: h for h in hosts}
+        chosen = [by_name[n] for n in self.hosts if n in by_name]
+        if not chosen:
+            raise ClusterError(f"run {self.run_id} ran on {', '.join(self.hosts)}; none of them is among "
+                               f"{', '.join(by_name) or 'the hosts given'}")
+        return chosen
+
+    def resolved_preset(self) -> presets.Preset:
+        return presets.resolve(self.preset, self.overrides)
+
+    @property
+    def max_update(self) -> int | None:
+        value = self.resolved_preset().options.get("max_update")
+        return int(value) if value else None
+
+    def save(self) -> None:
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        (self.local_dir / "run.json").write_text(json.dumps(asdict(self), indent=2))
+        latest = REPORTS / "latest"
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(self.run_id)
+
+    @classmethod
+    def load(cls, run_id: str | None) -> Run:
+        path = REPORTS / (run_id or "latest") / "run.json"
+        if not path.exists():
+            raise ClusterError(f"no run {run_id or '(latest)'} on this controller: start one with `fab train`")
+        return cls(**json.loads(path.read_text()))
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("run-%Y%m%d-%H%M%S")

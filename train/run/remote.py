@@ -1,0 +1,29 @@
+"""How the controller names things on a host: the training venv, the agent modules' command lines,
+the threads a CPU rank may use."""
+
+from __future__ import annotations
+
+import shlex
+
+from ..cluster import ClusterError, Host
+from ..hostpaths import DEFAULT_VENV
+
+
+def venv_of(host: Host) -> str:
+    return str(host.vars.get("train_env_venv", DEFAULT_VENV))
+
+
+def agent_command(host: Host, module: str, *args: object) -> str:
+    """The shell line that runs a host-side agent module (train/agent/, installed by roles/train_env)."""
+    return shlex.join([f"{venv_of(host)}/bin/python", "-m", f"train.agent.{module}", *map(str, args)])
+
+
+def train_threads(host: Host) -> int | None:
+    """The inventory's `train_threads` for this host (None: torch's default)."""
+    value = host.vars.get("train_threads")
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not str(value).isdigit() or int(value) < 1:
+        raise ClusterError(f"{host.name}: train_threads must be a whole number of CPU threads per rank (1 or more), "
+                           f"the inventory gives {value!r}")
+    return int(value)

@@ -1,0 +1,207 @@
+"""A run's whole life as `fab train` drives it, in one place: pick the run (new, or the latest
+resumed), grow it back to hosts it lost, choose how ranks communicate, preflight every host,
+check the network against the cost model, share the checkpoint, start, follow to the end.
+
+The fab task builds a `TrainRequest` from its options and calls `train` once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cluster import ClusterError, Host, select
+from ..plan import predict
+from ..plan.link import PeerUnreachable
+from . import checkpoints, command, interval, launch, preflight, presets
+from . import rejoin as rejoining
+from .comm import CommError, Strategy
+from .follow import follow
+from .record import Run, new_run_id
+from .status import summarize, why_stopped_early
+
+
+class StoppedEarly(ClusterError):
+    """The run ended before its last update; the message names the culprit."""
+
+
+@dataclass
+class TrainRequest:
+    """What `fab train` was asked (its options, parsed)."""
+
+    preset: str = "tiny"
+    overrides: tuple[str, ...] = ()
+    dataset: str = "synthetic"
+    run_id: str | None = None
+    new: bool = False
+    update_freq: int = 1
+    precision: str | None = None  # None: fp16 on GPU hosts, fp32 on CPU hosts
+    port: int = 29500
+    dry_run: bool = False
+    detach: bool = False
+    accept_slow_network: bool = False
+    elastic: bool = True
+    comm: str | None = None  # a strategy, `auto`, or None: sync for a new run, its own for a resumed one
+    rejoin: bool = False
+
+
+def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) -> None:
+    """`fab train`: start or resume a run on `hosts` (rank order) and follow it. `known`: every
+    host of the inventory (a lost host can come back from there). Raises ClusterError naming host
+    and cause for anything that stops it, StoppedEarly when the run ends before its last update."""
+    if request.rejoin:
+        hosts = rejoin_hosts(known, request.run_id)
+    precision = request.precision or command.default_precision([h.gpus for h in hosts])
+    run, resuming = pick_run(hosts, request, precision)
+    joining = [h for h in hosts if h.name not in run.hosts] if resuming else []
+    current = run.hosts_of(hosts) if joining else hosts
+    if joining and not request.dry_run and any(s.running for s in launch.states(run, current)):
+        grow_running(run, current, joining, known, request, console)
+        return
+    if joining:  # a stopped run, resumed on more hosts: the membership grows from its checkpoint
+        names, run.update_freq = rejoining.membership_after(run, [h.name for h in joining])
+        hosts = [next(h for h in hosts if h.name == n) for n in names]
+    if request.comm and request.comm != "auto":
+        set_comm(run, request.comm, resuming, console)
+    elif request.comm == "auto" and resuming:  # its strategy was chosen when it started: a resume keeps it
+        console.print(f"{run.run_id} goes on with --comm {run.comm} (chosen when it started)")
+    commands = launch.host_commands(run, hosts)
+    if request.dry_run:
+        for host in hosts:
+            console.print(f"[bold]{host.name}[/]: {commands[host.name]}")
+        return
+    with console.status("preflight: versions, data, GPUs, disk, port on every host"):
+        problems = preflight.check(run, hosts, preflight.probe(run, hosts))
+    if problems:
+        raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
+    console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
+    run.link_mbps = network_check(run, hosts, request.accept_slow_network, console,
+                                  auto=request.comm == "auto" and not resuming)
+    if resuming:
+        copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from its rank 0: a joiner's is stale
+        if copy is not None:
+            console.print(f"resuming {run.run_id} from update {checkpoints.checkpoint_update(copy)} "
+                          "(checkpoint copied to every host)")
+        if joining:
+            at = checkpoints.checkpoint_update(copy) if copy else 0
+            console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at)}[/]")
+    run.save()
+    launch.start(run, hosts)
+    every, step = interval.save_interval(run), interval.measured_step(run, hosts, resuming)
+    console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
+                  f"({run.preset}; {interval.start_phrase(every, step)}; "
+                  f"logs {run.remote_dir}/train.log on each)")
+    if over := interval.over_bound(every, step):
+        console.print(f"[yellow]{over}[/]")
+    if not request.detach:
+        follow_to_the_end(run, hosts, request.elastic, known, console)
+
+
+def follow_to_the_end(run: Run, hosts: list[Host], elastic: bool, known: list[Host], console) -> None:
+    """Follow the run until every rank stopped, then the table; StoppedEarly if it ended early."""
+    why = why_stopped_early(summarize(follow(run, hosts, console, elastic=elastic, known=known), console))
+    if why:
+        raise StoppedEarly(why)
+
+
+def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[Run, bool]:
+    """The run `fab train` acts on, and whether it resumes: the named one, else the latest, else
+    a new one. A resumed run must be asked for on its own hosts (or with hosts it lost, back)."""
+    existing = None
+    if not request.new:
+        try:
+            existing = Run.load(request.run_id)
+        except ClusterError:
+            if request.run_id:
+                raise  # a named run that does not exist; without a name: nothing to resume, start one
+    if existing is not None:
+        given = [h.name for h in hosts]
+        grows = set(existing.hosts) < set(given) and set(given) - set(existing.hosts) <= set(
+            rejoining.lost_hosts(existing.members, existing.hosts))  # hosts it lost, back: train grows to them
+        if existing.hosts != given and not grows:
+            raise ClusterError(f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
+                               f"{', '.join(given)}: pass the same --hosts, or --new")
+        if request.overrides:  # e.g. a higher max_update to train on
+            existing.overrides = [*existing.overrides, *request.overrides]
+            _check_overrides(existing)
+        return existing, True
+    run = Run(run_id=request.run_id or new_run_id(), hosts=[h.name for h in hosts], preset=request.preset,
+              overrides=list(request.overrides), dataset=request.dataset, master_port=int(request.port),
+              update_freq=int(request.update_freq), precision=precision)
+    _check_overrides(run)  # unknown or mistyped overrides now, not on the hosts
+    return run, False
+
+
+def _check_overrides(run: Run) -> None:
+    try:
+        run.resolved_preset()
+    except presets.OverrideError as err:
+        raise ClusterError(str(err)) from err
+
+
+def rejoin_hosts(known: list[Host], run_id: str | None) -> list[Host]:
+    """`--rejoin`: the run's hosts and every host it lost that the inventory has, in the order they
+    first trained in (train.run.rejoin)."""
+    run = Run.load(run_id)
+    lost = [n for n in rejoining.lost_hosts(run.members, run.hosts) if n in {h.name for h in known}]
+    if not lost:
+        raise ClusterError(f"{run.run_id} trains on {', '.join(run.hosts)} and lost no host the inventory "
+                           "has: nothing to rejoin")
+    return select(known, rejoining.grown_hosts(run.members, run.hosts, lost))
+
+
+def grow_running(run: Run, current: list[Host], joining: list[Host], known: list[Host], request: TrainRequest,
+                 console) -> None:
+    """A run training on fewer hosts than asked: the joining hosts' preflight, then it grows at rank
+    0's next checkpoint (train.run.rejoin.grow_once), then following as usual."""
+    names = ", ".join(h.name for h in joining)
+    console.print(f"{run.run_id} is training on {', '.join(h.name for h in current)}; "
+                  f"{names} rejoin{'s' if len(joining) == 1 else ''} at its next checkpoint")
+    grown = rejoining.grow_once(run, current, joining, say=lambda text: console.print(f"[cyan]{text}[/]"))
+    if grown is None:
+        console.print(f"{run.run_id} stopped before its next checkpoint; `fab train` resumes it on "
+                      f"{', '.join(h.name for h in [*current, *joining])}")
+        return
+    if not request.detach:
+        follow_to_the_end(run, grown, request.elastic, known, console)
+
+
+def set_comm(run: Run, comm: str, resuming: bool, console) -> None:
+    """The run's communication strategy; a resumed run keeps its own unless told otherwise."""
+    try:
+        chosen = str(Strategy.parse(comm))
+    except CommError as err:
+        raise ClusterError(str(err)) from None
+    if resuming and chosen != run.comm:
+        console.print(f"[yellow]{run.run_id} trained with --comm {run.comm}; it goes on with {chosen}[/]")
+    run.comm = chosen
+
+
+def network_check(run: Run, hosts: list[Host], accept: bool, console, auto: bool = False) -> float | None:
+    """The cost model on the measured link (train.plan.predict): refuse a network-bound run unless
+    accepted; with `auto`, pick the communication strategy from it (model.choose) and say why.
+    Returns the link's measured Mbit/s (None when it was not measured)."""
+    try:
+        with console.status("measuring the link (iperf3) and predicting the step time"):
+            verdict = predict.for_run(run, hosts, comm="auto" if auto else None)
+    except PeerUnreachable:
+        raise  # the rendezvous would hang: not a check to skip
+    except ClusterError as err:
+        if auto:
+            raise  # no figures to choose from: say how to get them rather than train sync
+        console.print(f"[yellow]network check skipped:[/] {err}")
+        return None
+    if verdict is None:
+        return None
+    if auto and verdict.choice:
+        run.comm, run.update_freq = verdict.choice.comm, verdict.choice.update_freq
+        console.print(f"[green]--comm auto[/] chose {verdict.choice.flag()}")
+    text = "\n  ".join(verdict.lines)
+    if verdict.network_bound and not accept:
+        better = (f"\n{verdict.choice.flag()} would reach {verdict.choice.prediction.efficiency:.0%} "
+                  "(or --comm auto)" if verdict.choice and not auto else "")
+        raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}{better}\n"
+                           "fix the link, choose a --comm strategy, or pass --accept-slow-network to train anyway")
+    console.print("[yellow]network-bound, accepted (--accept-slow-network):[/]" if verdict.network_bound
+                  else "[green]✓[/] network check:")
+    console.print("  " + text, markup=False)
+    return verdict.link_mbps

@@ -1,0 +1,138 @@
+"""A run's state as the user reads it: one line per rank, one line for the run, and why it
+stopped early when it did (`fab status`, `fab train`'s end, `fab logs`)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..cluster import Host, run_all
+from ..report import logparse
+from . import launch
+from .launch import HostState
+from .record import Run
+
+
+def describe(p: logparse.Progress | None) -> str:
+    """Rank 0's progress in a few words: loss, s/update, words/s, ETA."""
+    if p is None:
+        return "starting"
+    parts = []
+    if p.loss is not None:
+        parts.append(f"loss {p.loss:.3f}")
+    if p.seconds_per_update is not None:
+        parts.append(f"{p.seconds_per_update:.2f} s/upd")
+    if p.wps is not None:
+        parts.append(f"{p.wps:,.0f} wps")
+    parts.append(f"ETA {logparse.format_eta(p.eta_seconds)}")
+    return " · ".join(parts)
+
+
+def why_stopped_early(states: list[HostState]) -> str | None:
+    """One line naming the culprit when the run ended before its last update; None while it runs
+    or when it finished. The culprit is the first rank torchrun saw fail that did not lose a peer
+    first (RankEnd.blame_order): the others fail after it, and say their peer went away."""
+    rank0 = states[0].progress if states else None
+    if not states or any(s.running for s in states) or (rank0 and rank0.finished):
+        return None
+    at = f"at update {rank0.update:,}" if rank0 else "before its first update"
+    lost = [s.name for s in states if not s.reachable]
+    if lost:
+        return f"{', '.join(lost)}: unreachable; the run stopped {at}"
+    # a rank tandem stopped after the culprit died was not the culprit
+    failed = sorted((s for s in states if s.ended and not s.stopped_by_user), key=lambda s: s.ended.blame_order())
+    if not failed and any(s.stopped_by_user for s in states):
+        return None  # `fab stop` ended it on purpose: not an early stop to fail on
+    if failed:
+        first = failed[0]
+        who = f"rank {first.ended.rank}" if first.ended.rank is not None else "its rank"
+        others = "; the others stopped" if len(states) > 1 else ""
+        return f"{first.name}: {who} {first.ended.how} {at}{others}"
+    return f"the run stopped {at} and no rank said why: `fab logs`"
+
+
+def run_state_line(states: list[HostState]) -> str:
+    """The run in one line: running at update N, finished, stopped by fab stop, or why it ended early."""
+    rank0 = states[0].progress if states else None
+    last = f"{rank0.max_update:,}" if rank0 and rank0.max_update else "?"
+    at = f"update {rank0.update:,}/{last}" if rank0 else "no update yet"
+    if any(s.running for s in states):
+        return f"running, {at}"
+    if rank0 and rank0.finished:
+        return f"[green]finished[/], {at}"
+    died = [s for s in states if (s.ended and not s.stopped_by_user) or not s.reachable]
+    if not died and any(s.stopped_by_user for s in states):
+        return f"[yellow]stopped by fab stop[/] at {at}; `fab train` resumes it"
+    return f"[red]ended early[/]: {why_stopped_early(states)}"
+
+
+def table(states: list[HostState]) -> Table:
+    """Each rank's real state and last meaningful log line."""
+    rank0 = states[0].progress if states else None
+    finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
+    out = Table()
+    for column in ("host", "rank", "state", "update", "loss", "s/update"):
+        out.add_column(column)
+    out.add_column("last log line", overflow="fold")  # folded, never cut with an ellipsis
+    for rank, s in enumerate(states):
+        p = s.progress if rank == 0 else None  # only rank 0 logs updates
+        state = s.describe(finished)
+        colour = {"running": "", "finished": "green", "stopped by fab stop": "yellow"}.get(state, "red")
+        out.add_row(s.name, str(rank), f"[{colour}]{state}[/]" if colour else state, str(p.update) if p else "-",
+                    f"{p.loss:.3f}" if p and p.loss is not None else "-",
+                    f"{p.seconds_per_update:.2f}" if p and p.seconds_per_update else "-",
+                    logparse.message(s.tail[-1])[:70] if s.tail else (s.error or "")[:70])
+    return out
+
+
+def summarize(states: list[HostState], console) -> list[HostState]:
+    """The table, then the run's state in one line; returns the states."""
+    console.print(table(states))
+    console.print(run_state_line(states))
+    return states
+
+
+def show(run: Run, hosts: list[Host], console) -> bool:
+    """`fab status`: the table, rank 0's progress, the last lines of a rank that died. False when a
+    host could not be reached."""
+    states = summarize(launch.states(run, run.hosts_of(hosts)), console)
+    rank0 = states[0].progress
+    if rank0:
+        console.print(f"{run.run_id}: update {rank0.update}/{rank0.max_update}, {describe(rank0)}")
+    finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
+    for s in states:
+        if s.reachable and not s.running and s.tail and not finished and not s.stopped_by_user:
+            console.print(f"[red]{s.name} {s.describe(finished)}[/]; its last log lines:")
+            for line in s.tail:
+                console.print(f"  {line}")
+    return all(s.reachable for s in states)
+
+
+def show_logs(run: Run, hosts: list[Host], lines: int, console) -> None:
+    """`fab logs`: the last lines of every host's training log, a rule between hosts."""
+    results = run_all(run.hosts_of(hosts), f"tail -n {int(lines)} {run.remote_dir}/train.log")
+    for name, result in results.items():
+        console.rule(name)
+        if not result.reachable:
+            console.print(f"[red]unreachable: {result.error}[/]")
+        elif not result.ok:
+            console.print(f"[red]no log: {result.stderr.strip()}[/]")
+        else:
+            console.print(result.stdout, markup=False)
+
+
+def cluster_table(hosts: list[Host]) -> Table:
+    """`fab info`: every host's name, kernel, CPUs and memory, asked of all hosts in parallel."""
+    results = run_all(hosts, "hostname; uname -r; nproc; free -m | awk '/Mem:/ {print $2}'")
+    out = Table(title="cluster")
+    for column in ("host", "address", "hostname", "kernel", "cpus", "memory (MiB)", "gpus"):
+        out.add_column(column)
+    for host in hosts:
+        result = results[host.name]
+        if not result.reachable:
+            out.add_row(host.name, host.address, f"[red]unreachable: {result.error}[/]", "", "", "", "")
+        elif not result.ok or len(result.stdout.split()) != 4:
+            out.add_row(host.name, host.address, f"[red]failed: {result.why}[/]", "", "", "", "")
+        else:
+            hostname, kernel, cpus, memory = result.stdout.split()
+            out.add_row(host.name, host.address, hostname, kernel, cpus, memory, str(host.gpus))
+    return out
