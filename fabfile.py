@@ -10,9 +10,8 @@ import sys
 
 from fabric import task
 
-from train.cluster import ClusterError
 from train.data.prepare import prepare_data as prepare
-from train.run import command, launch, presets, session
+from train.run import launch, presets, session
 from train.run import status as run_status
 from train.run.evaluate import evaluate as evaluate_run
 from train.run.record import Run
@@ -221,20 +220,9 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
 @cluster_task
 def report(c, hosts, run=None, link_mbps=None):
     """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
-    from train.report import collect
-    from train.report import page as report_page
+    from train.report.collect import report as make_report
 
-    the_run = launch.Run.load(run)
-    with console.status(f"collecting {the_run.run_id} from {', '.join(the_run.hosts)}"):
-        problems = collect.collect(the_run, hosts)
-    for name, problem in problems.items():
-        console.print(f"[yellow]{name}: {problem}[/]")
-    expected = link_mbps or hosts[0].vars.get("network_expected_mbps")
-    with console.status("plots and answers"):
-        page, lines = report_page.build_report(the_run.local_dir, float(expected) if expected else None)
-    for line in lines:
-        console.print(line)
-    console.print(f"[bold]report:[/] {page}")
+    make_report(Run.load(run), hosts, float(link_mbps) if link_mbps else None, console)
 
 
 @task(help={

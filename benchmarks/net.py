@@ -1,6 +1,6 @@
 """`fab bench-net`: how fast can the hosts talk, and does all_reduce get that speed?
 
-1. iperf3 between every ordered pair of hosts (benchmarks.link; raw JSON kept).
+1. iperf3 between every ordered pair of hosts (train.plan.link; raw JSON kept).
 2. train.agent.allreduce on every host at once (one rank per GPU, or one per CPU host;
    NCCL on GPUs, gloo on CPU), buffer sizes from `--min-size` to `--max-size` by powers of
    two: the host-side agent roles/train_env installed, started detached with a pid file,
@@ -14,7 +14,7 @@
 Defaults: 1M..1G on GPU hosts; on CPU hosts (the lab) 1M..256M, because gloo reduces on
 the CPU and 1 GB through a 100 Mb/s link is 80 s an iteration; each size gets `budget_s`
 seconds (fewer iterations for slow sizes). JSON: reports/bench/net-<time>.json and
-reports/bench/net-latest.json.
+reports/bench/net-latest.json (train.plan.measurements).
 """
 
 from __future__ import annotations
@@ -24,17 +24,14 @@ import shlex
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
-from pathlib import Path
 
 from train.agent import allreduce
 from train.agent.allreduce import parse_size
-from train.cluster import TOP, ClusterError, Host, on_each, run_all
+from train.cluster import ClusterError, Host, run_all, run_each
+from train.plan import link, measurements
 from train.run.command import ENV_FILE
-from train.run.launch import venv_of
+from train.run.remote import venv_of
 
-from . import link
-
-REPORT_DIR = TOP / "reports" / "bench"
 REMOTE_DIR = "/tmp/tandem-bench"  # each host's all_reduce output and pid file (the code is installed)
 LARGE = 256 * 1024**2  # the sizes the efficiency target is about
 
@@ -94,12 +91,10 @@ def host_info(hosts: list[Host]) -> dict[str, dict]:
     script = ("n={nic}; echo \"$(cat /sys/class/net/$n/speed 2>/dev/null || echo -1)\"; "
               "cat /sys/class/net/$n/mtu 2>/dev/null || echo 0; uname -r; "
               "iperf3 --version 2>/dev/null | head -n 1")
-    answers = on_each(hosts, lambda h, c: c.run(script.format(nic=shlex.quote(link.nic_of(h))), hide=True,
-                                                warn=True, in_stream=False))
+    answers = run_each(hosts, {h.name: script.format(nic=shlex.quote(link.nic_of(h))) for h in hosts})
     info = {}
     for h in hosts:
-        r = answers[h.name]
-        lines = (getattr(r, "stdout", "") or "").splitlines() + ["", "", "", ""]
+        lines = answers[h.name].stdout.splitlines() + ["", "", "", ""]
         info[h.name] = {"address": h.cluster_address, "ssh_address": h.address, "nic": h.nic, "gpus": h.gpus,
                         "speed_mbps": int(lines[0]) if lines[0].lstrip("-").isdigit() else None,
                         "mtu": int(lines[1]) if lines[1].isdigit() else None,
@@ -139,8 +134,7 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
 
     commands = allreduce_commands(hosts, sizes, iters, warmup, budget_s, port, timeout, gap_s)
     try:
-        started = on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, warn=True, in_stream=False))
-        bad = [f"{n}: {link._why(r)}" for n, r in started.items() if link._failed(r)]
+        bad = run_each(hosts, commands).problems()
         if bad:
             raise ClusterError("could not start all_reduce on every host:\n  " + "\n  ".join(bad))
         deadline = time.monotonic() + timeout
@@ -150,12 +144,12 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
             time.sleep(1)
             states = run_all(hosts, ALIVE + f"; cat {REMOTE_DIR}/allreduce.out 2>/dev/null | grep -c '^# ' ")
             first = states[hosts[0].name]
-            if on_line and not link._failed(first):
+            if on_line and first.ok:
                 count = int((first.stdout.split() or ["", "0"])[-1])
                 if count > seen:
                     seen = count
                     on_line(count)
-            done = {n: (not link._failed(r) and r.stdout.startswith("done")) for n, r in states.items()}
+            done = {n: (r.ok and r.stdout.startswith("done")) for n, r in states.items()}
             if all(done.values()):
                 break
             if any(done[h.name] for h in hosts[1:]) and peer_ended is None:
@@ -166,10 +160,10 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
         outputs = run_all(hosts, f"cat {REMOTE_DIR}/allreduce.out")
     finally:
         run_all(hosts, KILL)
-    rank0 = getattr(outputs[hosts[0].name], "stdout", "")
+    rank0 = outputs[hosts[0].name].stdout
     report = next((json.loads(line[5:]) for line in rank0.splitlines() if line.startswith("JSON ")), None)
     if report is None:
-        tails = "\n".join(f"  {n}: " + " | ".join((getattr(r, "stdout", "") or str(r)).strip().splitlines()[-3:])
+        tails = "\n".join(f"  {n}: " + " | ".join((r.stdout or r.why).strip().splitlines()[-3:])
                           for n, r in outputs.items())
         raise ClusterError(f"all_reduce gave no result:\n{tails}")
     return report
@@ -212,47 +206,19 @@ def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = No
         "ok": ok,
         "problems": reasons,
     }
-    report["path"] = str(write(report, "net", now))
+    report["path"] = str(measurements.write(report, "net", now))
     return report
 
 
-def write(report: dict, kind: str, when: datetime | None = None) -> Path:
-    """reports/bench/<kind>-<time>.json and <kind>-latest.json (same content)."""
-    when = when or datetime.now(UTC)
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    path = REPORT_DIR / f"{kind}-{when.strftime('%Y%m%d-%H%M%S')}.json"
-    text = json.dumps(report, indent=2, default=str) + "\n"
-    path.write_text(text)
-    (REPORT_DIR / f"{kind}-latest.json").write_text(text)
-    return path
-
-
-def latest(kind: str) -> dict | None:
-    path = REPORT_DIR / f"{kind}-latest.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    from . import cli
-
-    p = cli.parser("iperf3 between every pair of hosts, then an all_reduce sweep (what `fab bench-net` runs)")
-    p.add_argument("--min-size", default="1M")
-    p.add_argument("--max-size", help="default 1G on GPU hosts, 256M on CPU hosts")
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--budget-s", type=float, default=20)
-    p.add_argument("--iperf-seconds", type=float, default=3)
-    p.add_argument("--threshold", type=float, help="exit 1 when busbw / link at >= 256 MB is below this fraction")
-    p.add_argument("--port", type=int, default=29501)
-
-    def body(a, hosts):
-        report = bench_net(hosts, min_size=a.min_size, max_size=a.max_size, iters=a.iters, budget_s=a.budget_s,
-                           iperf_seconds=a.iperf_seconds, threshold=a.threshold, port=a.port)
-        print(f"JSON {report['path']}")
-        if not report["ok"]:
-            raise ClusterError("below the threshold:\n  " + "\n  ".join(report["problems"]))
-
-    return cli.run(body, p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run(hosts: list[Host], min_size: str = "1M", max_size: str | None = None, iters: int | str = 5,
+        budget_s: float | str = 20, iperf_seconds: float | str = 3, threshold: float | str | None = None,
+        port: int | str = 29501, say=print) -> dict:
+    """`fab bench-net`: the benchmark from the task's option values as given (numbers may come as
+    text); says where the JSON is, and raises when the efficiency is below `threshold`."""
+    report = bench_net(hosts, min_size=min_size, max_size=max_size, iters=int(iters), budget_s=float(budget_s),
+                       iperf_seconds=float(iperf_seconds), port=int(port),
+                       threshold=float(threshold) if threshold is not None else None, say=say)
+    say(f"JSON {report['path']}")
+    if not report["ok"]:
+        raise ClusterError("below the threshold:\n  " + "\n  ".join(report["problems"]))
+    return report

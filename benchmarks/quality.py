@@ -24,7 +24,7 @@ global_sync_iter, ddp_comm_hook, as fairseq logged them) and the loss curve come
 log (train.report.logparse); the bytes each host's NIC sent during the run (its tx counter before
 and after) show how much the strategy really exchanged.
 
-Report: reports/bench/quality-<time>.json and quality-latest.json (benchmarks.net.write), and a
+Report: reports/bench/quality-<time>.json and quality-latest.json (train.plan.measurements), and a
 table: strategy, updates, samples, valid loss, its ratio to sync's, BLEU, MB sent per update and
 host, wall time (start-up included, BLEU's translation not).
 """
@@ -40,12 +40,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from train.cluster import ClusterError, Host, connect, run_all
+from train.plan import measurements
 from train.report import logparse
-from train.run import command, launch, presets
+from train.run import command, launch, preflight, presets
 from train.run.comm import CommError, Strategy
+from train.run.record import Run
+from train.run.remote import agent_command, venv_of
 
-from .net import write
-from .step import _signals_raise, require_cluster, signals_ignored, tx_bytes
+from .step import require_cluster, signals_ignored, signals_raise, tx_bytes
 
 REFERENCE = "sync"
 TARGET = 0.03  # issue 15: local SGD's validation loss within 3% of sync's after the same samples
@@ -271,10 +273,10 @@ def summary(report: dict) -> str:
 # ---- on the cluster ----
 
 
-def wait_done(run: launch.Run, hosts: list[Host], updates: int, timeout: float, say=print,
+def wait_done(run: Run, hosts: list[Host], updates: int, timeout: float, say=print,
               poll: float = 3.0, every_s: float = 30.0) -> None:
     """Until rank 0's processes are gone (the run finished, or a rank died: the log says which)."""
-    state_cmd = launch.agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 0)
+    state_cmd = agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 0)
     deadline = time.monotonic() + timeout
     said, last = time.monotonic(), None
     with connect(hosts[0]) as conn:
@@ -296,21 +298,21 @@ def wait_done(run: launch.Run, hosts: list[Host], updates: int, timeout: float, 
             time.sleep(poll)
 
 
-def evaluate(run: launch.Run, host: Host) -> tuple[float, float]:
+def evaluate(run: Run, host: Host) -> tuple[float, float]:
     """BLEU of the final checkpoint on the test set, by `fab evaluate`'s command; (BLEU, seconds)."""
     cmd = command.evaluation_command(
         data_dir=run.data_dir, checkpoint=f"{run.remote_dir}/checkpoints/checkpoint_last.pt",
         reference=f"{run.data_dir}/test.ref.de", out_dir=f"{run.remote_dir}/eval",
-        venv=launch.venv_of(host), cpu=host.gpus == 0)
+        venv=venv_of(host), cpu=host.gpus == 0)
     t0 = time.monotonic()
     result = run_all([host], cmd)[host.name]
-    if isinstance(result, Exception) or not result.ok:
-        raise ClusterError(f"{host.name}: evaluation of {run.run_id} failed: "
-                           f"{getattr(result, 'stderr', result)!s:.600}")
+    if not result.ok:
+        said = result.stderr if result.error is None else result.why
+        raise ClusterError(f"{host.name}: evaluation of {run.run_id} failed: {said:.600}")
     return command.parse_bleu(result.stdout), time.monotonic() - t0
 
 
-def stop_and_clean(run: launch.Run, hosts: list[Host], started: bool, say=print, finished: bool = False) -> None:
+def stop_and_clean(run: Run, hosts: list[Host], started: bool, say=print, finished: bool = False) -> None:
     """Stop the run (train.run.launch.stop confirms no process is left) and remove its checkpoints,
     even on a second Ctrl-C or SIGTERM; said unless the run had finished. The logs stay, for a look
     afterwards."""
@@ -331,7 +333,7 @@ def run_one(hosts: list[Host], entry: Entry, n: int, stamp: str, preset: str, ov
             dataset: str, port: int, precision: str, bleu: bool, timeout: float, say=print) -> dict:
     """One fresh run of `entry` to its end: its result (valid loss, BLEU, wall time, ...)."""
     updates = entry.updates(n)
-    run = launch.Run(run_id=f"quality-{stamp}-{entry.slug}", hosts=[h.name for h in hosts], preset=preset,
+    run = Run(run_id=f"quality-{stamp}-{entry.slug}", hosts=[h.name for h in hosts], preset=preset,
                      overrides=run_overrides(overrides, updates, bleu), dataset=dataset, master_port=port,
                      update_freq=entry.update_freq, precision=precision, comm=entry.comm)
     try:
@@ -340,9 +342,9 @@ def run_one(hosts: list[Host], entry: Entry, n: int, stamp: str, preset: str, ov
     except (presets.OverrideError, ValueError) as err:
         raise ClusterError(f"{entry.label}: {err}") from err
     started = finished = False
-    with _signals_raise():
+    with signals_raise():
         try:
-            problems = launch.check(run, hosts, launch.probe(run, hosts))
+            problems = preflight.check(run, hosts, preflight.probe(run, hosts))
             if problems:
                 raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
             started = True
@@ -408,42 +410,27 @@ def bench_quality(hosts: list[Host], entries: list[Entry], updates: int = 300, p
               "strategies": [e.label for e in entries], "reference": REFERENCE, "target": TARGET,
               "bleu_measured": bleu, "results": with_samples_and_ratios(results),
               "incomplete": f"{type(error).__name__}: {error}" if error else None}
-    report["path"] = str(write(report, "quality", now))
+    report["path"] = str(measurements.write(report, "quality", now))
     if error:
         say(summary(report))
         raise error
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    from . import cli
-
-    p = cli.parser("validation loss (and BLEU) of each communication strategy after the same samples "
-                   "(`fab bench-quality`)")
-    p.add_argument("--comm", default=DEFAULT_COMM, help="comma list: sync, fp16, local-sgd:H, update-freq:K "
-                   "(sync is always run, as the reference)")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--set", default="", help="fairseq option overrides, comma-separated")
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--updates", type=int, default=300)
-    p.add_argument("--port", type=int, default=29500)
-    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="fp16/bf16: GPUs only")
-    p.add_argument("--no-bleu", action="store_true", help="validation loss only (no checkpoint, no translation)")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds each run may take")
-
-    def body(a, hosts):
-        try:
-            entries = parse_entries(a.comm)
-            common_updates(a.updates, entries)
-        except ValueError as err:
-            raise ClusterError(str(err)) from err
-        report = bench_quality(hosts, entries, updates=a.updates, preset=a.preset,
-                               overrides=[o for o in a.set.split(",") if o], dataset=a.dataset, port=a.port,
-                               precision=a.precision, bleu=not a.no_bleu, timeout=a.timeout)
-        print(summary(report))
-
-    return cli.run(body, p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run(hosts: list[Host], comm: str = DEFAULT_COMM, preset: str = "tiny", set_text: str | None = None,
+        dataset: str = "synthetic", updates: int | str = 300, port: int | str = 29500, precision: str | None = None,
+        bleu: bool = True, timeout: float | str = 3600, say=print) -> dict:
+    """`fab bench-quality`: the benchmark from the task's option values as given (`comm` a comma
+    list, `set_text` --set's `key=value,...`, numbers may come as text), every option checked before
+    the first run; says the summary. `precision` None: as `fab train` picks it."""
+    precision = precision or command.default_precision([h.gpus for h in hosts])
+    try:
+        entries = parse_entries(comm)
+        common_updates(int(updates), entries)
+    except ValueError as err:
+        raise ClusterError(str(err)) from err
+    report = bench_quality(hosts, entries, updates=int(updates), preset=preset,
+                           overrides=presets.parse_overrides(set_text), dataset=dataset, port=int(port),
+                           precision=precision, bleu=bool(bleu), timeout=float(timeout), say=say)
+    say(summary(report))
+    return report

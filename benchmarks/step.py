@@ -1,7 +1,7 @@
 """`fab bench-step`: seconds per update against the link's bandwidth, measured and predicted.
 
 1. For each rate (`10mbit`, `100mbit`, `1gbit`, ..., `none` = no cap) cap every host's
-   cluster NIC (tc tbf on its egress, benchmarks.link) and measure the ring's links with
+   cluster NIC (tc tbf on its egress, train.plan.link) and measure the ring's links with
    iperf3 (2 s, all links at once).
 2. Start the configured model once on every host through train.run.launch (run `bench-<time>`,
    `log_interval=1`, no validation, no checkpoints; `reports/latest` is left alone) and,
@@ -17,7 +17,7 @@ Afterwards, and on any error, Ctrl-C (SIGINT), SIGTERM or SIGHUP, the job is sto
 (train.run.launch.stop) and every cap removed, then read back (`tc qdisc show`): the run prints
 that no cap is left, or fails naming the host that kept one.
 
-The model (benchmarks.model.predict) gets the compute-only time C from the uncapped rate:
+The model (train.plan.model.predict) gets the compute-only time C from the uncapped rate:
 C = step(none) − comm(none) at the uncapped link, less what the overlap hides. The overlap is 0
 for fairseq's legacy_ddp (the CPU default: all-reduce after the backward pass); for pytorch_ddp
 it is fitted to the capped rates (each capped rate is predicted from the others' fit). Without
@@ -27,6 +27,10 @@ C + 2(n−1)/n × S / B − hidden, with B the rate an all_reduce of exactly S r
 TCP retransmission timeouts than a long stream): the table shows predicted
 against measured, and the plot (reports/bench/step-<time>.png) the model's curve over
 bandwidth with the measured points on it.
+
+`--comm` takes several strategies, one job each (`auto`: what `fab train --comm auto` would
+pick at each capped rate, auto_per_rate), and then compares them side by side (compare,
+reports/bench/step-compare-<time>.png). `run` is what `fab bench-step` calls.
 """
 
 from __future__ import annotations
@@ -39,13 +43,18 @@ import statistics
 import time
 from datetime import UTC, datetime
 
-from train.cluster import ClusterError, Host, connect, run_all
+from train.cluster import ClusterError, Host, connect, run_each
+from train.plan import link, measurements, model, predict
+from train.plan.predict import dataset_vocab
 from train.report import logparse
-from train.run import launch, presets
-from train.run.comm import SYNC_UPDATES_OPTION, Strategy
+from train.run import launch, preflight, presets
+from train.run.comm import SYNC_UPDATES_OPTION, CommError, Strategy
+from train.run.command import default_precision
+from train.run.params import preset_params
+from train.run.record import Run
+from train.run.remote import agent_command
 
-from . import link, model
-from .net import REPORT_DIR, run_allreduce, write
+from .net import run_allreduce
 
 BENCH_OVERRIDES = ["log_interval=1", "disable_validation=true", "no_save=true"]
 
@@ -65,19 +74,10 @@ def parse_rates(text: str) -> list[str]:
     return rates
 
 
-def dataset_vocab(host: Host, dataset: str) -> int:
-    """fairseq's dictionary size: the lines of dict.en.txt plus its 4 special symbols."""
-    path = f"{launch.DATA_ROOT}/{dataset}/dict.en.txt"
-    result = run_all([host], f"wc -l < {shlex.quote(path)}")[host.name]
-    if link._failed(result):
-        raise ClusterError(f"{host.name}: no dictionary at {path}: run `fab prepare-data`")
-    return int(result.stdout.strip()) + 4
-
-
 def tx_bytes(hosts: list[Host]) -> dict[str, int]:
-    answers = link._run_each(hosts, {h.name: f"cat /sys/class/net/{shlex.quote(link.nic_of(h))}/statistics/tx_bytes"
-                                     for h in hosts})
-    bad = [n for n, r in answers.items() if link._failed(r)]
+    answers = run_each(hosts, {h.name: f"cat /sys/class/net/{shlex.quote(link.nic_of(h))}/statistics/tx_bytes"
+                               for h in hosts})
+    bad = list(answers.failed)
     if bad:
         raise ClusterError(f"could not read the NIC counters on {', '.join(bad)}")
     return {n: int(r.stdout.strip()) for n, r in answers.items()}
@@ -208,7 +208,7 @@ class _Interrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _signals_raise():
+def signals_raise():
     """SIGTERM/SIGHUP behave like Ctrl-C, so `finally` blocks run (removing caps, stopping jobs)."""
     def handler(signum, frame):
         raise _Interrupted(f"signal {signal.Signals(signum).name}")
@@ -237,10 +237,10 @@ def signals_ignored():
 class Follower:
     """Rank 0's last logged update, asked over one kept-open connection; raises when a rank stopped."""
 
-    def __init__(self, run: launch.Run, hosts: list[Host]):
+    def __init__(self, run: Run, hosts: list[Host]):
         self.run, self.hosts = run, hosts
         self.conn = connect(hosts[0])
-        self.command = launch.agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 0)
+        self.command = agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 0)
 
     def update(self) -> int:
         result = self.conn.run(self.command, hide=True, warn=True, in_stream=False)
@@ -348,7 +348,7 @@ def sweep(follower: Follower, hosts: list[Host], rates: list[str], cycles: int, 
     return segments
 
 
-def clean_up(run: launch.Run, hosts: list[Host], started: bool, follower: Follower | None, say=print) -> None:
+def clean_up(run: Run, hosts: list[Host], started: bool, follower: Follower | None, say=print) -> None:
     """Stop the job (when it was started) and remove every cap, even on a second Ctrl-C or SIGTERM."""
     with signals_ignored():
         if follower:
@@ -383,24 +383,24 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     overrides = list(overrides or [])
     options = presets.resolve(preset, overrides).options
     vocab = dataset_vocab(hosts[0], dataset)
-    params = model.preset_params(options, vocab)
+    params = preset_params(options, vocab)
     ranks = sum(max(h.gpus, 1) for h in hosts)
     strategy = Strategy.parse(comm)
     period = strategy.syncs_every
     updates = -(-updates // period) * period
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    run = launch.Run(run_id=f"bench-{stamp}", hosts=[h.name for h in hosts], preset=preset,
+    run = Run(run_id=f"bench-{stamp}", hosts=[h.name for h in hosts], preset=preset,
                      overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES, *steady_state(strategy)],
                      dataset=dataset,
                      master_port=port, precision=precision, comm=str(strategy))
     started = False
     follower = None
-    with _signals_raise():
+    with signals_raise():
         try:
             links, effective = measure_links(hosts, rates, params * strategy.bytes_per_element(precision), ranks,
                                              port, say)
             link.apply_caps(hosts, "none")
-            problems = launch.check(run, hosts, launch.probe(run, hosts))
+            problems = preflight.check(run, hosts, preflight.probe(run, hosts))
             if problems:
                 raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
             started = True
@@ -436,10 +436,10 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), **report,
               "params_logged": logparse.logged_params(log_text), "compute_s": compute_s, "overlap": overlap,
               "compute_from": compute_from, "points": points}
-    path = write(report, "step", now)
+    path = measurements.write(report, "step", now)
     png = path.with_suffix(".png")
     plot(report, png)
-    (REPORT_DIR / "step-latest.png").write_bytes(png.read_bytes())
+    (measurements.REPORT_DIR / "step-latest.png").write_bytes(png.read_bytes())
     report["path"], report["plot"] = str(path), str(png)
     return report
 
@@ -516,33 +516,58 @@ def plot_compare(reports: list[dict], path, quality: dict | None = None) -> None
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from . import cli
-
-    p = cli.parser("step time against bandwidth: train while capping the link at each rate (`fab bench-step`)")
-    p.add_argument("--rates", default="10mbit,100mbit,1gbit,none")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--set", default="", help="fairseq option overrides, comma-separated")
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--updates", type=int, default=8)
-    p.add_argument("--cycles", type=int, default=2)
-    p.add_argument("--skip", type=int, default=1)
-    p.add_argument("--port", type=int, default=29500)
-    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="fp16/bf16: GPUs only")
-    p.add_argument("--comm", default="sync", help="sync, fp16 or local-sgd:H")
-
-    def body(a, hosts):
-        try:
-            rates = parse_rates(a.rates)
-        except ValueError as err:
-            raise ClusterError(str(err)) from err
-        report = bench_step(hosts, rates, preset=a.preset, overrides=[o for o in a.set.split(",") if o],
-                            dataset=a.dataset, updates=a.updates, cycles=a.cycles, skip=a.skip, port=a.port,
-                            precision=a.precision, comm=a.comm)
-        print(summary(report))
-
-    return cli.run(body, p.parse_args(argv))
+def auto_per_rate(hosts: list[Host], rates: list[str], preset: str, overrides: list[str], dataset: str,
+                  precision: str, say=print) -> list[str]:
+    """`--comm auto`: what `fab train --comm auto` would pick at each capped rate (the predict model;
+    C from the latest bench-step of this model), one job per distinct pick."""
+    capped = [r for r in rates if link.rate_bits(r)] or ["measure"]
+    picked = []
+    for rate in capped:
+        where = "measure" if rate == "measure" else f"{link.rate_bits(rate) / 1e6:g}"
+        # without a compute-only time predict_for says how to get one (train.plan.predict.assess)
+        choice = predict.predict_for(hosts, preset, overrides, dataset, where, precision=precision,
+                                     comm="auto").choice
+        if choice.update_freq > 1:
+            raise ClusterError(f"--comm auto at {rate} picks {choice.flag()}: bench-step measures --comm "
+                               f"strategies only; measure that with fab train or fab bench-quality "
+                               f"--comm update-freq:{choice.update_freq}")
+        say(f"--comm auto at {rate}: {choice.comm} ({choice.prediction.efficiency:.0%} predicted)")
+        picked.append(choice.comm)
+    return list(dict.fromkeys(picked))
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run(hosts: list[Host], rates: str = "10mbit,100mbit,1gbit,none", preset: str = "tiny",
+        set_text: str | None = None, dataset: str = "synthetic", updates: int | str = 8, cycles: int | str = 2,
+        skip: int | str = 1, port: int | str = 29500, precision: str | None = None, comm: str = "sync",
+        say=print) -> list[dict]:
+    """`fab bench-step`: the sweep from the task's option values as given (`rates` and `comm` comma
+    lists, `set_text` --set's `key=value,...`, numbers may come as text), one job per strategy, each
+    one's summary said; with several, the side-by-side comparison and its plot. `precision` None:
+    as `fab train` picks it. Returns the reports."""
+    precision = precision or default_precision([h.gpus for h in hosts])
+    try:
+        rate_list = parse_rates(rates)
+    except ValueError as err:
+        raise ClusterError(str(err)) from err
+    names = [x.strip().lower() for x in str(comm).split(",") if x.strip()]
+    overrides = presets.parse_overrides(set_text)
+    if "auto" in names:
+        picked = auto_per_rate(hosts, rate_list, preset, overrides, dataset, precision, say)
+        names = list(dict.fromkeys(n for name in names for n in (picked if name == "auto" else [name])))
+    try:
+        strategies = [str(Strategy.parse(x)) for x in names]
+    except CommError as err:
+        raise ClusterError(str(err)) from None
+    reports = []
+    for strategy in strategies:
+        report = bench_step(hosts, rate_list, preset=preset, overrides=overrides, dataset=dataset,
+                            updates=int(updates), cycles=int(cycles), skip=int(skip), port=int(port),
+                            precision=precision, comm=strategy, say=say)
+        say(summary(report))
+        reports.append(report)
+    if len(reports) > 1:
+        say(compare(reports))
+        png = measurements.REPORT_DIR / f"step-compare-{reports[-1]['timestamp'].replace(':', '')}.png"
+        plot_compare(reports, png, quality=measurements.latest("quality"))
+        say(f"plot {png}")
+    return reports

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from benchmarks.link import cap_command, parse_caps, rate_bits
+from train.plan.link import cap_command, parse_caps, rate_bits
 
 from .config import CLUSTER_NIC, LabConfig
 from .shell import LabError, in_netns, ok, run
@@ -116,7 +116,7 @@ def attach_slow_nic(cfg: LabConfig, name: str, mbps: int = 100) -> str:
 
 def shape(cfg: LabConfig, rate: str | None) -> None:
     """Cap every host's egress on its cluster NIC with the tc tbf line `fab bench-step` uses
-    (benchmarks.link); rate None or 'none' lifts the cap. Reads the caps back: a host that
+    (train.plan.link); rate None or 'none' lifts the cap. Reads the caps back: a host that
     did not take the change is an error naming it."""
     try:
         line = cap_command(link_nic(cfg), rate or "none")

@@ -1,1 +1,2 @@
-"""tandem's per-run side (fabfile.py): data/, run/, agent/ (what runs on the hosts), report/; cluster.py shared."""
+"""tandem's per-run side (fabfile.py): data/, run/ (a run's life: train.run.session), plan/ (the cost
+model and the link), agent/ (what runs on the hosts), report/, watch/; cluster.py shared."""

@@ -247,7 +247,8 @@ def test_drifted_packages_are_named_by_fab_train_and_restored_by_provisioning(pr
     assert ("v100b: packages differ from the pins: sacrebleu missing (pinned 2.6.0), tensorboardx missing "
             "(pinned 2.6.5); re-run provision.yml (--tags train_env) to restore them") in said
     assert re.search(r"v100b: tandem's host-side agent \(train/agent\) there is version [0-9a-f]{12}, not this "
-                     rf"controller's {preflight.controller_agent()[:12]}: re-run provision.yml \(--tags train_env\)", said), said
+                     rf"controller's {preflight.controller_agent()[:12]}: re-run provision.yml \(--tags train_env\)",
+                     said), said
     assert "v100a: packages differ" not in proc.stdout and "v100a: tandem's" not in proc.stdout
 
     run = provisioned.playbook("--tags", "train_env")

@@ -15,8 +15,9 @@ import pytest
 import yaml
 from labtools import fab, ssh
 
-from benchmarks import link, net
+from benchmarks import net
 from train.cluster import load_hosts
+from train.plan import link
 
 RUNS = "/data/tandem/runs"
 

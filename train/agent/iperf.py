@@ -1,7 +1,7 @@
 """iperf3 between hosts: the command lines that run it, and the parser of its JSON.
 
 One implementation for both sides that measure the link: roles/network (Ansible runs these
-commands on the hosts and its `iperf_pairs` filter calls `parse`) and benchmarks.link (Fabric
+commands on the hosts and its `iperf_pairs` filter calls `parse`) and train.plan.link (Fabric
 runs them for `fab bench-net`, `fab bench-step` and `fab train`'s network check). Plain
 standard library: the network role measures before roles/train_env installs anything.
 

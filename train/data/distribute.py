@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..cluster import ClusterError, Host, run_all
-from ..run.launch import DATA_ROOT
+from ..run.record import DATA_ROOT
 
 
 def ssh_command(host: Host) -> str:
@@ -41,8 +41,8 @@ def upload(bin_dir: Path, name: str, hosts: list[Host]) -> dict[str, str]:
         result = checked[host.name]
         if errors.get(host.name):
             continue
-        if isinstance(result, Exception):
-            problems.append(f"{host.name}: unreachable after the copy: {result}")
+        if result.error is not None:
+            problems.append(f"{host.name}: unreachable after the copy: {result.error}")
         elif not result.ok:
             problems.append(f"{host.name}: the copy in {dest} does not match its manifest: "
                             f"{(result.stdout + result.stderr).strip()[-300:]}")

@@ -1,6 +1,6 @@
 """The link between the hosts: iperf3 between them, and tc caps on their cluster NICs.
 
-Everything here runs on the hosts over ssh (train.cluster.run_all, in parallel). The pure
+Everything here runs on the hosts over ssh (train.cluster.run_each, in parallel). The pure
 parts are separate so the unit tests cover them without a cluster: tc's rates and commands
 here, iperf3's command lines, its JSON parser and which pairs to measure in train.agent.iperf
 (the network role measures with the same).
@@ -21,16 +21,17 @@ import shlex
 
 from train.agent import iperf as iperf3
 from train.agent.iperf import Pair, link_mbps, ordered_pairs
-from train.cluster import ClusterError, Host, on_each, run_all
+from train.cluster import ClusterError, Host, run_each
 
 __all__ = ["Pair", "link_mbps", "ordered_pairs"]  # the pair figures, for benchmarks.net and predict
-
 
 
 def iperf_pidfile(host: Host) -> str:
     """Where the benchmark's iperf3 server keeps its pid on `host`: Fabric runs as the inventory's
     user (ubuntu on a cloud image, not root), who cannot write /run; one file per user."""
     return f"/tmp/tandem-bench-iperf3-{host.user}.pid"
+
+
 RATE_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
 
 
@@ -94,48 +95,30 @@ def parse_caps(tc_show: str) -> str | None:
 
 def apply_caps(hosts: list[Host], rate: str) -> None:
     """Cap (or uncap, rate 'none') every host's cluster NIC; raises naming the hosts that failed."""
-    answers = _run_each(hosts, {h.name: cap_command(nic_of(h), rate) for h in hosts})
-    failed = [f"{n}: {_why(r)}" for n, r in answers.items() if _failed(r)]
+    failed = run_each(hosts, {h.name: cap_command(nic_of(h), rate) for h in hosts}).problems()
     if failed:
         raise ClusterError(f"could not set the cap {rate} (tc):\n  " + "\n  ".join(failed))
 
 
 def caps(hosts: list[Host]) -> dict[str, str | None]:
     """The tbf rate on every host's cluster NIC now (None: no cap). Raises for unreachable hosts."""
-    answers = _run_each(hosts, {h.name: f"tc qdisc show dev {shlex.quote(nic_of(h))}" for h in hosts})
+    answers = run_each(hosts, {h.name: f"tc qdisc show dev {shlex.quote(nic_of(h))}" for h in hosts})
     out = {}
     for name, result in answers.items():
-        if _failed(result):
-            raise ClusterError(f"{name}: could not read its qdisc: {_why(result)}")
+        if not result.ok:
+            raise ClusterError(f"{name}: could not read its qdisc: {result.why}")
         out[name] = parse_caps(result.stdout)
     return out
 
 
 def remove_caps(hosts: list[Host]) -> dict[str, str | None]:
     """Remove every cap and confirm it: {host: None} when clean; raises naming a host that kept one."""
-    _run_each(hosts, {h.name: cap_command(nic_of(h), "none") for h in hosts})
+    run_each(hosts, {h.name: cap_command(nic_of(h), "none") for h in hosts})
     left = caps(hosts)
     kept = {n: r for n, r in left.items() if r}
     if kept:
         raise ClusterError("a cap is still there: " + ", ".join(f"{n} {r}" for n, r in kept.items()))
     return left
-
-
-def _run_each(hosts: list[Host], commands: dict[str, str]) -> dict[str, object]:
-    """A command per host (each host may name its NIC differently), all at once."""
-    if len(set(commands.values())) == 1:
-        return run_all(hosts, next(iter(commands.values())))
-    return on_each(hosts, lambda h, c: c.run(commands[h.name], hide=True, warn=True, in_stream=False))
-
-
-def _failed(result: object) -> bool:
-    return isinstance(result, Exception) or not getattr(result, "ok", False)
-
-
-def _why(result: object) -> str:
-    if isinstance(result, Exception):
-        return f"unreachable ({result})"
-    return (getattr(result, "stderr", "") or getattr(result, "stdout", "")).strip()[-300:] or "failed"
 
 
 # ---- iperf3 (commands and parser: train.agent.iperf, shared with roles/network) ----
@@ -163,8 +146,7 @@ def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int
     start = {h.name: f"{iperf3.stop_command(iperf_pidfile(h))}; "
                      f"{iperf3.server_command(port, iperf_pidfile(h), h.cluster_address)}" for h in hosts}
     try:
-        answers = _run_each(hosts, start)
-        bad = [f"{n}: {_why(r)}" for n, r in answers.items() if _failed(r)]
+        bad = run_each(hosts, start).problems()
         if bad:
             raise ClusterError("iperf3 server did not start (is iperf3 installed? provision.yml installs it):\n  "
                                + "\n  ".join(bad))
@@ -174,12 +156,12 @@ def iperf(hosts: list[Host], pattern: str = "all", seconds: float = 3, omit: int
         for batch in rounds:
             senders = [by_name[a] for a, _ in batch]
             commands = client_commands(batch, by_name, port, seconds, omit)
-            answers = _run_each(senders, commands)
+            answers = run_each(senders, commands)
             for a, b in batch:
                 result = answers[a]
-                text = getattr(result, "stdout", "") or _why(result)
+                text = result.stdout or result.why
                 raw[f"{a}->{b}"] = text
                 pairs.append(iperf3.parse(a, b, text))
     finally:
-        _run_each(hosts, {h.name: iperf3.stop_command(iperf_pidfile(h)) for h in hosts})
+        run_each(hosts, {h.name: iperf3.stop_command(iperf_pidfile(h)) for h in hosts})
     return pairs, raw

@@ -1,7 +1,7 @@
 """`fab predict` and `fab train`'s network check: the cost model fed with measured figures.
 
 Inputs, each with where it came from (printed beside the numbers):
-- gradient size: the preset's parameters (benchmarks.model.preset_params, the dataset's
+- gradient size: the preset's parameters (train.run.params.preset_params, the dataset's
   dictionary size read from the first host) × 4 bytes (fp32) or 2 (fp16/bf16);
 - ranks: one per GPU, one per CPU host;
 - link: `measure` (iperf3 now, every ring link at once, 2 s), `bench` (the latest
@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass, field
 
-from train.cluster import ClusterError, Host
+from train.cluster import ClusterError, Host, run_all
 from train.run import presets
 from train.run.comm import CommError, Strategy, sync_start
+from train.run.command import default_precision
+from train.run.params import preset_params
+from train.run.record import DATA_ROOT
 
-from . import link, model, net
+from . import link, measurements, model
 
 
 @dataclass
@@ -80,7 +84,7 @@ def _model_options(overrides: list[str]) -> list[str]:
 def compute_from_bench(params: int, n_hosts: int, ranks: int, preset: str | None = None,
                        overrides: list[str] | None = None) -> tuple[float | None, str]:
     """The latest bench-step's compute-only time, if it measured the same model and batch on as many hosts."""
-    report = net.latest("step")
+    report = measurements.latest("step")
     same_model = preset is None or (report and report.get("preset") == preset
                                     and _model_options(report.get("overrides", [])) == _model_options(overrides or []))
     if report and same_model and report.get("params") == params and report.get("ranks") == ranks \
@@ -95,7 +99,7 @@ def overlap_for(backend: str, hosts: list[Host]) -> tuple[float, str]:
     if backend not in model.OVERLAPPING_BACKENDS:
         return 0.0, f"{backend}: the all-reduce starts after the backward pass"
     names = sorted(h.name for h in hosts)
-    for path in sorted(net.REPORT_DIR.glob("step-2*.json"), reverse=True):
+    for path in sorted(measurements.REPORT_DIR.glob("step-2*.json"), reverse=True):
         report = json.loads(path.read_text())
         if report.get("ddp_backend") == backend and sorted(report.get("hosts", [])) == names:
             return float(report.get("overlap", 0.0)), f"{backend}, fitted by fab bench-step of {report['timestamp']}"
@@ -124,7 +128,7 @@ def link_figure(hosts: list[Host], source: str,
             raise ClusterError("iperf3 measured nothing: " + "; ".join(p.error or "" for p in pairs))
         return mbps, "iperf3 now, slowest of " + ", ".join(f"{p.src}->{p.dst} {p.mbps:.0f}" for p in pairs), mbps
     if source == "bench":
-        report = net.latest("net")
+        report = measurements.latest("net")
         if not report or sorted(report["hosts"]) != sorted(h.name for h in hosts):
             raise ClusterError("no `fab bench-net` of these hosts to take the link from: run it, or --link measure")
         port = float(report["link_mbps"])
@@ -208,10 +212,17 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     return v
 
 
-def model_params(hosts: list[Host], preset: str, overrides: list[str], dataset: str) -> int:
-    from .step import dataset_vocab
+def dataset_vocab(host: Host, dataset: str) -> int:
+    """fairseq's dictionary size: the lines of dict.en.txt plus its 4 special symbols."""
+    path = f"{DATA_ROOT}/{dataset}/dict.en.txt"
+    result = run_all([host], f"wc -l < {shlex.quote(path)}")[host.name]
+    if not result.ok:
+        raise ClusterError(f"{host.name}: no dictionary at {path}: run `fab prepare-data`")
+    return int(result.stdout.strip()) + 4
 
-    return model.preset_params(presets.resolve(preset, overrides).options, dataset_vocab(hosts[0], dataset))
+
+def model_params(hosts: list[Host], preset: str, overrides: list[str], dataset: str) -> int:
+    return preset_params(presets.resolve(preset, overrides).options, dataset_vocab(hosts[0], dataset))
 
 
 def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, link_source: str = "measure",
@@ -260,35 +271,15 @@ def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:
                        comm=comm if comm is not None else run.comm)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import json
-
-    from . import cli
-
-    p = cli.parser("predict s/update, the run's hours and whether the network dominates (`fab predict`); "
-                   "exit 3 when network-bound")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--set", default="", help="fairseq option overrides, comma-separated")
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--link", default="measure", help="measure (iperf3 now), bench (latest bench-net) or Mbit/s")
-    p.add_argument("--compute-s", type=float, help="compute-only s/update (default: the latest bench-step)")
-    p.add_argument("--precision", default="fp32", choices=sorted(model.BYTES_PER_ELEMENT))
-    p.add_argument("--update-freq", type=int, default=1)
-    p.add_argument("--max-update", type=int)
-    p.add_argument("--overlap", type=float, help="default: measured by bench-step for the run's DDP backend")
-    p.add_argument("--comm", default="sync", help="sync, fp16, local-sgd:H or auto (the least invasive that "
-                   "reaches 90%% scaling efficiency)")
-    p.add_argument("--json", action="store_true")
-
-    def body(a, hosts):
-        v = predict_for(hosts, a.preset, [o for o in a.set.split(",") if o], a.dataset, a.link,
-                        compute_s=a.compute_s, precision=a.precision, update_freq=a.update_freq,
-                        max_update=a.max_update, overlap=a.overlap, comm=a.comm)
-        print(json.dumps(v.as_dict(), indent=1, default=str) if a.json else "\n".join(v.lines))
-        return 3 if v.network_bound else 0
-
-    return cli.run(body, p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def for_options(hosts: list[Host], preset: str = "tiny", set_text: str | None = None, dataset: str = "synthetic",
+                link_source: str = "measure", compute_s: float | str | None = None, precision: str | None = None,
+                update_freq: int | str = 1, max_update: int | str | None = None,
+                overlap: float | str | None = None, comm: str = "sync") -> Verdict:
+    """`fab predict`: the verdict from the task's option values as given (`set_text`: --set's
+    `key=value,...`; numbers may come as text). `precision` None: as `fab train` picks it (fp16
+    on GPU hosts, fp32 where any host has none)."""
+    return predict_for(hosts, preset, presets.parse_overrides(set_text), dataset, str(link_source),
+                       compute_s=float(compute_s) if compute_s is not None else None,
+                       precision=precision or default_precision([h.gpus for h in hosts]),
+                       update_freq=int(update_freq), max_update=int(max_update) if max_update else None,
+                       overlap=float(overlap) if overlap is not None else None, comm=str(comm))

@@ -39,7 +39,7 @@ from train.report.logparse import Log, Record, format_eta, logged_params, parse_
 from train.run import presets
 
 # The link busy more than half the training time: the network takes most of each step, the same
-# definition `fab predict` uses (benchmarks.model.Prediction.network_bound).
+# definition `fab predict` uses (train.plan.model.Prediction.network_bound).
 NETWORK_BOUND_SHARE = 0.50
 GPU_FULL_PERCENT = 90.0  # mean utilization at or above this: fully used
 PLATEAU_FRACTION = 0.01  # a loss change smaller than 1 % over the last part: not improving

@@ -9,9 +9,10 @@ bench/*.json (the latest benchmark results on this controller).
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from ..cluster import Host, get_whole, on_each
-from ..run.launch import REPORTS, Run
+from ..run.record import REPORTS, Run
 
 
 def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
@@ -46,5 +47,24 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
         (local / "bench").mkdir(exist_ok=True)
         for path in bench.glob("*.json"):
             shutil.copy2(path, local / "bench" / path.name)
-    return {name: str(result) for name, result in results.items() if result is not None}
+    return {name: result.why if not result.ok else result.value for name, result in results.items()
+            if not result.ok or result.value is not None}
 
+
+
+def report(run: Run, hosts: list[Host], link_mbps: float | None, console) -> Path:
+    """`fab report`: collect the run from every host, then its page and the answers, printed.
+    `link_mbps`: the link when no bench-net result exists (default: the inventory's)."""
+    from .page import build_report
+
+    with console.status(f"collecting {run.run_id} from {', '.join(run.hosts)}"):
+        problems = collect(run, hosts)
+    for name, problem in problems.items():
+        console.print(f"[yellow]{name}: {problem}[/]")
+    expected = link_mbps or hosts[0].vars.get("network_expected_mbps")
+    with console.status("plots and answers"):
+        page, lines = build_report(run.local_dir, float(expected) if expected else None)
+    for line in lines:
+        console.print(line)
+    console.print(f"[bold]report:[/] {page}")
+    return page

@@ -1,4 +1,4 @@
-"""A run's membership history (launch.Run.members) for the report: which hosts trained from which
+"""A run's membership history (record.Run.members) for the report: which hosts trained from which
 update to which, and the changes to mark on the plots.
 
 train.run.elastic appends an entry each time the run goes on without a lost host:

@@ -23,7 +23,7 @@
 - `--update-freq K` (gradient accumulation) is its own option: K× fewer all-reduces per sample,
   K× larger effective batch.
 
-`auto` is resolved before the run starts (benchmarks.predict.choose_strategy) and the run
+`auto` is resolved before the run starts (train.plan.model.choose, from train.plan.predict) and the run
 remembers the concrete choice, so a resumed run keeps it.
 """
 

@@ -1,17 +1,20 @@
-"""The benchmarks' pure parts: table formatting, busbw and efficiency, iperf3/tc parsing, JSON, verdicts."""
+"""The benchmarks' pure parts: table formatting, busbw and efficiency, the step sweep's figures and
+predictions; and what `fab bench-net` and `fab bench-step` do with their options and the hosts' answers.
+(The cost model, the link and the records they write: tests/unit/train/plan.)"""
 
 from __future__ import annotations
 
-import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import link, model, net, predict, step
+from benchmarks import net, step
 from train.agent import allreduce
-from train.cluster import ClusterError, Host
+from train.cluster import ClusterError, GroupResult, Host, HostResult
+from train.plan import measurements, model
 from train.report.logparse import logged_params, parse_log
 
 
@@ -68,27 +71,12 @@ def test_threshold_checks_256MB_and_above():
     assert not net.verdict(small, 0.85)[0]
 
 
-def test_rates_and_tc_commands():
-    assert link.rate_bits("100mbit") == 100_000_000
-    assert link.rate_bits("1gbit") == 10**9
-    assert link.rate_bits("none") is None
-    assert link.tbf_burst(10**9) == 625_000 and link.tbf_burst(10**7) == 16_384  # 5 ms, never below 16 kB
-    with pytest.raises(ValueError):
-        link.rate_bits("fast")
-    assert link.cap_command("eth0", "100mbit") == (
-        "tc qdisc replace dev eth0 root tbf rate 100000000bit burst 62500b latency 50ms")
-    assert link.cap_command("eth0", "none").startswith("tc qdisc del dev eth0 root")
-    assert link.parse_caps("qdisc tbf 8001: root refcnt 2 rate 100Mbit burst 64Kb lat 50ms") == "100Mbit"
-    assert link.parse_caps("qdisc noqueue 0: root refcnt 2") is None
+def test_rates_are_tc_rates():
     assert step.parse_rates("10mbit, none") == ["10mbit", "none"]
-
-
-def test_report_json_is_written_twice_and_read_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(net, "REPORT_DIR", tmp_path)
-    path = net.write({"benchmark": "bench-net", "link_mbps": 95.6}, "net")
-    assert json.loads(path.read_text())["link_mbps"] == 95.6
-    assert net.latest("net") == {"benchmark": "bench-net", "link_mbps": 95.6}
-    assert net.latest("step") is None
+    with pytest.raises(ValueError, match="not a tc rate"):
+        step.parse_rates("10mbit,fast")
+    with pytest.raises(ValueError, match="no rates given"):
+        step.parse_rates(" , ")
 
 
 LOG = """\
@@ -149,65 +137,10 @@ def test_plot_is_a_png(tmp_path):
     assert (tmp_path / "step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def hosts(expected=1000):
-    v = {"network_expected_mbps": expected}
-    return [Host("v100a", "10.0.0.1", vars=v), Host("v100b", "10.0.0.2", vars=v)]
-
-
-def test_a_100mbit_cap_on_a_1gbit_cluster_is_network_bound():
-    params = model.transformer_params(1000, 256, 1024, 2, 2)  # the lab's "10x tiny" model
-    v = predict.assess(hosts(), params, link_mbps=95.0, link_source="iperf3", compute_s=0.6, compute_source="bench")
-    assert v.network_bound and v.slow_link
-    assert v.prediction.step_s == pytest.approx(0.6 + params * 4 / (95e6 / 8))
-    assert v.at_expected is not None and not v.at_expected.network_bound
-    assert any("NETWORK-BOUND" in line for line in v.lines)
-    fast = predict.assess(hosts(), params, link_mbps=940.0, link_source="iperf3", compute_s=0.6,
-                          compute_source="bench")
-    assert not fast.network_bound
-
-
-def test_without_a_compute_figure_a_capped_port_still_counts():
-    v = predict.assess(hosts(), 300_000, link_mbps=95.0, link_source="iperf3", compute_s=None,
-                       compute_source="unknown")
-    assert v.network_bound and v.prediction is None and v.comm_only.comm_s > 0
-    ok = predict.assess(hosts(), 300_000, link_mbps=950.0, link_source="iperf3", compute_s=None,
-                        compute_source="unknown")
-    assert not ok.network_bound
-    assert json.loads(json.dumps(v.as_dict(), default=str))["network_bound"] is True
-
-
-def test_a_small_all_reduce_rate_is_not_mistaken_for_a_capped_port():
-    """From bench-net, a 1 MiB all_reduce gets 480 Mbit/s on a healthy 940 Mbit/s port (latency): the model
-    uses 480, the capped-port check iperf3's 940."""
-    v = predict.assess(hosts(), 300_000, link_mbps=480.0, port_mbps=940.0, link_source="bench-net",
-                       compute_s=None, compute_source="unknown")
-    assert not v.slow_link and not v.network_bound
-    assert v.comm_only.comm_s == pytest.approx(1.2e6 / (480e6 / 8))
-
-
-@pytest.mark.parametrize("module", ["net", "step", "predict"])
-def test_each_benchmark_runs_as_a_plain_module_and_names_a_wrong_host(module):
-    top = Path(__file__).resolve().parents[3]
-    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--inventory", "inventory/hosts.yml",
-                           "--hosts", "v100a,v100c"], cwd=top, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "unknown host v100c: the inventory has v100a, v100b" in proc.stderr
-
-
 def test_bench_step_refuses_half_precision_on_cpu_hosts_before_touching_them():
     cpu = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]  # unreachable: nothing may be tried
     with pytest.raises(ClusterError, match="bf16 needs GPUs; v100a, v100b have none"):
         step.bench_step(cpu, ["none"], precision="bf16")
-
-
-def test_predict_from_bench_net_takes_the_all_reduce_rate_at_the_gradients_size():
-    """A 1.2 MB gradient gets what a 1 MiB all_reduce got, not the 256 MiB plateau or iperf3."""
-    report = {"link_mbps": 95.0, "allreduce": {"results": [
-        {"size": 2**20, "busbw": 0.0060}, {"size": 16 * 2**20, "busbw": 0.0110},
-        {"size": 256 * 2**20, "busbw": 0.0118}]}}
-    assert predict.allreduce_rate_at(report, 1.19e6) == (pytest.approx(48.0), 2**20)
-    assert predict.allreduce_rate_at(report, 200e6) == (pytest.approx(94.4), 256 * 2**20)
-    assert predict.allreduce_rate_at({"link_mbps": 95.0}, 1e6) is None  # no sweep: iperf3 stands in
 
 
 def overlapped_points(c: float, overlap: float, mbit_rates: list[float], params: int = 4_000_000) -> list[dict]:
@@ -237,19 +170,103 @@ def test_legacy_ddp_keeps_overlap_zero_even_when_a_fit_would_flatter_it():
     assert pts[0]["error"] > 0.05  # the same steps read as legacy_ddp: the model (rightly) over-predicts
 
 
-def test_fit_overlap_prefers_the_smaller_overlap_on_a_tie():
-    # every capped point fully hidden or fully exposed the same way: any overlap >= 0.5 fits; 0.5 is kept
-    assert model.fit_overlap((0.0, 1.0), [(0.5, 1.0)]) == 0.5
-    assert model.fit_overlap((0.0, 1.0), []) == 0.0
-
-
-def test_the_run_uses_its_presets_ddp_backend_else_tandems_default():
-    assert model.ddp_backend({}, cpu=True) == "legacy_ddp"
-    assert model.ddp_backend({}, cpu=False) == "pytorch_ddp"
-    assert model.ddp_backend({"ddp_backend": "pytorch_ddp"}, cpu=True) == "pytorch_ddp"
-
-
 def test_one_capped_rate_alone_is_marked_as_fitted_not_checked():
     pts = overlapped_points(0.8, 0.4, [100, 20_000])
     step.with_predictions(pts, params=4_000_000, ranks=2, hosts=2, backend="pytorch_ddp")
     assert pts[0]["fitted_on_itself"] and step.table(pts).splitlines()[1].split()[5] == "(fit)"
+
+
+def answers(**outcomes) -> GroupResult:
+    """What run_all / run_each / on_each return: {host: HostResult}; an exception stands for a host
+    SSH could not reach, text for a command that printed it and exited 0."""
+    return GroupResult((name, HostResult(name, error=o) if isinstance(o, Exception) else
+                        HostResult(name, stdout=o, exited=0)) for name, o in outcomes.items())
+
+
+def two_hosts(gpus: int = 0) -> list[Host]:
+    return [Host("v100a", "10.0.0.1", gpus=gpus, nic="eth1"), Host("v100b", "10.0.0.2", gpus=gpus, nic="eth1")]
+
+
+def test_an_all_reduce_that_cannot_start_names_the_host_and_why_and_stops_the_others(monkeypatch):
+    ran = []
+    monkeypatch.setattr(net, "run_each", lambda hosts, commands: answers(v100a="", v100b=OSError("no route to host")))
+    monkeypatch.setattr(net, "run_all", lambda hosts, command: ran.append(command) or answers(v100a="", v100b=""))
+    with pytest.raises(ClusterError, match=r"could not start all_reduce on every host:\n  v100b: unreachable "
+                                           r"\(no route to host\)"):
+        net.run_allreduce(two_hosts(), "1M")
+    assert ran == [net.KILL]  # every job stopped, also on the way out
+
+
+def test_nic_counters_a_host_did_not_give_are_named(monkeypatch):
+    monkeypatch.setattr(step, "run_each", lambda hosts, commands: answers(v100a="1000\n", v100b=OSError("gone")))
+    with pytest.raises(ClusterError, match="could not read the NIC counters on v100b"):
+        step.tx_bytes(two_hosts())
+    monkeypatch.setattr(step, "run_each", lambda hosts, commands: answers(v100a="1000\n", v100b="2000\n"))
+    assert step.tx_bytes(two_hosts()) == {"v100a": 1000, "v100b": 2000}
+
+
+def test_bench_net_says_where_its_json_is_then_fails_below_the_threshold(monkeypatch):
+    asked, said = {}, []
+    report = {"path": "reports/bench/net-x.json", "ok": False, "problems": ["268435456 B: busbw 700 Mbit/s ..."]}
+    monkeypatch.setattr(net, "bench_net", lambda hosts, **kw: asked.update(kw) or report)
+    with pytest.raises(ClusterError, match=r"below the threshold:\n  268435456 B"):
+        net.run(two_hosts(), iters="3", budget_s="10", threshold="0.85", port="29511", say=said.append)
+    assert said == ["JSON reports/bench/net-x.json"]
+    assert (asked["iters"], asked["budget_s"], asked["threshold"], asked["port"]) == (3, 10.0, 0.85, 29511)
+
+
+def test_bench_step_trains_as_fab_train_would(monkeypatch):
+    """fab bench-step's options: the precision fab train picks (fp16 on GPU hosts), --set split between
+    overrides and not inside a value, one job per strategy."""
+    jobs = []
+    monkeypatch.setattr(step, "bench_step", lambda hosts, rates, **kw: jobs.append((rates, kw)) or {})
+    monkeypatch.setattr(step, "summary", lambda report: "summary")
+    step.run(two_hosts(gpus=1), rates="100mbit,none", set_text="adam_betas=(0.9, 0.98),lr=0.001", updates="4",
+             say=lambda *_: None)
+    (rates, kw), = jobs
+    assert rates == ["100mbit", "none"] and kw["precision"] == "fp16" and kw["updates"] == 4
+    assert kw["overrides"] == ["adam_betas=(0.9, 0.98)", "lr=0.001"] and kw["comm"] == "sync"
+    jobs.clear()
+    step.run(two_hosts(), rates="none", say=lambda *_: None)
+    assert jobs[0][1]["precision"] == "fp32"  # a CPU host: fp32, as fab train
+    with pytest.raises(ClusterError, match="not a tc rate"):
+        step.run(two_hosts(), rates="fast")
+
+
+def test_bench_step_compares_several_strategies_side_by_side_with_a_plot(monkeypatch, tmp_path):
+    def report(comm, capped_s, own_s):
+        return {"comm": comm, "timestamp": "2026-11-22T08:00:00+00:00", "preset": "tiny", "params": 300_000,
+                "ranks": 2, "n_hosts": 2, "compute_s": 0.2, "precision": "fp32",
+                "points": [{"rate": "100mbit", "link_mbps": 95.0, "s_per_update": capped_s},
+                           {"rate": "none", "link_mbps": 9000.0, "s_per_update": own_s}]}
+
+    timings = {"sync": (0.5, 0.2), "local-sgd:8": (0.25, 0.2)}
+    monkeypatch.setattr(measurements, "REPORT_DIR", tmp_path)
+    monkeypatch.setattr(step, "bench_step", lambda hosts, rates, comm, **kw: report(comm, *timings[comm]))
+    monkeypatch.setattr(step, "summary", lambda report: f"summary {report['comm']}")
+    said = []
+    reports = step.run(two_hosts(), rates="100mbit,none", comm="sync,local-sgd:8", say=said.append)
+    assert [r["comm"] for r in reports] == ["sync", "local-sgd:8"]
+    assert said[:2] == ["summary sync", "summary local-sgd:8"]
+    assert "of sync uncapped" in said[2] and said[3] == f"plot {tmp_path}/step-compare-2026-11-22T080000+0000.png"
+    assert (tmp_path / "step-compare-2026-11-22T080000+0000.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ClusterError, match="--comm is sync, fp16, local-sgd"):
+        step.run(two_hosts(), rates="none", comm="gossip")
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["bench-step", "--rates", "10mbit,fast"], "rate 'fast' is not a tc rate like 10mbit"),
+    (["bench-step", "--comm", "sync,gossip"], "--comm is sync, fp16, local-sgd[:H] or auto, not 'gossip'"),
+    (["bench-quality", "--comm", "sync,auto"], "bench-quality measures named ones"),
+    (["bench-quality", "--set", "max_update=5,adam_betas=(0.9, 0.98)"], "--set max_update=5: bench-quality sets"),
+    (["predict", "--comm", "gossip"], "--comm is sync, fp16, local-sgd[:H] or auto, not 'gossip'"),
+])
+def test_the_fab_tasks_are_the_benchmarks_door_and_refuse_a_bad_option_before_touching_a_host(args, said):
+    """inventory/hosts.yml's hosts do not exist (TEST-NET addresses): a task that tried one would hang
+    on it, then fail differently."""
+    top = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "FABRIC_INVENTORY": "inventory/hosts.yml", "COLUMNS": "400"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "fab"), *args], cwd=top, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and said in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+

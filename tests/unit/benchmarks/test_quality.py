@@ -199,8 +199,8 @@ def test_a_failed_run_still_writes_what_finished(monkeypatch, tmp_path):
 
     written = {}
     monkeypatch.setattr(quality, "run_one", run_one)
-    monkeypatch.setattr(quality, "write", lambda report, kind, when: written.update(report=report, kind=kind)
-                        or tmp_path / "q.json")
+    monkeypatch.setattr(quality.measurements, "write", lambda report, kind, when:
+                        written.update(report=report, kind=kind) or tmp_path / "q.json")
     with pytest.raises(ClusterError, match="rank 1 died"):
         quality.bench_quality(cpu, entries("fp16"), say=lambda *_: None)
     assert written["kind"] == "quality"
@@ -244,7 +244,26 @@ def test_a_second_sigterm_during_the_cleanup_does_not_cut_it_short(monkeypatch):
 
     monkeypatch.setattr(quality.launch, "stop", stop)
     monkeypatch.setattr(quality, "run_all", lambda hosts, cmd: done.append(cmd))
-    run = quality.launch.Run(run_id="quality-x-sync", hosts=["v100a"], preset="tiny", overrides=[], dataset="synthetic")
-    with step._signals_raise():
+    run = quality.Run(run_id="quality-x-sync", hosts=["v100a"], preset="tiny", overrides=[], dataset="synthetic")
+    with step.signals_raise():
         quality.stop_and_clean(run, [], started=True, say=done.append)
     assert done[0] == "stop" and "checkpoints/*.pt" in done[1] and "stopped quality-x-sync" in done[2], done
+
+
+def test_fab_bench_quality_checks_its_options_before_touching_a_host_and_trains_as_fab_train(monkeypatch):
+    gpus = [Host(name, f"10.0.0.{i}", gpus=1) for i, name in enumerate(["a", "b"], 1)]
+    monkeypatch.setattr(quality, "bench_quality", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(ClusterError, match="bench-quality measures named ones"):
+        quality.run(gpus, comm="sync,auto")
+    with pytest.raises(ClusterError, match="--updates must be at least 1"):
+        quality.run(gpus, updates="0")
+    asked, said = {}, []
+    monkeypatch.setattr(quality, "bench_quality", lambda hosts, entries, **kw: asked.update(entries=entries, **kw)
+                        or "the report")
+    monkeypatch.setattr(quality, "summary", lambda report: f"summary of {report}")
+    assert quality.run(gpus, comm="fp16", set_text="adam_betas=(0.9, 0.98),lr=0.002", updates="40",
+                       bleu=False, say=said.append) == "the report"
+    assert [e.label for e in asked["entries"]] == ["sync", "fp16"] and asked["updates"] == 40
+    assert asked["overrides"] == ["adam_betas=(0.9, 0.98)", "lr=0.002"]
+    assert asked["precision"] == "fp16" and asked["bleu"] is False  # GPU hosts: as fab train
+    assert said == ["summary of the report"]

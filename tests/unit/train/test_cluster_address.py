@@ -11,10 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks import link, net
+from benchmarks import net
 from train.agent import iperf
 from train.cluster import Host, load_hosts
+from train.plan import link
 from train.run import launch
+from train.run.checkpoints import cluster_address
+from train.run.record import Run
 
 INVENTORY = """
 all:
@@ -42,12 +45,12 @@ def test_ssh_goes_to_ansible_host_and_peers_to_the_cluster_address(tmp_path):
     hosts = _hosts(tmp_path)
     assert [(h.address, h.cluster_address) for h in hosts] == [
         ("203.0.113.10", "10.0.0.11"), ("203.0.113.20", "10.0.0.12"), ("203.0.113.30", "203.0.113.30")]
-    assert [launch.cluster_address(h) for h in hosts] == ["10.0.0.11", "10.0.0.12", "203.0.113.30"]
+    assert [cluster_address(h) for h in hosts] == ["10.0.0.11", "10.0.0.12", "203.0.113.30"]
 
 
 def test_the_rendezvous_and_the_all_reduce_meet_on_rank_0s_cluster_address(tmp_path):
     hosts = _hosts(tmp_path)[:2]
-    run = launch.Run(run_id="r1", hosts=[h.name for h in hosts], preset="tiny", overrides=[], dataset="synthetic")
+    run = Run(run_id="r1", hosts=[h.name for h in hosts], preset="tiny", overrides=[], dataset="synthetic")
     for line in launch.host_commands(run, hosts).values():
         assert _flag(line.split("setsid nohup ", 1)[1], "--master_addr") == "10.0.0.11"
     for line in net.allreduce_commands(hosts, "1M", 1, 0, 5, 29501, 60).values():

@@ -79,5 +79,6 @@ def test_a_host_silent_after_the_handshake_is_named_within_the_deadline(silent_h
     caller.join(60)
     assert not caller.is_alive(), "run_all still waits on the silent host after 60 s"
     said = answers["v100b"]
-    assert isinstance(said, TimeoutError) and "no answer within 7 s" in str(said), said
+    assert not said.reachable and isinstance(said.error, TimeoutError), said
+    assert "unreachable (no answer within 7 s" in said.why, said.why
     assert time.monotonic() - started < 30

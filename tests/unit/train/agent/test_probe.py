@@ -117,7 +117,8 @@ def test_a_host_whose_agent_is_another_version_is_named_before_launch(tmp_path):
     hosts = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2"), Host("v100c", "10.0.0.3")]
     answer = {"python": "3.11.7", "torch": "2.13.0+cpu", "fairseq": "0.12.3.1", "numpy": "2.4.6", "data": "d",
               "free_gb": 3.0, "port_free": True, "running": None}
-    answers = {"v100a": {**answer, "agent": preflight.controller_agent()}, "v100b": {**answer, "agent": older}, "v100c": answer}
+    ours = preflight.controller_agent()
+    answers = {"v100a": {**answer, "agent": ours}, "v100b": {**answer, "agent": older}, "v100c": answer}
     assert preflight.check(run, hosts, answers, pins_wanted={}) == [
         f"v100b: tandem's host-side agent (train/agent) there is version {older[:12]}, not this controller's "
         f"{preflight.controller_agent()[:12]}: re-run provision.yml (--tags train_env) to install it",

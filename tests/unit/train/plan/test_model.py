@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.model import (
+from train.plan.model import (
     allreduce_bytes_per_rank,
+    ddp_backend,
     duration,
     explain,
+    fit_overlap,
     gradient_bytes,
     mbit_to_bytes_per_s,
     predict,
-    preset_params,
     sweep,
-    transformer_params,
     update_freq_for_efficiency,
 )
+from train.run.params import preset_params, transformer_params
 from train.run.presets import PRESETS
 
 BASE = 61_000_000
@@ -141,7 +142,7 @@ def test_tiny_matches_the_count_fairseq_logged():
 
 
 def test_cli_exits_non_zero_when_network_bound(capsys):
-    from benchmarks.model import main
+    from train.plan.model import main
 
     slow = ["--params", "61e6", "--ranks", "2", "--link-mbit", "100", "--compute-s", "0.6"]
     assert main(slow + ["--max-update", "300000"]) == 3
@@ -156,3 +157,15 @@ def test_a_short_run_is_told_in_seconds_or_minutes_not_as_0_0_h():
     assert duration(2.3 * 3600) == "2.3 h"
     lines = explain(predict(300_000, 2, 1.25e8, 0.16, max_update=300))  # (0.16 + 0.0096) s x 300
     assert "300 updates ≈ 51 s" in lines
+
+
+def test_fit_overlap_prefers_the_smaller_overlap_on_a_tie():
+    # every capped point fully hidden or fully exposed the same way: any overlap >= 0.5 fits; 0.5 is kept
+    assert fit_overlap((0.0, 1.0), [(0.5, 1.0)]) == 0.5
+    assert fit_overlap((0.0, 1.0), []) == 0.0
+
+
+def test_the_run_uses_its_presets_ddp_backend_else_tandems_default():
+    assert ddp_backend({}, cpu=True) == "legacy_ddp"
+    assert ddp_backend({}, cpu=False) == "pytorch_ddp"
+    assert ddp_backend({"ddp_backend": "pytorch_ddp"}, cpu=True) == "pytorch_ddp"

@@ -6,13 +6,14 @@ import shlex
 
 import pytest
 
-from benchmarks import model
+from train.plan import model
 from train.run.comm import CommError, Strategy
 from train.run.command import launches, training_command
+from train.run.params import transformer_params
 from train.run.presets import resolve
 
 TINY = resolve("tiny")
-BASE_PARAMS = model.transformer_params(32000, 512, 2048, 6, 6)  # Transformer base, shared 32k vocabulary
+BASE_PARAMS = transformer_params(32000, 512, 2048, 6, 6)  # Transformer base, shared 32k vocabulary
 
 
 def _argv(comm: str, gpus: int = 0, preset=TINY, n: int = 2) -> list[str]:
