@@ -14,7 +14,7 @@ LAB := $(PY) -m lab
 
 .PHONY: bench-targets require-root setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
 
-setup:  ## system packages + the virtualenv (idempotent, cached in $TANDEM_CACHE)
+setup:  ## system packages + .venv, tandem installed editable in it (idempotent; its packages cached in $TANDEM_CACHE)
 	@bash lab/bootstrap.sh
 
 wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PYTHON=3.12 ACCELERATOR=cu128 (default: this Python, cpu)

@@ -38,13 +38,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+# ENV_FILE: what provisioning found out about the host (roles/network: the cluster NIC it detected,
+# NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
+from train.hostpaths import ENV_FILE
 from train.run.comm import OUTER_STEP_OPTIONS, SYNC_UPDATES_OPTION, Strategy
 from train.run.presets import COMMON, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
-# What provisioning found out about the host (roles/network: the cluster NIC it detected, NCCL's and
-# gloo's interface; roles/train_env): every job tandem starts there reads it first.
-ENV_FILE = "/etc/tandem/env"
 
 
 def reading_env_file(env_file: str = ENV_FILE) -> str:

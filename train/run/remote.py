@@ -10,7 +10,8 @@ from ..hostpaths import DEFAULT_VENV
 
 
 def venv_of(host: Host) -> str:
-    return str(host.vars.get("train_env_venv", DEFAULT_VENV))
+    """The training venv on `host`: the inventory's (train_env's own variable, else the shared one)."""
+    return str(host.vars.get("train_env_venv") or host.vars.get("tandem_venv") or DEFAULT_VENV)
 
 
 def agent_command(host: Host, module: str, *args: object) -> str:

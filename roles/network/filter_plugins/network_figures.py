@@ -8,13 +8,9 @@ file only adapts it to Ansible (registered loop results in, plain dicts out).
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for tandem's train.agent
-
-from train import remeasure  # noqa: E402
-from train.agent import iperf  # noqa: E402
+from train import remeasure
+from train.agent import iperf
 
 DOCUMENTATION = """
 name: network_figures

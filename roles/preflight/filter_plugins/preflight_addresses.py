@@ -9,7 +9,9 @@ short_description: ['v100a and v100b are both 10.0.0.1 (cluster address)'] for e
 
 
 def _named(names: list[str]) -> str:
-    return f"{', '.join(names[:-1])} and {names[-1]} are all" if len(names) > 2 else f"{names[0]} and {names[1]} are both"
+    if len(names) > 2:
+        return f"{', '.join(names[:-1])} and {names[-1]} are all"
+    return f"{names[0]} and {names[1]} are both"
 
 
 def shared_addresses(hosts: list, hostvars) -> list[str]:

@@ -5,12 +5,8 @@ pip_restored: what a pip install replaced, so a re-run that restores drifted pin
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for tandem's train.agent
-
-from train.agent import probe  # noqa: E402
+from train.agent import probe
 
 DOCUMENTATION = """
 name: train_env_versions

@@ -6,13 +6,9 @@ The version comparison is train.agent.probe's, the one `fab train`'s preflight m
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for tandem's train.agent
-
-from train import remeasure  # noqa: E402
-from train.agent.probe import versions_differ  # noqa: E402
+from train import remeasure
+from train.agent.probe import versions_differ
 
 DOCUMENTATION = """
 name: verify_summary
