@@ -186,7 +186,7 @@ def down(cfg: LabConfig, quiet: bool = False) -> None:
     removed: list[str] = []
     pid = server_pid(cfg)
     if pid is not None:
-        hosts._kill_and_wait(pid)
+        hosts.kill_and_wait(pid)
         removed.append(f"repository server (pid {pid})")
     for name in _known_host_names(cfg):
         removed += hosts.stop(cfg, name)

@@ -145,17 +145,17 @@ def stop(cfg: LabConfig, name: str) -> list[str]:
     stopped = []
     pid = host_pid(cfg, name)
     if pid is not None:
-        _kill_and_wait(pid)
+        kill_and_wait(pid)
         stopped.append(f"{name} (pid {pid})")
     ns = cfg.netns(name)
     leftovers = run("ip", "netns", "pids", ns, check=False).stdout.split()
     for pid_text in leftovers:
-        _kill_and_wait(int(pid_text))
+        kill_and_wait(int(pid_text))
         stopped.append(f"{name} process {pid_text}")
     return stopped
 
 
-def _kill_and_wait(pid: int, timeout: float = 10) -> None:
+def kill_and_wait(pid: int, timeout: float = 10) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:

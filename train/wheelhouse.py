@@ -79,7 +79,7 @@ def torch_build(wheel: Path) -> str:
     return f"cu{cuda.group(1)}{cuda.group(2)}" if cuda else "cpu"
 
 
-def _missing(stderr: str) -> str | None:
+def missing_wheel(stderr: str) -> str | None:
     """The requirement pip found no wheel for ('antlr4-python3-runtime==4.9.3'), if that is why it failed."""
     found = re.search(r"(?:No matching distribution found for|satisfies the requirement) "
                       r"([A-Za-z0-9_.\-]+(?:[=<>!~]=?[^\s;)]+)?)", stderr)
@@ -127,7 +127,7 @@ def download(requirements: Path, into: Path, python: str, machine: str, accelera
         if proc.returncode == 0:
             shutil.rmtree(pure)
             return
-        missing = _missing(proc.stderr)
+        missing = missing_wheel(proc.stderr)
         if not missing or missing.lower().startswith("torch"):  # torch is never built here
             break
         _pure_wheel(missing, pure)

@@ -18,9 +18,9 @@ OWN = ("train", "benchmarks", "lab", "fabfile")  # tandem's top-level modules
 GRAPH = ("train", "benchmarks", "fabfile")  # whose imports must not go round in a circle
 LAYERS = {"train": ("benchmarks", "fabfile"), "benchmarks": ("fabfile",)}  # what each may not import
 AGENT = "train.agent"  # runs on the hosts: with train/__init__, the only tandem code there (roles/train_env)
-# Tests import no `_name` of any tandem module; these modules' `_names` they do not reach by attribute either
-# (`fabfile._pick_run(...)`, `monkeypatch.setattr("fabfile._x", ...)`). OWN here would hold every module to it.
-NO_PRIVATE_ATTRIBUTES = ("fabfile",)
+# Tests import no `_name` of any tandem module, nor reach one by attribute
+# (`fabfile._pick_run(...)`, `plots._x`, `monkeypatch.setattr("fabfile._x", ...)`).
+NO_PRIVATE_ATTRIBUTES = OWN
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def _figure(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
-def _empty(ax, message: str) -> None:
+def empty_panel(ax, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="#555555",
             wrap=True, bbox={"boxstyle": "round", "facecolor": "#f3f3f3", "edgecolor": "#cccccc"})
     ax.set_xticks([])
@@ -106,7 +106,7 @@ def loss(an: Analysis, path: Path) -> str:
         mark_changes(ax, an)
         ax.legend()
     else:
-        _empty(ax, "no loss logged yet")
+        empty_panel(ax, "no loss logged yet")
     _save(fig, path)
     return title
 
@@ -122,7 +122,7 @@ def bleu(an: Analysis, path: Path) -> str:
         ax.annotate(f"{score:.2f}", (0, score), ha="center", va="bottom", xytext=(0, 4), textcoords="offset points",
                     fontsize=12)
     else:
-        _empty(ax, "not evaluated (no bleu.json): run `fab evaluate`")
+        empty_panel(ax, "not evaluated (no bleu.json): run `fab evaluate`")
     _save(fig, path)
     return title
 
@@ -146,7 +146,7 @@ def learning_rate(an: Analysis, path: Path) -> str:
     if points or lr_at(1, opts) is not None:
         ax.legend()
     else:
-        _empty(ax, "no learning rate logged")
+        empty_panel(ax, "no learning rate logged")
     _save(fig, path)
     return title
 
@@ -163,7 +163,7 @@ def step_time(an: Analysis, path: Path) -> str:
         mark_changes(ax, an)
         ax.legend()
     else:
-        _empty(ax, "no train_inner lines logged")
+        empty_panel(ax, "no train_inner lines logged")
     _save(fig, path)
     return title
 
@@ -177,7 +177,7 @@ def words_per_second(an: Analysis, path: Path) -> str:
         ax.set_ylim(bottom=0)
         mark_changes(ax, an)
     else:
-        _empty(ax, "no words per second logged")
+        empty_panel(ax, "no words per second logged")
     _save(fig, path)
     return title
 
@@ -204,9 +204,9 @@ def gpu_utilization(an: Analysis, path: Path) -> str:
         if absent:
             ax.text(0.01, 0.02, f"no GPU on {', '.join(absent)}", transform=ax.transAxes, fontsize=9)
     elif an.data.samples:
-        _empty(ax, f"no GPUs on these hosts ({', '.join(absent)}):\nNVML absent, utilization not measured")
+        empty_panel(ax, f"no GPUs on these hosts ({', '.join(absent)}):\nNVML absent, utilization not measured")
     else:
-        _empty(ax, "no samples collected")
+        empty_panel(ax, "no samples collected")
     _save(fig, path)
     return title
 
@@ -246,7 +246,7 @@ def nic_throughput(an: Analysis, path: Path) -> str:
         mark_link(ax, rate, peak, "#444444")
         ax.legend(fontsize=8)
     else:
-        _empty(ax, "no samples collected")
+        empty_panel(ax, "no samples collected")
     _save(fig, path)
     return title
 
@@ -282,7 +282,7 @@ def timeline(an: Analysis, path: Path) -> str:
         ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], fontsize=8, loc="upper center",
                   bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     else:
-        _empty(ax, "no step times or samples")
+        empty_panel(ax, "no step times or samples")
     _save(fig, path)
     return title
 

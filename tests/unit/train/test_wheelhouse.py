@@ -46,4 +46,4 @@ def test_the_build_is_named_as_the_role_names_it():
     ("ERROR: HTTP error 403 while getting https://example.invalid/x.whl", None),
 ])
 def test_what_pip_found_no_wheel_for_is_read_from_its_error(stderr, missing):
-    assert wheelhouse._missing(stderr) == missing
+    assert wheelhouse.missing_wheel(stderr) == missing

@@ -105,8 +105,8 @@ def test_average_step_time_is_the_mean_of_the_logged_ones():
 def test_only_the_gpu_plot_says_nothing_was_measured_on_cpu_hosts(tmp_path, monkeypatch):
     run_dir = copy_run(tmp_path / "run")
     write_samples(run_dir, capped)
-    placeholders, draw = [], plots._empty
-    monkeypatch.setattr(plots, "_empty", lambda ax, message: (placeholders.append(message), draw(ax, message)))
+    placeholders, draw = [], plots.empty_panel
+    monkeypatch.setattr(plots, "empty_panel", lambda ax, message: (placeholders.append(message), draw(ax, message)))
     build_report(run_dir, link_mbps=100)
     assert len(placeholders) == 1 and placeholders[0].startswith("no GPUs"), placeholders
 
@@ -283,8 +283,8 @@ def test_a_real_h100_run_reads_as_an_underused_gpu(tmp_path, monkeypatch):
     run_dir = shutil.copytree(FIXTURES / "h100-base-fp16", tmp_path / "run")
     samples = [json.loads(line) for line in (run_dir / "samples" / "gpu0.jsonl").read_text().splitlines()]
     assert all(len(s["gpus"]) == 1 and s["gpus"][0]["mem_total_mb"] > 80_000 for s in samples)
-    placeholders, draw = [], plots._empty
-    monkeypatch.setattr(plots, "_empty", lambda ax, message: (placeholders.append(message), draw(ax, message)))
+    placeholders, draw = [], plots.empty_panel
+    monkeypatch.setattr(plots, "empty_panel", lambda ax, message: (placeholders.append(message), draw(ax, message)))
     build_report(run_dir)
     assert not [p for p in placeholders if "GPU" in p], placeholders  # the GPU plot is drawn from samples
     an = A.analyze(A.load(run_dir))
