@@ -1,4 +1,5 @@
-# tandem: `make demo` and `make test` do all the set-up they need on a fresh machine.
+# tandem: `make demo` and `make test` do all the set-up they need on a fresh machine (Debian, root);
+# `make setup` alone is a controller's (a laptop's: Linux or macOS, no root), the lab's packages apart.
 SHELL := /bin/bash
 export TANDEM_CACHE ?= $(HOME)/.cache/tandem
 PY := .venv/bin/python
@@ -12,10 +13,16 @@ CLUSTER_NET ?= 1
 DISTRO ?= bookworm
 LAB := $(PY) -m lab
 
-.PHONY: bench-targets require-root setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
+.PHONY: bench-targets require-root setup lab-setup test-setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
 
-setup:  ## system packages + .venv, tandem installed editable in it (idempotent; its packages cached in $TANDEM_CACHE)
+setup:  ## the controller: .venv with requirements.txt, tandem editable in it (no root; packages cached in $TANDEM_CACHE)
 	@bash lab/bootstrap.sh
+
+lab-setup: setup  ## + the lab's system packages (Debian or Ubuntu, root): mmdebstrap, apt-utils, iproute2
+	@bash lab/bootstrap.sh lab
+
+test-setup: setup  ## + what the lab tests run here besides: iperf3, ethtool, xfsprogs, chromium
+	@bash lab/bootstrap.sh test
 
 wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PYTHON=3.12 ACCELERATOR=cu128 (default: this Python, cpu)
 	@$(PY) -m train.wheelhouse $(if $(HOST_PYTHON),--python $(HOST_PYTHON)) $(if $(ACCELERATOR),--accelerator $(ACCELERATOR))
@@ -23,7 +30,7 @@ wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PY
 require-root:
 	@[ "$$(id -u)" -eq 0 ] || { echo "the lab needs root (network namespaces, mounts, loop devices): run sudo make $(MAKECMDGOALS)" >&2; exit 2; }
 
-lab-up: require-root setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24, SLOW_NIC=v100b, CLUSTER_NET=0: one network, DISTRO=trixie: Debian 13)
+lab-up: require-root lab-setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24, SLOW_NIC=v100b, CLUSTER_NET=0: one network, DISTRO=trixie: Debian 13)
 	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET) --slow-nic "$(SLOW_NIC)" $(if $(filter 1,$(CLUSTER_NET)),--cluster-net,--no-cluster-net) --distro $(DISTRO)
 
 lab-down:  ## remove everything the lab made
@@ -35,7 +42,7 @@ lab-status: setup require-root
 lab-shape: setup require-root  ## cap the link between the lab hosts: RATE=100mbit, RATE=none
 	@$(LAB) shape $(RATE)
 
-demo: setup  ## the main job end to end on the lab
+demo: lab-setup  ## the main job end to end on the lab
 	@$(PY) -m lab.demo
 
 lint: setup
@@ -45,10 +52,10 @@ lint: setup
 unit: setup
 	@.venv/bin/pytest -m "not lab"
 
-test: setup lint  ## everything, the lab included, but the speed targets (make bench-targets)
+test: test-setup lint  ## everything, the lab included, but the speed targets (make bench-targets)
 	@.venv/bin/pytest -m "not sweep"
 
-bench-targets: setup  ## the benchmarks' targets on the lab, the step-time sweeps and the all_reduce bandwidth included (~17 min)
+bench-targets: test-setup  ## the benchmarks' targets on the lab, the step-time sweeps and the all_reduce bandwidth included (~17 min)
 	@.venv/bin/pytest tests/bench -v
 
 help:

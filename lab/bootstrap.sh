@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Set up this machine as a tandem controller, idempotently: system packages, then the checkout's
-# virtualenv .venv. Slow work is cached outside the checkout ($TANDEM_CACHE, default ~/.cache/tandem)
+# Set up this machine, idempotently:
+#   bash lab/bootstrap.sh        the controller (make setup): a Python >= 3.11, ssh and rsync, then the
+#                                checkout's virtualenv .venv. No root needed; Linux or macOS.
+#   bash lab/bootstrap.sh lab    the lab's system packages besides (make lab-setup: Debian or Ubuntu, root)
+#   bash lab/bootstrap.sh test   the lab's, and what the lab tests use on this machine (make test-setup)
+# Slow work is cached outside the checkout ($TANDEM_CACHE, default ~/.cache/tandem)
 # and shared by every checkout on the machine (a developer's, CI's fresh clones):
 #   $TANDEM_CACHE/wheels/        the fairseq wheel, built once (it compiles C++ for ~3 min)
 #   $TANDEM_CACHE/venvs/<hash>/  everything in requirements.txt, one virtualenv per version of the
@@ -9,39 +13,130 @@
 # the shared site-packages on its path, tandem is installed in it editable (this checkout's code, never
 # another checkout's), and .venv/bin runs the shared tools (ansible-playbook, fab, pytest, ruff, torchrun,
 # fairseq-*, ...) with .venv/bin/python, so that they import this checkout's tandem too.
+# A finished shared virtualenv is only read: a user who cannot write the cache can still make .venv on it.
+# Written for macOS's bash 3.2 too (no mapfile, no flock(1) or sha256sum there).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
-python=${TANDEM_PYTHON:-python3}
-# xfsprogs: the provisioning tests put an XFS volume on a data device (tandem must refuse to erase it)
-apt_packages=(mmdebstrap iperf3 ethtool openssh-client apt-utils iproute2 rsync chromium xfsprogs)
+# The controller's system packages (Debian, Ubuntu): ssh runs Ansible and rsync; rsync copies datasets
+# (fab prepare-data) and tandem's host-side code (provisioning).
+controller_apt=(openssh-client rsync)
+# The lab: mmdebstrap builds the hosts' Debian, apt-ftparchive (apt-utils) their package repository,
+# iproute2 the namespaces, links and tc caps.
+lab_apt=(mmdebstrap apt-utils iproute2 openssh-client)
+# What the lab tests run on this machine: iperf3 and ethtool inside the hosts' namespaces, xfsprogs for
+# an XFS volume that provisioning must refuse to erase, chromium for the report page's browser test.
+test_apt=(iperf3 ethtool xfsprogs chromium)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+sha256() { if have sha256sum; then sha256sum; else shasum -a 256; fi | cut -c1-12; }
 
-install_system_packages() {
-  local missing=()
-  for p in "${apt_packages[@]}"; do
+# flock(1) is Linux's; elsewhere (macOS) Python takes the same lock: flock(2) on the shell's own
+# descriptor, held by the open file (as flock(1) holds it) after the Python process exits.
+if ! have flock; then
+  flock() {
+    local nb=0
+    if [ "$1" = -n ]; then nb=1; shift; fi
+    "$python" -c 'import fcntl, sys
+try: fcntl.flock(int(sys.argv[1]), fcntl.LOCK_EX | (fcntl.LOCK_NB if sys.argv[2] == "1" else 0))
+except BlockingIOError: sys.exit(1)' "$1" "$nb"
+  }
+fi
+
+# How to install something here: hint "<apt packages>" "<brew formulae>" "<dnf packages>"
+hint() {
+  if [ "$(uname -s)" = Darwin ]; then echo "brew install $2"
+  elif have apt-get; then echo "sudo apt-get install $1"
+  elif have dnf; then echo "sudo dnf install $3"
+  else echo "install $1 with this system's package manager"
+  fi
+}
+
+# Debian or Ubuntu as root: install what is missing. Anyone else: say what is missing and how to get it.
+apt_install() {
+  local missing=() p
+  have dpkg-query || die "no dpkg here: the lab needs a Debian or Ubuntu machine (apt, network namespaces, root); a controller does not (make setup)"
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
-  [ "$(id -u)" -eq 0 ] || die "system packages missing (${missing[*]}); run as root or: sudo apt-get install ${missing[*]}"
+  [ "$(id -u)" -eq 0 ] || die "system packages missing (${missing[*]}): sudo apt-get install ${missing[*]}"
   say "installing system packages: ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+python_version() { "$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null; }
+python_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+
+# The controller's Python: $TANDEM_PYTHON, else the first of python3, python3.13, python3.12, python3.11
+# that is 3.11 or newer (macOS's own python3 is 3.9: Homebrew's python3.12 is then taken).
+pick_python() {
+  local p found=''
+  if [ -n "${TANDEM_PYTHON:-}" ]; then
+    have "$TANDEM_PYTHON" || die "TANDEM_PYTHON=$TANDEM_PYTHON not found"
+    python_ok "$TANDEM_PYTHON" || die "TANDEM_PYTHON=$TANDEM_PYTHON is Python $(python_version "$TANDEM_PYTHON"); tandem needs 3.11 or newer"
+    python=$TANDEM_PYTHON
+    return
+  fi
+  for p in python3 python3.13 python3.12 python3.11; do
+    if have "$p" && python_ok "$p"; then python=$p; return; fi
+    [ -n "$found" ] || ! have "$p" || found="$p is $(python_version "$p")"
+  done
+  die "python3 >= 3.11 not found${found:+ ($found)}: $(hint "python3 python3-venv python3-dev" python@3.12 "python3.12 python3.12-devel")"
+}
+
+# What the controller needs before its virtualenv: ssh, rsync, Python's venv. On Debian or Ubuntu as
+# root they are installed; anywhere else each missing one is named with how to get it.
+check_controller() {
+  local missing=() p
+  pick_python
+  if have dpkg-query && [ "$(id -u)" -eq 0 ]; then
+    apt_install "${controller_apt[@]}"
+  else
+    for p in ssh rsync; do have "$p" || missing+=("$p"); done
+    [ ${#missing[@]} -eq 0 ] || die "${missing[*]} not found: $(hint "openssh-client rsync" rsync "openssh-clients rsync")"
+  fi
+  "$python" -c 'import venv, ensurepip' 2>/dev/null \
+    || die "$python has no venv module: $(hint "python3-venv" python@3.12 python3)"
+}
+
+# Building fairseq's wheel (once per Python) compiles C++ against Python's headers.
+check_build_tools() {
+  local include
+  include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  if { have c++ || have g++ || have clang++; } && [ -f "$include/Python.h" ]; then return; fi
+  if have apt-get && [ "$(id -u)" -eq 0 ]; then
+    apt_install g++ "python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev"
+    return
+  fi
+  if [ "$(uname -s)" = Darwin ]; then
+    die "fairseq's wheel is built here once and needs a C++ compiler and Python's headers: xcode-select --install"
+  fi
+  die "fairseq's wheel is built here once and needs a C++ compiler and Python's headers ($include/Python.h): $(hint "g++ python3-dev" "" "gcc-c++ python3-devel")"
+}
+
+# The wheel is this Python's (cp311, cp312, ...): a cache shared by two Pythons holds one for each.
 build_fairseq_wheel() {
   local venv=$1 version
   version=$(grep -E '^fairseq-fixed==' "$top/requirements-train.txt" | cut -d= -f3)
   mkdir -p "$cache/wheels"
-  if ls "$cache/wheels"/fairseq_fixed-"$version"-*.whl >/dev/null 2>&1; then return; fi
+  if fairseq_wheel_cached "$venv/bin/python"; then return; fi
   say "building the fairseq $version wheel once (compiles C++/Cython, about 3 minutes)"
   # No build isolation: an isolated build env would pull a multi-GB CUDA torch.
   "$venv/bin/pip" install -q "$(grep -E '^torch==' "$top/requirements-train.txt")" \
     "$(grep -E '^numpy==' "$top/requirements-train.txt")"
   "$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$cache/wheels" "fairseq-fixed==$version"
+}
+
+fairseq_wheel_cached() {
+  local version tag
+  version=$(grep -E '^fairseq-fixed==' "$top/requirements-train.txt" | cut -d= -f3)
+  tag=$("$1" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  ls "$cache/wheels"/fairseq_fixed-"$version"-"$tag"-*.whl >/dev/null 2>&1
 }
 
 # The shared virtualenv: requirements.txt, and the build tools (requirements-build.txt: setuptools is
@@ -75,14 +170,14 @@ make_shared_venv() {
 shared_venv_hash() {
   { cat "$top/requirements.txt" "$top/requirements-train.txt" "$top/requirements-build.txt"
     "$python" -c 'import sys; print(sys.version)'
-    declare -f make_shared_venv build_fairseq_wheel; } | sha256sum | cut -c1-12
+    declare -f make_shared_venv build_fairseq_wheel; } | sha256
 }
 
 # .venv/bin: every executable of the shared venv that .venv lacks (its own python stays). A Python console
 # script is copied with pip's /bin/sh opening for .venv/bin/python (a #! line has a length limit): it runs
 # as .venv/bin/<name>, where tools such as ansible-lint look for their siblings. Anything else (ruff): a link.
 link_shared_tools() {
-  local shared=$1 bin=$2 tool name first second skip body q="'''"
+  local shared=$1 bin=$2 tool name first second skip q="'''"
   for tool in "$shared"/bin/*; do
     name=${tool##*/}
     { [ -f "$tool" ] && [ -x "$tool" ] && [ ! -e "$bin/$name" ]; } || continue
@@ -93,9 +188,8 @@ link_shared_tools() {
     elif [[ $first == "#!/bin/sh" && $second == "$q""exec' \"$shared/bin/python"* ]]; then skip=3
     else ln -s "$tool" "$bin/$name"; continue
     fi
-    mapfile -t -s "$skip" body < "$tool"
     { printf '#!/bin/sh\n%sexec'"'"' "%s" "$0" "$@"\n'"'"' %s\n' "$q" "$top/.venv/bin/python" "$q"
-      printf '%s\n' "${body[@]}"; } > "$bin/$name"
+      tail -n +"$((skip + 1))" "$tool"; } > "$bin/$name"
     chmod +x "$bin/$name"
   done
 }
@@ -105,7 +199,7 @@ link_shared_tools() {
 make_checkout_venv() {
   local shared=$1 venv=$top/.venv new=$top/.venv.new stamp site shared_site
   stamp=$({ echo "$top $shared"; cat "$top/pyproject.toml"; declare -f make_checkout_venv link_shared_tools; } \
-    | sha256sum | cut -c1-12)
+    | sha256)
   if [ ! -L "$venv" ] && [ "$(cat "$venv/.tandem-stamp" 2>/dev/null)" = "$stamp" ]; then return; fi
   say "making .venv: tandem from $top on top of $shared"
   rm -rf "$new"
@@ -121,8 +215,17 @@ make_checkout_venv() {
   mv "$new" "$venv"
 }
 
-install_system_packages
+case "${1:-controller}" in
+  controller) ;;
+  lab) apt_install "${lab_apt[@]}"; exit ;;
+  test) apt_install "${lab_apt[@]}" "${test_apt[@]}"; exit ;;
+  *) die "usage: bash lab/bootstrap.sh [lab|test]" ;;
+esac
+check_controller
 shared="$cache/venvs/$(shared_venv_hash)"
-make_shared_venv "$shared"
+if [ ! -f "$shared/.complete" ]; then
+  fairseq_wheel_cached "$python" || check_build_tools
+  make_shared_venv "$shared"
+fi
 make_checkout_venv "$shared"
 say "ready: .venv (tandem from $top, packages from $shared)"

@@ -57,7 +57,7 @@ def build(cache: Path, suite: str = "bookworm") -> None:
         shutil.rmtree(path, ignore_errors=True)
     tmp_repo.mkdir(parents=True)
     if not shutil.which("mmdebstrap"):
-        raise LabError("mmdebstrap is not installed: run `make setup` (or apt-get install mmdebstrap)")
+        raise LabError("mmdebstrap is not installed: run `make lab-setup` (or apt-get install mmdebstrap)")
     run(
         "mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
         # Download (not install) what provisioning may ask for, with its dependencies.

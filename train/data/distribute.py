@@ -21,15 +21,21 @@ def ssh_command(host: Host) -> str:
     return shlex.join(parts)
 
 
+def rsync_command(src: Path, host: Host, dest: str) -> list[str]:
+    """The controller's rsync of `src`'s contents into `dest` on `host`, which it creates first.
+    Only options every controller's rsync has: macOS ships rsync 2.6.9 or openrsync, which lack
+    GNU rsync's --mkpath; the host's side (`mkdir -p ... && rsync`) runs on Linux."""
+    return ["rsync", "-a", "--delete", "-e", ssh_command(host),
+            f"--rsync-path=mkdir -p {shlex.quote(dest)} && rsync", f"{src}/", f"{host.user}@{host.address}:{dest}"]
+
+
 def upload(bin_dir: Path, name: str, hosts: list[Host]) -> dict[str, str]:
     """rsync the dataset to every host at once, then `sha256sum -c` its manifest there.
     Returns {host: manifest sha256}; raises naming each host that failed and why."""
     dest = f"{DATA_ROOT}/{name}/"
 
     def one(host: Host) -> str | None:
-        proc = subprocess.run(
-            ["rsync", "-a", "--delete", "--mkpath", "-e", ssh_command(host), f"{bin_dir}/",
-             f"{host.user}@{host.address}:{dest}"], capture_output=True, text=True)
+        proc = subprocess.run(rsync_command(bin_dir, host, dest), capture_output=True, text=True)
         return None if proc.returncode == 0 else proc.stderr.strip()[-500:]
 
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:

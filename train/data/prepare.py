@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..cluster import ClusterError, Host
@@ -14,11 +15,20 @@ def default_name(source: str | None, wmt16: bool) -> str:
     return "wmt16" if wmt16 else Path(source).name if source else "synthetic"
 
 
+def check_name(name: str) -> str:
+    """A dataset's name is a directory on every host, written into shell commands and rsync's remote
+    path (which macOS's rsync passes to the host's shell as it is): letters, digits, '.', '_', '-'."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ClusterError(f"dataset name {name!r}: letters, digits, '.', '_' and '-' only "
+                           "(it names a directory on every host): give one with --name")
+    return name
+
+
 def prepare_data(hosts: list[Host], console, name: str | None = None, source: str | None = None,
                  wmt16: bool = False, vocab_size: int | None = None, lines: int = 20000) -> None:
     """Prepare the corpus in the controller's cache ($TANDEM_CACHE/data), then copy it to
     /data/tandem/datasets/NAME on every host and check each copy against its manifest."""
-    name = name or default_name(source, wmt16)
+    name = check_name(name or default_name(source, wmt16))
     vocab = int(vocab_size or (32000 if (wmt16 or source) else 1000))
     work = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache/tandem")) / "data"
     try:

@@ -37,7 +37,7 @@ def test_pairs():
     assert iperf.ordered_pairs(["a"]) == []
 
 
-@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make setup installs it)")
+@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make test-setup installs it)")
 def test_the_commands_measure_over_loopback(tmp_path):
     """The server and client lines as the hosts run them, against this machine's loopback."""
     pidfile = str(tmp_path / "iperf3.pid")
@@ -63,7 +63,7 @@ def test_fast_links_are_measured_with_parallel_streams():
     assert " --parallel 4 " in iperf.client_command("10.0.0.2", streams=4)
 
 
-@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make setup installs it)")
+@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make test-setup installs it)")
 def test_parallel_streams_are_reported_as_their_sum(tmp_path):
     pidfile, port = str(tmp_path / "iperf3.pid"), 5297
     subprocess.run(iperf.server_command(port, pidfile, "127.0.0.1"), shell=True, check=True)
@@ -84,7 +84,7 @@ def _run(command: str) -> tuple[str, str]:
     return proc.stdout, proc.stderr
 
 
-@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make setup installs it)")
+@pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 is not installed (make test-setup installs it)")
 def test_the_server_binds_to_the_cluster_address_only_where_the_host_has_it(tmp_path):
     """A cloud VM's public address is NAT'd, not on its NIC: the server must still listen (on every
     address) rather than die behind --daemon; an address the host has is bound to, alone."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
@@ -36,3 +37,36 @@ def test_a_mismatch_and_a_lost_host_are_named(monkeypatch, tmp_path):
         "  v100b: unreachable after the copy: No route to host",
         "  v100c: the copy in /data/tandem/datasets/synthetic/ does not match its manifest: "
         "train.en-de.en.bin: FAILED"]
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh [options] HOST COMMAND...: run COMMAND here, as ssh would run it on HOST (through a shell)
+while [ $# -gt 0 ]; do
+  case $1 in -p|-o|-i|-l) shift 2 ;; -*) shift ;; *) break ;; esac
+done
+shift
+exec sh -c "$*"
+"""
+
+
+@pytest.mark.skipif(not shutil.which("rsync"), reason="no rsync on this controller")
+def test_the_copy_creates_a_missing_destination_without_rsync_mkpath(tmp_path):
+    """macOS's rsync (2.6.9, or openrsync) has no --mkpath: the host creates the directory itself
+    (`mkdir -p` in --rsync-path). Run for real with this machine's rsync, the host's ssh a stand-in."""
+    src = tmp_path / "bin"
+    (src / "sub").mkdir(parents=True)
+    (src / "dict.en.txt").write_text("hallo 3\n")
+    (src / "sub" / "x.bin").write_bytes(b"\0\1")
+    dest = tmp_path / "data" / "tandem" / "datasets" / "my set"  # three levels missing, a space in the name
+    argv = distribute.rsync_command(src, Host("v100a", "10.0.0.1", key="/k/id_ed25519", known_hosts="/k/kh"),
+                                    f"{dest}/")
+    assert "--mkpath" not in argv
+    assert [a for a in argv if a.startswith("-") and not a.startswith("--rsync-path=")] == ["-a", "--delete", "-e"]
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    argv[argv.index("-e") + 1] = f"{ssh} {argv[argv.index('-e') + 1].removeprefix('ssh ')}"
+    for _ in range(2):  # a second copy into the now existing directory as well
+        done = subprocess.run(argv, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert (dest / "dict.en.txt").read_text() == "hallo 3\n" and (dest / "sub" / "x.bin").read_bytes() == b"\0\1"
