@@ -86,7 +86,7 @@ pick_python() {
     if have "$p" && python_ok "$p"; then python=$p; return; fi
     [ -n "$found" ] || ! have "$p" || found="$p is $(python_version "$p")"
   done
-  die "python3 >= 3.11 not found${found:+ ($found)}: $(hint "python3 python3-venv python3-dev" python@3.12 "python3.12 python3.12-devel")"
+  die "python3 >= 3.11 not found${found:+ ($found)}: $(hint "python3.11 python3.11-venv python3.11-dev" python@3.12 "python3.12 python3.12-devel")"
 }
 
 # What the controller needs before its virtualenv: ssh, rsync, Python's venv. On Debian or Ubuntu as
