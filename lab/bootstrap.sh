@@ -20,7 +20,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
 # The controller's system packages (Debian, Ubuntu): ssh runs Ansible and rsync; rsync copies datasets
-# (fab prepare-data) and tandem's host-side code (provisioning).
+# (fab prepare-data) and a wheelhouse directory (train_env_wheelhouse_dir) to the hosts.
 controller_apt=(openssh-client rsync)
 # The lab: mmdebstrap builds the hosts' Debian, apt-ftparchive (apt-utils) their package repository,
 # iproute2 the namespaces, links and tc caps.
