@@ -70,6 +70,7 @@ apt_install() {
 }
 
 python_version() { "$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null; }
+python_minor() { "$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
 python_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
 
 # The controller's Python: $TANDEM_PYTHON, else the first of python3, python3.13, python3.12, python3.11
@@ -100,8 +101,9 @@ check_controller() {
     for p in ssh rsync; do have "$p" || missing+=("$p"); done
     [ ${#missing[@]} -eq 0 ] || die "${missing[*]} not found: $(hint "openssh-client rsync" rsync "openssh-clients rsync")"
   fi
-  "$python" -c 'import venv, ensurepip' 2>/dev/null \
-    || die "$python has no venv module: $(hint "python3-venv" python@3.12 python3)"
+  "$python" -c 'import venv, ensurepip' 2>/dev/null && return
+  if have apt-get && [ "$(id -u)" -eq 0 ]; then apt_install "python$(python_minor)-venv"; return; fi
+  die "$python has no venv module: $(hint "python$(python_minor)-venv" python@3.12 python3)"
 }
 
 # Building fairseq's wheel (once per Python) compiles C++ against Python's headers.
@@ -110,7 +112,7 @@ check_build_tools() {
   include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
   if { have c++ || have g++ || have clang++; } && [ -f "$include/Python.h" ]; then return; fi
   if have apt-get && [ "$(id -u)" -eq 0 ]; then
-    apt_install g++ "python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev"
+    apt_install g++ "python$(python_minor)-dev"
     return
   fi
   if [ "$(uname -s)" = Darwin ]; then
