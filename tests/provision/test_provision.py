@@ -137,7 +137,8 @@ def test_firewall_lets_only_peers_reach_training_ports(provisioned):
             socket.create_connection((address, 29507), timeout=3).close()
         socket.create_connection((address, 22), timeout=3).close()  # everything else stays open
     finally:
-        a.run("pkill -f 'http.server 29507'")
+        # the brackets keep the pattern off the command lines that run pkill (sudo's, its shell's)
+        a.run("pkill -f 'http[.]server 29507'")
 
 
 def test_host_promising_two_gpus_fails_in_driver_role(provisioned):
