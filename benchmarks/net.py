@@ -32,7 +32,9 @@ from train.plan import link, measurements
 from train.run.command import ENV_FILE
 from train.run.remote import venv_of
 
-REMOTE_DIR = "/tmp/tandem-bench"  # each host's all_reduce output and pid file (the code is installed)
+# Each host's all_reduce output and pid file (the code is installed): one directory per login user, as the
+# iperf3 pid file (train.plan.link.iperf_pidfile): another user's (root's, a colleague's) is not writable.
+REMOTE_DIR = "/tmp/tandem-bench-$(id -un)"
 LARGE = 256 * 1024**2  # the sizes the efficiency target is about
 
 

@@ -380,6 +380,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     SGD every segment is a whole number of sync periods (`updates` rounded up to a multiple of H)."""
     cpu_only = require_cluster(hosts, precision, "bench-step needs at least two hosts (the link between them is "
                                                  "the point)")
+    link.require_sudo(hosts)  # the caps need root: a host where sudo would refuse is named before anything runs
     overrides = list(overrides or [])
     options = presets.resolve(preset, overrides).options
     vocab = dataset_vocab(hosts[0], dataset)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import hosts, inventory, network, rootfs
-from .config import DISTROS, LabConfig
+from .config import DISTROS, LOGIN_USERS, LabConfig
 from .shell import LabError, run
 
 console = Console(highlight=False, soft_wrap=True)
@@ -48,7 +48,9 @@ def saved_config(prefix: str) -> LabConfig | None:
                      http_port=data.get("http_port", 8080),
                      slow_nic_hosts=tuple(data.get("slow_nic_hosts", ())),
                      cluster_net=bool(data.get("cluster_net", False)),
-                     distro=data.get("distro", "bookworm"))
+                     distro=data.get("distro", "bookworm"),
+                     # a lab started before the login user was a setting logged in as root
+                     login_user=data.get("login_user", "root"))
 
 
 def server_pid(cfg: LabConfig) -> int | None:
@@ -83,10 +85,10 @@ def refresh_inventory(cfg: LabConfig) -> Path | None:
 
 
 def describe(cfg: LabConfig) -> str:
-    """'2 Debian bookworm hosts on 10.77.0.0/24, two networks': what tells two labs apart."""
+    """'2 Debian bookworm hosts on 10.77.0.0/24, two networks, login debian': what tells two labs apart."""
     slow = f", slow NIC on {','.join(cfg.slow_nic_hosts)}" if cfg.slow_nic_hosts else ""
     return (f"{cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}, "
-            f"{'two networks' if cfg.cluster_net else 'one network'}{slow}")
+            f"{'two networks' if cfg.cluster_net else 'one network'}{slow}, login {cfg.login_user}")
 
 
 def already_up(cfg: LabConfig) -> bool:
@@ -168,7 +170,8 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     cfg.state.mkdir(parents=True, exist_ok=True)
     (cfg.state / "lab.json").write_text(json.dumps(
         {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
-         "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net, "distro": cfg.distro}))
+         "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net, "distro": cfg.distro,
+         "login_user": cfg.login_user}))
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
     serve_packages(cfg, wheels)
     if cfg.cluster_net:
@@ -225,7 +228,7 @@ def status(cfg: LabConfig) -> int:
         console.print("the lab is down")
         return 1
     caps = network.current_caps(running) if network.existing_namespaces(running) else {}
-    table = Table(title=f"tandem lab on {running.subnet}")
+    table = Table(title=f"tandem lab on {running.subnet}, login {running.login_user}")
     for column in ("host", "address", "pid", "ssh", "link cap"):
         table.add_column(column)
     for name in running.names:
@@ -267,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                       "management network (eth0), as on cloud VMs (the default); --no-cluster-net: one network")
     p_up.add_argument("--distro", default="bookworm", choices=sorted(DISTROS),
                       help="the hosts' Debian: bookworm (12, Python 3.11, the default) or trixie (13, Python 3.13)")
+    p_up.add_argument("--login-user", default="debian", choices=sorted(LOGIN_USERS),
+                      help="who tandem logs in as: debian (passwordless sudo, sshd refuses root, as on Debian's "
+                      "cloud images; the default) or root")
     sub.add_parser("down", help="remove everything the lab made")
     sub.add_parser("status", help="show the hosts and caps")
     p_shape = sub.add_parser("shape", help="cap the link between hosts (tc tbf), or RATE=none")
@@ -276,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             slow = tuple(h for h in args.slow_nic.split(",") if h)
             cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow,
-                            cluster_net=args.cluster_net, distro=args.distro)
+                            cluster_net=args.cluster_net, distro=args.distro, login_user=args.login_user)
             up(cfg, args.inventory or cfg.default_inventory)
         elif args.command == "down":
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))

@@ -15,6 +15,10 @@ CLUSTER_NIC = "ens5"  # what a cloud VM's second NIC is called: not eth0, on pur
 # this machine cannot reach): its hosts get PyPI's build, CUDA 13.0, which runs on a CPU as well and
 # puts the wheelhouse's CUDA build through provisioning for real.
 DISTROS = {"bookworm": ("3.11", "cpu"), "trixie": ("3.13", "cu130")}
+# Who tandem logs in as, with the uid the lab's root filesystem gives them (lab/rootfs.py). A Debian
+# cloud image's shape is the default: `debian`, passwordless sudo, sshd refusing root. `root` is the old
+# lab's shape (a provider that hands out root logins).
+LOGIN_USERS = {"debian": 1000, "root": 0}
 
 
 def default_cache() -> Path:
@@ -45,6 +49,9 @@ class LabConfig:
     cluster_net: bool = True
     # The hosts' Debian release (DISTROS): bookworm is the controller's own, trixie another Python.
     distro: str = "bookworm"
+    # The user tandem logs in as (LOGIN_USERS): `debian` with passwordless sudo and root login refused,
+    # as on Debian's cloud images (the default); `root`: a provider that gives root logins.
+    login_user: str = "debian"
 
     def __post_init__(self) -> None:
         if len(self.prefix) > 8 or not self.prefix.isalnum():
@@ -54,6 +61,8 @@ class LabConfig:
             raise ValueError(f"subnet {self.subnet} is too small for {self.hosts} hosts")
         if self.distro not in DISTROS:
             raise ValueError(f"the lab's hosts run Debian {' or '.join(DISTROS)}, not {self.distro!r}")
+        if self.login_user not in LOGIN_USERS:
+            raise ValueError(f"the lab's hosts log in as {' or '.join(LOGIN_USERS)}, not {self.login_user!r}")
         unknown = set(self.slow_nic_hosts) - set(host_names(self.hosts))
         if unknown:
             raise ValueError(f"slow NIC for unknown host {', '.join(sorted(unknown))}: the lab has "
@@ -66,6 +75,10 @@ class LabConfig:
     @property
     def accelerator(self) -> str:
         return DISTROS[self.distro][1]
+
+    @property
+    def login_home(self) -> str:
+        return "/root" if self.login_user == "root" else f"/home/{self.login_user}"
 
     @property
     def network(self) -> ipaddress.IPv4Network:

@@ -21,15 +21,74 @@ from .config import LabConfig
 from .shell import LabError, run
 
 SSHD_CONFIG = """\
-# tandem lab: key-only root login, like a freshly rented VM
+# tandem lab: key-only login as {user}, like a freshly rented VM
 HostKey /etc/ssh/ssh_host_ed25519_key
 PasswordAuthentication no
 KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
+PermitRootLogin {permit_root}
 UseDNS no
 MaxStartups 100:30:200
 MaxSessions 100
 """
+# What cloud-init puts in root's authorized_keys when root may not log in (disable_root): the key, and
+# a message instead of a shell. sshd refuses root before it matters (PermitRootLogin no); the key is
+# there so that a test of that refusal is not answered by a missing key.
+ROOT_KEY_OPTIONS = ('no-port-forwarding,no-agent-forwarding,no-X11-forwarding,'
+                    'command="echo \'Please login as the user \\"{user}\\" rather than the user \\"root\\".\';'
+                    'echo;exit 142" ')
+
+
+def sshd_config(login_user: str) -> str:
+    """Root logs in only where it is the login user; otherwise sshd refuses it, as on cloud images."""
+    return SSHD_CONFIG.format(user=login_user, permit_root="prohibit-password" if login_user == "root" else "no")
+
+
+def authorized_keys(login_user: str, public_key: str) -> dict[str, str]:
+    """{user: the authorized_keys text} the lab writes: the key for the login user, and for root the
+    cloud-init line that sends it to the login user."""
+    keys = {login_user: public_key}
+    if login_user != "root":
+        keys["root"] = ROOT_KEY_OPTIONS.format(user=login_user) + public_key
+    return keys
+
+
+def passwd_entry(root: Path, user: str) -> tuple[int, int, str]:
+    """(uid, gid, home) of `user` in the root filesystem at `root`."""
+    for line in (root / "etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == user:
+            return int(fields[2]), int(fields[3]), fields[5]
+    raise LabError(f"the lab's root filesystem {root} has no user {user!r}: rebuild it (remove it, then lab up)")
+
+
+def _mkdir_like(upper: Path, lower: Path, relative: str) -> Path:
+    """Make `relative` in the overlay's upper layer, each directory with the owner and mode the lower
+    layer gives it (an upper directory's own attributes win in the merged view: /home/debian made
+    here as root's would lock its user out of ssh)."""
+    path = upper
+    for part in Path(relative).parts:
+        path = path / part
+        below = lower / path.relative_to(upper)
+        if not path.exists():
+            path.mkdir()
+            if below.is_dir():
+                st = below.stat()
+                os.chown(path, st.st_uid, st.st_gid)
+                os.chmod(path, st.st_mode & 0o7777)
+    return path
+
+
+def install_keys(cfg: LabConfig, upper: Path, public_key: str) -> None:
+    """Each user's ~/.ssh/authorized_keys in the host's upper layer, owned by that user, as sshd wants."""
+    lower = rootfs.rootfs_dir(cfg.cache, cfg.distro)
+    for user, text in authorized_keys(cfg.login_user, public_key).items():
+        uid, gid, home = passwd_entry(lower, user)
+        ssh = _mkdir_like(upper, lower, home.lstrip("/")) / ".ssh"
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        (ssh / "authorized_keys").write_text(text)
+        os.chmod(ssh / "authorized_keys", 0o600)
+        for path in (ssh, ssh / "authorized_keys"):
+            os.chown(path, uid, gid)
 
 
 def prepare_disk(cfg: LabConfig, name: str, public_key: str) -> str:
@@ -39,7 +98,7 @@ def prepare_disk(cfg: LabConfig, name: str, public_key: str) -> str:
     for sub in ("upper", "work", "root"):
         (host / sub).mkdir(parents=True, exist_ok=True)
     (upper / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
-    (upper / "etc/ssh/sshd_config.d/tandem-lab.conf").write_text(SSHD_CONFIG)
+    (upper / "etc/ssh/sshd_config.d/tandem-lab.conf").write_text(sshd_config(cfg.login_user))
     keyfile = upper / "etc/ssh/ssh_host_ed25519_key"
     if not keyfile.exists():
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(keyfile))
@@ -50,10 +109,7 @@ def prepare_disk(cfg: LabConfig, name: str, public_key: str) -> str:
         f"# the tandem lab's apt repository (the hosts have no route off this machine)\n"
         f"deb [trusted=yes] {cfg.repo_url}/apt ./\n"
     )
-    ssh = upper / "root/.ssh"
-    ssh.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (ssh / "authorized_keys").write_text(public_key)
-    os.chmod(ssh / "authorized_keys", 0o600)
+    install_keys(cfg, upper, public_key)
     key_type, key = keyfile.with_suffix(".pub").read_text().split()[:2]
     return f"{key_type} {key}"
 

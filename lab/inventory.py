@@ -28,7 +28,10 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
     inventory = {
         "all": {
             "vars": {
-                "ansible_user": "root",
+                # As on a cloud image: a login user with passwordless sudo (root may not log in), and
+                # become, as in inventory/hosts.yml; `--login-user root` gives the root-login shape.
+                "ansible_user": cfg.login_user,
+                "ansible_become": True,
                 "ansible_ssh_private_key_file": str(cfg.key),
                 "ansible_ssh_common_args": ssh_args,
                 "tandem_known_hosts_file": str(cfg.known_hosts),
@@ -47,7 +50,8 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
         }
     }
     header = (
-        f"# The tandem lab ({cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}), written by `make lab-up`.\n"
+        f"# The tandem lab ({cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}, login {cfg.login_user}), "
+        "written by `make lab-up`.\n"
         "# It describes the lab exactly as a real cluster's inventory would: see inventory/hosts.yml.\n"
     )
     return header + yaml.safe_dump(inventory, sort_keys=False)

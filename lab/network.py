@@ -119,7 +119,7 @@ def shape(cfg: LabConfig, rate: str | None) -> None:
     (train.plan.link); rate None or 'none' lifts the cap. Reads the caps back: a host that
     did not take the change is an error naming it."""
     try:
-        line = cap_command(link_nic(cfg), rate or "none")
+        line = cap_command(link_nic(cfg), rate or "none", sudo=False)  # root, through ip netns exec
         bits = rate_bits(rate or "none")
     except ValueError as err:
         raise LabError(str(err)) from None

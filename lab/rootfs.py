@@ -1,7 +1,9 @@
 """The hosts' Debian root filesystem and the apt repository they install from.
 
 Built once with mmdebstrap and cached; every host mounts it read-only as the lower layer
-of its own overlay. A host is a fresh VM: sshd, python3 and little else. Whatever
+of its own overlay. A host is a fresh VM: sshd, python3 and little else, and the login user a Debian
+cloud image has (`debian`, uid 1000, passwordless sudo from /etc/sudoers.d/90-cloud-init-users, as
+cloud-init writes it; each host's key is added at lab-up, lab/hosts.py). Whatever
 provisioning installs (iperf3, ethtool, chrony, ...) comes from an apt repository the lab
 serves on the bridge, because the hosts have no route off this machine.
 """
@@ -13,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .config import LOGIN_USERS
 from .shell import LabError, run
 
 SUITES = ("bookworm", "trixie")  # Debian 12 (Python 3.11), Debian 13 (Python 3.13)
@@ -28,10 +31,24 @@ REPO_PACKAGES = [
 ]
 # Where the controller's Python is not the hosts', provisioning builds fairseq's wheel on a host.
 BUILD_PACKAGES = {"bookworm": [], "trixie": ["build-essential", "python3-dev"]}
+# The cloud image's login user: a home, a bash shell, a locked password, sudo for everything without one.
+CLOUD_USER = "debian"
+SUDOERS_FILE = "/etc/sudoers.d/90-cloud-init-users"
+
+
+def cloud_user_hooks(user: str = CLOUD_USER) -> list[str]:
+    """mmdebstrap hooks that create `user` as cloud-init does on a Debian cloud image."""
+    uid = LOGIN_USERS[user]
+    return [
+        f'--customize-hook=chroot "$1" useradd --create-home --uid {uid} --user-group --shell /bin/bash {user}',
+        f'--customize-hook=printf "# User rules for {user}\\n{user} ALL=(ALL) NOPASSWD:ALL\\n" '
+        f'> "$1"{SUDOERS_FILE} && chmod 0440 "$1"{SUDOERS_FILE}',
+    ]
 
 
 def _key(suite: str) -> str:
-    text = " ".join([suite, *BASE_PACKAGES, "|", *REPO_PACKAGES, *BUILD_PACKAGES[suite], "v2"])
+    text = " ".join([suite, *BASE_PACKAGES, "|", *REPO_PACKAGES, *BUILD_PACKAGES[suite], "|", *cloud_user_hooks(),
+                     "v2"])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -64,6 +81,7 @@ def build(cache: Path, suite: str = "bookworm") -> None:
         "--customize-hook=chroot \"$1\" apt-get install -y --download-only "
         + " ".join(REPO_PACKAGES + BUILD_PACKAGES[suite]),
         f"--customize-hook=cp \"$1\"/var/cache/apt/archives/*.deb {tmp_repo}/",
+        *cloud_user_hooks(),
         # Each host gets its own host keys at lab-up.
         "--customize-hook=rm -f \"$1\"/etc/ssh/ssh_host_*",
         suite, str(tmp_root),

@@ -43,9 +43,13 @@ def lab():
     # The cloud VM's shape by default: SSH on eth0, a private cluster network on ens5.
     # LAB_CLUSTER_NET=0: one network (eth0) for everything.
     cluster_net = os.environ.get("LAB_CLUSTER_NET", "1") == "1"
-    cfg = LabConfig(subnet=os.environ.get("LAB_SUBNET", "10.77.0.0/24"), prefix=prefix, cluster_net=cluster_net)
+    # A Debian cloud image's login by default (debian, passwordless sudo, no root login); LAB_LOGIN_USER=root:
+    # a provider's root login.
+    cfg = LabConfig(subnet=os.environ.get("LAB_SUBNET", "10.77.0.0/24"), prefix=prefix, cluster_net=cluster_net,
+                    login_user=os.environ.get("LAB_LOGIN_USER", "debian"))
     try:
-        lab_cli("up", "--subnet", cfg.subnet, "--cluster-net" if cluster_net else "--no-cluster-net", prefix=prefix)
+        lab_cli("up", "--subnet", cfg.subnet, "--cluster-net" if cluster_net else "--no-cluster-net",
+                "--login-user", cfg.login_user, prefix=prefix)
         yield cfg
     finally:
         if os.environ.get("TANDEM_KEEP_LAB") != "1":

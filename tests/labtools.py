@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +31,38 @@ def set_links(cfg: LabConfig, name: str, state: str) -> None:
         subprocess.run(["ip", "link", "set", link, state], check=True)
 
 
-def ssh(cfg: LabConfig, name: str, command: str) -> subprocess.CompletedProcess:
-    """Plain OpenSSH with host key checking on, as a user would connect."""
+def ssh(cfg: LabConfig, name: str, command: str, *, sudo: bool = False,
+        user: str | None = None) -> subprocess.CompletedProcess:
+    """Plain OpenSSH with host key checking on, as a user would connect: as the lab's login user (a cloud
+    image's `debian`), or `user`. `sudo=True`: the command runs as root through `sudo -n` (what a
+    test needs root on a host for: root's files, /opt/tandem, another user's processes)."""
+    if sudo:
+        command = f"sudo -n sh -c {shlex.quote(command)}"
     return subprocess.run(
         ["ssh", "-i", str(cfg.key), "-o", f"UserKnownHostsFile={cfg.known_hosts}",
-         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{cfg.host_ip(name)}", command],
+         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"{user or cfg.login_user}@{cfg.host_ip(name)}",
+         command],
         capture_output=True, text=True, timeout=60,
     )
+
+
+@contextmanager
+def user_without_sudo(cfg: LabConfig, name: str = "nosudo"):
+    """A second login user on every host, with the lab's key and no sudo (an image whose user sudo asks
+    a password of, or a colleague's account): yields its name; removed afterwards."""
+    key = cfg.key.with_suffix(".pub").read_text().strip()
+    make = (f"useradd --create-home --shell /bin/bash {name} && install -d -m 700 -o {name} -g {name} "
+            f"/home/{name}/.ssh && echo {shlex.quote(key)} > /home/{name}/.ssh/authorized_keys && "
+            f"chown {name}: /home/{name}/.ssh/authorized_keys && chmod 600 /home/{name}/.ssh/authorized_keys")
+    try:
+        for host in cfg.names:
+            made = ssh(cfg, host, make, sudo=True)
+            assert made.returncode == 0, made.stderr
+            assert ssh(cfg, host, "sudo -n true", user=name).returncode != 0, f"{name} has sudo on {host}"
+        yield name
+    finally:
+        for host in cfg.names:
+            ssh(cfg, host, f"pkill -u {name}; userdel --remove {name} 2>/dev/null", sudo=True)
 
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
@@ -81,6 +108,8 @@ class Provisioned:
         lab_cli("shape", rate, prefix=self.cfg.prefix)
 
     def testinfra_host(self, name: str):
+        """testinfra through the inventory: as its login user, with sudo where the inventory has
+        ansible_become (the lab's does, as a cloud inventory would)."""
         import testinfra
 
         return testinfra.get_host(f"ansible://{name}?ansible_inventory={self.inventory}")

@@ -8,6 +8,7 @@ The step-time sweeps and the all_reduce's bandwidth target (marked `sweep`, abou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,9 +17,12 @@ import subprocess
 import time
 
 import pytest
-from labtools import FAB, TOP, fab, processes, ssh
+import yaml
+from labtools import FAB, TOP, fab, processes, user_without_sudo
 
-from lab.network import link_nic
+from lab import network
+from train.cluster import ClusterError, load_hosts
+from train.plan import link
 
 BENCH = TOP / "reports" / "bench"
 # A model ≥10× tiny's 0.3M parameters: 256 dims, 1024 FFN, 2+2 layers = 3.9M (15.8 MB of fp32 gradients).
@@ -26,16 +30,63 @@ BIG = "encoder_embed_dim=256,decoder_embed_dim=256,encoder_ffn_embed_dim=1024,de
 
 
 
-
 def leftovers(cfg) -> dict[str, str]:
-    """Per host: any tbf qdisc, training or benchmark process still there."""
+    """Per host: any tbf qdisc (as the controller sees it in the host's namespace, whoever logs in), training
+    or benchmark process still there."""
     out = {}
+    caps = network.current_caps(cfg)
     for name in cfg.names:
-        qdisc = ssh(cfg, name, f"tc qdisc show dev {link_nic(cfg)}").stdout
         procs = processes(cfg, name, "fairseq_train|torchrun|train.agent.allreduce|iperf3")
-        if " tbf " in qdisc or procs:
-            out[name] = qdisc + procs
+        if caps[name] or procs:
+            out[name] = f"tbf {caps[name]}\n" * bool(caps[name]) + procs
     return out
+
+
+def test_the_caps_and_their_removal_work_as_the_cloud_login_user(provisioned):
+    """bench-step's caps on a cloud image's shape: the inventory's user is not root, tc changes the qdisc
+    through its passwordless sudo, reads it back without, and the removal leaves no tbf."""
+    cfg = provisioned.cfg
+    hosts = load_hosts(provisioned.inventory)
+    assert {h.user for h in hosts} == {cfg.login_user}
+    if cfg.login_user == "root":
+        pytest.skip("LAB_LOGIN_USER=root: no sudo to go through")
+    link.require_sudo(hosts)
+    try:
+        link.apply_caps(hosts, "100mbit")
+        assert network.current_caps(cfg) == {n: "100Mbit" for n in cfg.names}  # the controller's view
+        assert link.caps(hosts) == {n: "100Mbit" for n in cfg.names}  # the login user's (tc is in /sbin)
+    finally:
+        left = link.remove_caps(hosts)
+    assert left == {n: None for n in cfg.names} and network.current_caps(cfg) == left
+
+
+def test_a_login_user_without_passwordless_sudo_is_named_before_bench_step_touches_anything(data_ready, tmp_path):
+    """An inventory whose user may not sudo without a password: bench-step stops at once, naming every host
+    and what to do, with no cap set and nothing started."""
+    cfg = data_ready.cfg
+    with user_without_sudo(cfg) as user:
+        hosts = [dataclasses.replace(h, user=user) for h in load_hosts(data_ready.inventory)]
+        with pytest.raises(ClusterError) as refused:
+            link.apply_caps(hosts, "100mbit")
+        said = str(refused.value)
+        for name in cfg.names:
+            assert f"{name}: tc needs root, and `sudo -n` refused {user} (sudo: a password is required)" in said, said
+        assert f"`{user} ALL=(ALL) NOPASSWD:ALL` in a file under /etc/sudoers.d/" in said
+
+        inventory = yaml.safe_load(data_ready.inventory.read_text())
+        inventory["all"]["vars"]["ansible_user"] = user
+        theirs = dataclasses.replace(data_ready, inventory=tmp_path / "inventory.yml")
+        theirs.inventory.write_text(yaml.safe_dump(inventory))
+        started = time.monotonic()
+        proc = fab(theirs, "bench-step", "--rates", "100mbit,none", check=False)
+        took = time.monotonic() - started
+    text = " ".join(proc.stdout.split() + proc.stderr.split())
+    assert proc.returncode != 0
+    assert "capping the link needs root on every host (tc):" in text, text
+    assert all(f"{n}: tc needs root, and `sudo -n` refused {user}" in text for n in cfg.names), text
+    assert "iperf3" not in proc.stdout and "training" not in proc.stdout  # stopped before measuring anything
+    assert not leftovers(cfg)
+    print(f"bench-step refused in {took:.1f} s")
 
 
 # At 100 Mb/s a 64 MB all_reduce already takes ~5 s, so per-message latency is noise; 256 MB would

@@ -25,9 +25,27 @@ def test_each_host_answers_ssh_with_its_own_name_and_host_key(lab):
 
 def test_hosts_have_their_own_filesystems(lab):
     a, b = lab.names[:2]
-    assert ssh(lab, a, "echo from-a > /root/marker && cat /root/marker").stdout.strip() == "from-a"
-    assert ssh(lab, b, "test -e /root/marker").returncode == 1
-    ssh(lab, a, "rm /root/marker")
+    assert ssh(lab, a, "echo from-a > ~/marker && cat ~/marker").stdout.strip() == "from-a"
+    assert ssh(lab, b, "test -e ~/marker").returncode == 1
+    ssh(lab, a, "rm ~/marker")
+
+
+def test_hosts_are_reached_as_a_cloud_images_user_with_passwordless_sudo_and_refuse_root(lab):
+    """As on Debian's cloud images: tandem logs in as `debian` (uid 1000, its own home), whose sudo asks no
+    password; sshd refuses root itself (PermitRootLogin no), not for want of a key: root's authorized_keys
+    holds the lab's key, as cloud-init leaves it."""
+    if lab.login_user == "root":
+        pytest.skip("LAB_LOGIN_USER=root: the root-login shape")
+    for name in lab.names:
+        # the home and its key as the rootfs made them (the overlay's upper layer must not hide them)
+        who = ssh(lab, name, "id -un; id -u; echo $HOME; stat -c %U ~; stat -c %U:%a ~/.ssh ~/.ssh/authorized_keys; "
+                             "sudo -n id -un")
+        assert who.stdout.split() == ["debian", "1000", "/home/debian", "debian", "debian:700", "debian:600",
+                                      "root"], who
+        assert ssh(lab, name, "id -un", sudo=True).stdout.strip() == "root"
+        root = ssh(lab, name, "true", user="root")
+        assert root.returncode == 255 and "Permission denied" in root.stderr, root
+        assert "ROOT LOGIN REFUSED" in (lab.host_dir(name) / "console.log").read_text()
 
 
 def test_hosts_have_no_route_off_this_machine(lab):
@@ -88,7 +106,7 @@ def test_a_request_to_a_host_whose_network_vanished_fails_instead_of_waiting_for
 def test_lab_up_on_a_running_lab_changes_nothing(lab):
     pids = [lab_hosts.host_pid(lab, name) for name in lab.names]
     out = lab_cli("up", "--subnet", lab.subnet, "--cluster-net" if lab.cluster_net else "--no-cluster-net",
-                  prefix=lab.prefix).stdout
+                  "--login-user", lab.login_user, prefix=lab.prefix).stdout
     assert "nothing changed" in out
     assert [lab_hosts.host_pid(lab, name) for name in lab.names] == pids
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import TOP, fab, ssh
+from labtools import TOP, fab, ssh, user_without_sudo
 
 from lab.network import link_nic
 from train.run import preflight
@@ -94,7 +94,8 @@ def test_host_state(provisioned, name):
         assert host.package(package).is_installed, package
     data = host.mount_point("/data")
     assert data.exists and data.filesystem == "ext4" and "noatime" in data.options
-    assert host.file("/data").user == "root"  # the training user defaults to ansible_user (root on the lab)
+    # the training user defaults to ansible_user: the lab's login user (debian), not root
+    assert host.file("/data").user == provisioned.cfg.login_user
     assert "UUID=" in host.file("/etc/fstab").content_string
     env = host.file("/etc/tandem/env").content_string
     nic = link_nic(provisioned.cfg)  # ens5 on the two-network lab: the cluster network's NIC
@@ -136,7 +137,8 @@ def test_firewall_lets_only_peers_reach_training_ports(provisioned):
             socket.create_connection((address, 29507), timeout=3).close()
         socket.create_connection((address, 22), timeout=3).close()  # everything else stays open
     finally:
-        a.run("pkill -f 'http.server 29507'")
+        # the brackets keep the pattern off the command lines that run pkill (sudo's, its shell's)
+        a.run("pkill -f 'http[.]server 29507'")
 
 
 def test_host_promising_two_gpus_fails_in_driver_role(provisioned):
@@ -155,11 +157,24 @@ def test_unreachable_host_is_named_once_with_the_reason_at_once(provisioned):
                                "-e", "preflight_connect_timeout=20")
     assert run.rc != 0
     text = " ".join(run.output.split())
-    assert f"v100a: unreachable as root@{provisioned.cfg.host_ip('v100a')} (port 1): " in text
+    assert f"v100a: unreachable as {provisioned.cfg.login_user}@{provisioned.cfg.host_ip('v100a')} (port 1): " in text
     assert "Connection refused" in text
     assert "UNREACHABLE" not in run.output and "...ignoring" not in run.output
     assert run.output.count("[ERROR]") == 1
     assert run.seconds < 15, run.seconds
+
+
+def test_a_login_user_who_cannot_become_root_is_named_in_preflight(provisioned):
+    """Provisioning changes the hosts as root through sudo: a login user whose sudo asks a password stops
+    in preflight, named with what to do, before any role touches a host."""
+    with user_without_sudo(provisioned.cfg) as user:
+        run = provisioned.playbook("--limit", "v100a", "-e", f"ansible_user={user}")
+    assert run.rc != 0
+    text = " ".join(run.output.split())
+    assert f"v100a: {user} cannot become root with sudo (" in text, text[-3000:]
+    assert f"Give {user} passwordless sudo (a line `{user} ALL=(ALL) NOPASSWD:ALL` in a file under " in text
+    assert "--ask-become-pass" in text
+    assert "common : " not in run.output  # stopped before any role
 
 
 def test_hosts_sharing_an_address_are_named(provisioned):
@@ -189,14 +204,14 @@ def test_a_host_whose_python_is_too_old_or_differs_is_named_before_anything_is_i
             minor = ".".join(version.split(".")[:2])
             answer = json.dumps({"version": version, "minor": minor, "machine": "x86_64", "libc": "glibc-2.35"})
             script = f"#!/bin/sh\ncat <<'JSON'\n{answer}\nJSON\n"  # whatever -c asks, it answers this
-            ssh(cfg, "v100b", f"cat > {STAND_IN} <<'SCRIPT'\n{script}SCRIPT\nchmod +x {STAND_IN}")
+            ssh(cfg, "v100b", f"cat > {STAND_IN} <<'SCRIPT'\n{script}SCRIPT\nchmod +x {STAND_IN}", sudo=True)
             run = provisioned.playbook("--tags", "train_env", "-e", picked)
             assert run.rc != 0
             text = " ".join(run.output.split())
             assert said.format(stand_in=STAND_IN) in text, text[-3000:]
             assert "Create the virtualenv" not in run.output and "Install the pinned packages" not in run.output
     finally:
-        ssh(cfg, "v100b", f"rm -f {STAND_IN}")
+        ssh(cfg, "v100b", f"rm -f {STAND_IN}", sudo=True)
     assert ssh(cfg, "v100b", "/opt/tandem/venv/bin/python -c 'import torch, fairseq'").returncode == 0
 
 
@@ -239,7 +254,8 @@ def test_drifted_packages_are_named_by_fab_train_and_restored_by_provisioning(pr
     assert provisioned.playbook("--tags", "train_env").rc == 0  # this tree's agent on the hosts
     pip = "/opt/tandem/venv/bin/pip"
     gone = ssh(provisioned.cfg, "v100b", f"{pip} uninstall -y -q sacrebleu tensorboardX "
-                                         "&& echo '# another version' >> /opt/tandem/lib/train/agent/state.py")
+                                         "&& echo '# another version' >> /opt/tandem/lib/train/agent/state.py",
+               sudo=True)  # root's venv and agent, as provisioning made them
     assert gone.returncode == 0, gone.stderr
     proc = fab(provisioned, "train", "--new", check=False)
     assert proc.returncode != 0

@@ -30,11 +30,12 @@ def test_hosts_copy_checkpoints_to_each_other_and_nobody_else_holds_the_key(prov
         key = provisioned.inventory.parent / ".tandem_cluster_key"
         from_controller = subprocess.run(
             ["ssh", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", f"UserKnownHostsFile={cfg.known_hosts}",
-             "-o", "BatchMode=yes", f"root@{cfg.host_ip('v100b')}", "true"], capture_output=True, text=True, timeout=60)
+             "-o", "BatchMode=yes", f"{cfg.login_user}@{cfg.host_ip('v100b')}", "true"], capture_output=True, text=True,
+            timeout=60)
         assert from_controller.returncode == 255 and "Permission denied" in from_controller.stderr
 
         # a peer that does not answer (an unused address on the network the hosts reach each other on) is named
-        gone = Host("v100z", str((cfg.cluster_network if cfg.cluster_net else cfg.network)[99]), user="root")
+        gone = Host("v100z", str((cfg.cluster_network if cfg.cluster_net else cfg.network)[99]), user=cfg.login_user)
         # rsync exits 255 or 12 for the same refused ssh, depending on which side reports first
         with pytest.raises(ClusterError, match=r"failed for: v100z (255|12)\b.*(No route to host|timed out)"):
             checkpoints.push_between_hosts(hosts[0], [gone], SAVE_DIR)

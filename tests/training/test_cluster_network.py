@@ -73,7 +73,7 @@ def test_a_capped_cluster_nic_slows_the_cluster_while_ssh_stays_fast(cloud):
         started = time.monotonic()
         upload = subprocess.run(
             ["ssh", "-i", str(cloud.cfg.key), "-o", f"UserKnownHostsFile={cloud.cfg.known_hosts}", "-o",
-             "BatchMode=yes", f"root@{cloud.cfg.host_ip('v100a')}", "wc -c"],
+             "BatchMode=yes", f"{cloud.cfg.login_user}@{cloud.cfg.host_ip('v100a')}", "wc -c"],
             input=b"\0" * 20_000_000, capture_output=True, timeout=60)
         ssh_s = time.monotonic() - started
     finally:

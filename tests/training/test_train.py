@@ -338,11 +338,13 @@ def test_mismatched_versions_are_named_before_launch(data_ready):
     cfg = data_ready.cfg
     package = "$(/opt/tandem/venv/bin/python -c 'import fairseq,os; print(os.path.dirname(fairseq.__file__))')"
     version = f"{package}/version.py"
-    ssh(cfg, "v100b", f"cp {version} /root/version.py.orig && echo '__version__ = \"0.12.0\"' > {version}")
+    # the venv is root's (provisioning made it): the login user edits it through sudo
+    assert ssh(cfg, "v100b", f"cp {version} /root/version.py.orig && echo '__version__ = \"0.12.0\"' > {version}",
+               sudo=True).returncode == 0
     try:
         proc = fab(data_ready, "train", "--new", check=False)
     finally:
-        ssh(cfg, "v100b", f"cp /root/version.py.orig {version}")
+        ssh(cfg, "v100b", f"cp /root/version.py.orig {version}", sudo=True)
     assert proc.returncode != 0
     assert "v100b: fairseq 0.12.0 but v100a has 0.12.3.1" in proc.stdout
 

@@ -6,7 +6,9 @@ Marks the run as stopped on purpose (RUN/stopped; the next start removes it), th
 every process that names the run's save directory (train.agent.state.run_pids),
 up to `--wait` seconds for them to end, then SIGKILL. Prints one word: `none` (nothing was
 running), `stopped` (ended on SIGTERM), `killed` (needed SIGKILL); exit 1 with `alive` when a
-process outlived SIGKILL.
+process outlived SIGKILL. A login user may signal only its own processes: a run another user
+started (root, or a colleague on a shared VM) is named with its owners instead (exit 1), nothing
+signalled.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import pwd
 import signal
 import time
 
@@ -26,6 +29,32 @@ def _signal(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+def others(pids: list[int], proc: str = "/proc") -> dict[int, str]:
+    """{pid: its user} of the processes this one may not signal (root may signal any)."""
+    if os.geteuid() == 0:
+        return {}
+    out = {}
+    for pid in pids:
+        try:
+            uid = os.stat(f"{proc}/{pid}").st_uid
+        except OSError:  # ended meanwhile
+            continue
+        if uid != os.geteuid():
+            try:
+                out[pid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                out[pid] = str(uid)
+    return out
+
+
+def not_ours(foreign: dict[int, str]) -> str:
+    """What `stop` says of a run another user's processes make up, and what to do."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    listed = ", ".join(f"pid {pid} ({user})" for pid, user in sorted(foreign.items()))
+    return (f"another user's processes: {listed}; {me} may not signal them: stop the run as "
+            f"{' or '.join(sorted(set(foreign.values())))}, or `sudo kill -- {' '.join(map(str, sorted(foreign)))}`")
+
+
 STOPPED_MARK = "stopped"  # in the run's directory: `fab status` says "stopped by fab stop", not "died"
 
 
@@ -33,6 +62,9 @@ def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.5) -> str:
     pids = run_pids(run_dir)
     if not pids:
         return "none"
+    foreign = others(pids)
+    if foreign:
+        return not_ours(foreign)
     # a missing run directory still gets its processes stopped
     with contextlib.suppress(OSError), open(os.path.join(run_dir, STOPPED_MARK), "w") as f:
         f.write(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
@@ -54,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     outcome = stop(args.run, args.wait)
     print(outcome)
-    return 1 if outcome == "alive" else 0
+    return 0 if outcome in ("none", "stopped", "killed") else 1
 
 
 if __name__ == "__main__":

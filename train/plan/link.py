@@ -12,7 +12,10 @@ here, iperf3's command lines, its JSON parser and which pairs to measure in trai
   in one round (the quick check `fab train` and `fab bench-step` do).
 - tc: `tc qdisc replace dev NIC root tbf rate R burst B latency 50ms` on every host's
   egress (as the lab's `shape`, lab/network.py); `remove_caps` deletes the root qdisc and
-  then reads `tc qdisc show` back to confirm no tbf is left.
+  then reads `tc qdisc show` back to confirm no tbf is left. Changing a qdisc needs root
+  (CAP_NET_ADMIN): on a host whose login user is not root (a cloud image's `ubuntu`, `debian`,
+  `ec2-user`) the cap and its removal run through `sudo -n`, which fails at once, never asks for a
+  password; `require_sudo` asks every host before anything changes. Reading a qdisc needs no root.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import shlex
 
 from train.agent import iperf as iperf3
 from train.agent.iperf import Pair, link_mbps, ordered_pairs
-from train.cluster import ClusterError, Host, run_each
+from train.cluster import ClusterError, GroupResult, Host, run_each
 
 __all__ = ["Pair", "link_mbps", "ordered_pairs"]  # the pair figures, for benchmarks.net and predict
 
@@ -70,19 +73,73 @@ def tbf_burst(bits_per_s: int) -> int:
     return max(bits_per_s // 8 // 200, 16 * 1024)
 
 
+# tc lives in /sbin, which a login user's PATH lacks on Debian (sshd gives users /usr/local/bin:/usr/bin:/bin).
+SBIN_PATH = 'PATH="$PATH:/usr/sbin:/sbin"'
+# sudo's own words when it will not run a command for the user (no sudo, or a password needed)
+SUDO_REFUSED = ("sudo: a password is required", "sudo: a terminal is required", "is not in the sudoers file",
+                "is not allowed to execute", "sudo: not found", "sudo: command not found", "may not run sudo")
+
+
+def needs_sudo(host: Host) -> bool:
+    """Whether changing `host`'s qdisc goes through sudo: its login user is not root."""
+    return host.user != "root"
+
+
+def sudo_advice(host: Host, why: str) -> str:
+    """`host: ...`: sudo refused the login user, and what to do about it."""
+    return (f"{host.name}: tc needs root, and `sudo -n` refused {host.user} ({why.strip()}): give {host.user} "
+            f"passwordless sudo there, as cloud images do (a line `{host.user} ALL=(ALL) NOPASSWD:ALL` in a file "
+            f"under /etc/sudoers.d/; tc alone is enough: `{host.user} ALL=(root) NOPASSWD: /usr/sbin/tc`)")
+
+
+def refused_by_sudo(why: str) -> bool:
+    return any(words in why for words in SUDO_REFUSED)
+
+
+def require_sudo(hosts: list[Host]) -> None:
+    """Every host whose login user is not root may run tc as root without a password; raises naming
+    each host that may not, with what to do, before anything changed."""
+    asking = [h for h in hosts if needs_sudo(h)]
+    if not asking:
+        return
+    answers = run_each(asking, {h.name: "sudo -n true" for h in asking})
+    failed = _failures(asking, answers)
+    if failed:
+        raise ClusterError("capping the link needs root on every host (tc):\n  " + "\n  ".join(failed))
+
+
 def nic_of(host: Host) -> str:
     if not host.nic:
         raise ClusterError(f"{host.name}: the inventory names no cluster_nic; tandem caps and counts that NIC")
     return host.nic
 
 
-def cap_command(nic: str, rate: str) -> str:
-    """The tc line that caps (or, for 'none', uncaps) `nic`'s egress."""
+def cap_command(nic: str, rate: str, *, sudo: bool) -> str:
+    """The tc line that caps (or, for 'none', uncaps) `nic`'s egress; `sudo`: as root through `sudo -n`
+    (a host's non-root login user), else as is (root: the lab's `shape` through `ip netns exec`).
+    Uncapping a NIC that has no cap is no error; sudo refusing it is (`sudo -n true` says why)."""
+    tc = f"{SBIN_PATH} sudo -n tc" if sudo else f"{SBIN_PATH} tc"
     bits = rate_bits(rate)
     if bits is None:
-        return f"tc qdisc del dev {shlex.quote(nic)} root 2>/dev/null; true"
-    return (f"tc qdisc replace dev {shlex.quote(nic)} root tbf rate {bits}bit burst {tbf_burst(bits)}b "
+        return f"{tc} qdisc del dev {shlex.quote(nic)} root 2>/dev/null" + (" || sudo -n true" if sudo else "; true")
+    return (f"{tc} qdisc replace dev {shlex.quote(nic)} root tbf rate {bits}bit burst {tbf_burst(bits)}b "
             "latency 50ms")
+
+
+def host_cap_command(host: Host, rate: str) -> str:
+    return cap_command(nic_of(host), rate, sudo=needs_sudo(host))
+
+
+def _refused(hosts: list[Host], answers: GroupResult) -> dict[str, str]:
+    """{host: what to do} for each host where sudo refused the command."""
+    return {h.name: sudo_advice(h, answers[h.name].why) for h in hosts
+            if answers[h.name].reachable and not answers[h.name].ok and refused_by_sudo(answers[h.name].why)}
+
+
+def _failures(hosts: list[Host], answers: GroupResult) -> list[str]:
+    """`host: why` for each host that failed; where sudo refused, what to do."""
+    refused = _refused(hosts, answers)
+    return [refused.get(name, f"{name}: {r.why}") for name, r in answers.failed.items()]
 
 
 def parse_caps(tc_show: str) -> str | None:
@@ -95,14 +152,14 @@ def parse_caps(tc_show: str) -> str | None:
 
 def apply_caps(hosts: list[Host], rate: str) -> None:
     """Cap (or uncap, rate 'none') every host's cluster NIC; raises naming the hosts that failed."""
-    failed = run_each(hosts, {h.name: cap_command(nic_of(h), rate) for h in hosts}).problems()
+    failed = _failures(hosts, run_each(hosts, {h.name: host_cap_command(h, rate) for h in hosts}))
     if failed:
         raise ClusterError(f"could not set the cap {rate} (tc):\n  " + "\n  ".join(failed))
 
 
 def caps(hosts: list[Host]) -> dict[str, str | None]:
     """The tbf rate on every host's cluster NIC now (None: no cap). Raises for unreachable hosts."""
-    answers = run_each(hosts, {h.name: f"tc qdisc show dev {shlex.quote(nic_of(h))}" for h in hosts})
+    answers = run_each(hosts, {h.name: f"{SBIN_PATH} tc qdisc show dev {shlex.quote(nic_of(h))}" for h in hosts})
     out = {}
     for name, result in answers.items():
         if not result.ok:
@@ -112,8 +169,12 @@ def caps(hosts: list[Host]) -> dict[str, str | None]:
 
 
 def remove_caps(hosts: list[Host]) -> dict[str, str | None]:
-    """Remove every cap and confirm it: {host: None} when clean; raises naming a host that kept one."""
-    run_each(hosts, {h.name: cap_command(nic_of(h), "none") for h in hosts})
+    """Remove every cap and confirm it: {host: None} when clean; raises naming a host that kept one
+    (and, where sudo refused the removal, what to do)."""
+    answers = run_each(hosts, {h.name: host_cap_command(h, "none") for h in hosts})
+    refused = _refused(hosts, answers)
+    if refused:
+        raise ClusterError("could not remove the cap (tc):\n  " + "\n  ".join(refused.values()))
     left = caps(hosts)
     kept = {n: r for n, r in left.items() if r}
     if kept:

@@ -91,14 +91,15 @@ def push_command(save_dir: str, peers: list[Host]) -> str:
     for peer in peers:
         target = f"{peer.user}@{cluster_address(peer)}:{save_dir}/"
         rsync = f"rsync -a --timeout={TRANSFER_STALL_S} --rsync-path={shlex.quote(f'mkdir -p {save_dir} && rsync')}"
+        err = f'"$errs/{peer.name}"'
         # rsync exits 23/24 when fairseq rewrites or replaces a checkpoint while it is read: try again
         pushes.append(f"{{ for try in 1 2 3; do {rsync} -e {ssh} "
-                      f"$files {shlex.quote(target)} >/dev/null 2>/tmp/tandem-push-{peer.name}.err; rc=$?; "
+                      f"$files {shlex.quote(target)} >/dev/null 2>{err}; rc=$?; "
                       f"[ $rc = 23 ] || [ $rc = 24 ] || break; sleep 2; done; "
-                      f"echo {peer.name} $rc $(tail -c 300 /tmp/tandem-push-{peer.name}.err | tr '\\n' ' '); }} &")
-    return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; '
-
-            f"files=$(ls {names} 2>/dev/null); " + " ".join(pushes) + " wait")
+                      f"echo {peer.name} $rc $(tail -c 300 {err} | tr '\\n' ' '); }} &")
+    # rsync's errors in a directory of this call's own (a fixed name in /tmp may be another user's file)
+    return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; errs=$(mktemp -d) || exit 4; '
+            f"files=$(ls {names} 2>/dev/null); " + " ".join(pushes) + ' wait; rm -rf "$errs"')
 
 
 def push_between_hosts(source: Host, peers: list[Host], save_dir: str) -> None:

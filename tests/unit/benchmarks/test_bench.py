@@ -5,8 +5,10 @@ predictions; and what `fab bench-net` and `fab bench-step` do with their options
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from benchmarks import net, step
 from train.agent import allreduce
 from train.cluster import ClusterError, GroupResult, Host, HostResult
-from train.plan import measurements, model
+from train.plan import link, measurements, model
 from train.report.logparse import logged_params, parse_log
 
 
@@ -195,6 +197,39 @@ def test_an_all_reduce_that_cannot_start_names_the_host_and_why_and_stops_the_ot
                                            r"\(no route to host\)"):
         net.run_allreduce(two_hosts(), "1M")
     assert ran == [net.KILL]  # every job stopped, also on the way out
+
+
+def test_bench_step_asks_every_hosts_sudo_before_it_measures_or_starts_anything(monkeypatch):
+    """A cloud image's login user changes the qdisc through `sudo -n`: where sudo would ask a password, bench-step
+    stops before its first iperf3, naming the host and what to do."""
+    cloud = [replace(h, user="debian") for h in two_hosts()]
+    measured = []
+    monkeypatch.setattr(step, "measure_links", lambda *a, **kw: measured.append(a))
+    monkeypatch.setattr(step, "dataset_vocab", lambda *a: 1000)
+    monkeypatch.setattr(link, "run_each", lambda hosts, commands: GroupResult(
+        (h.name, HostResult(h.name, stderr="sudo: a password is required", exited=1)) for h in hosts))
+    with pytest.raises(ClusterError, match=r"capping the link needs root on every host \(tc\):\n  v100a: tc needs "
+                                           r"root, and `sudo -n` refused debian \(sudo: a password is required\)"):
+        step.bench_step(cloud, ["100mbit", "none"])
+    assert measured == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root, to be another user too")
+def test_the_all_reduce_job_of_a_login_user_is_not_stopped_by_another_users_files():
+    """Each login user's all_reduce files in a directory of its own: one that root (or a colleague) left in a
+    shared /tmp/tandem-bench is not writable by a cloud image's user, and bench-net could not start there."""
+    start = net.allreduce_commands(two_hosts(), "1M", 1, 0, 5, 29501, 60)["v100a"].split(" && ")[:2]
+    prepare = " && ".join(start) + " && echo started > allreduce.out && cat allreduce.out"
+    mine = subprocess.run(["sh", "-c", "echo " + net.REMOTE_DIR], capture_output=True, text=True).stdout.strip()
+    theirs = mine.rsplit("-", 1)[0] + "-nobody"
+    try:
+        assert subprocess.run(["sh", "-c", prepare], capture_output=True, text=True, cwd="/").stdout == "started\n"
+        as_user = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", prepare], capture_output=True,
+                                 text=True, cwd="/")
+        assert as_user.returncode == 0 and as_user.stdout == "started\n", as_user.stderr
+    finally:
+        for path in (mine, theirs):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def test_nic_counters_a_host_did_not_give_are_named(monkeypatch):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
-from lab import inventory, network
+from lab import hosts, inventory, network, rootfs
 from lab.config import LabConfig, host_names
 from lab.shell import LabError
 from train.cluster import ClusterError, load_hosts, select
@@ -110,6 +112,60 @@ def test_a_running_lab_of_another_shape_is_described_by_what_differs():
     subnet must not read as the same lab."""
     from lab.__main__ import describe
 
-    assert describe(LabConfig()) == "2 Debian bookworm hosts on 10.77.0.0/24, two networks"
-    assert describe(LabConfig(cluster_net=False, distro="trixie", slow_nic_hosts=("v100b",))) == (
-        "2 Debian trixie hosts on 10.77.0.0/24, one network, slow NIC on v100b")
+    assert describe(LabConfig()) == "2 Debian bookworm hosts on 10.77.0.0/24, two networks, login debian"
+    assert describe(LabConfig(cluster_net=False, distro="trixie", slow_nic_hosts=("v100b",), login_user="root")) == (
+        "2 Debian trixie hosts on 10.77.0.0/24, one network, slow NIC on v100b, login root")
+
+
+def test_the_lab_logs_in_as_a_cloud_images_user_who_becomes_root_with_sudo(tmp_path):
+    """The default shape is a Debian cloud image's: its inventory logs in as `debian` with become (as
+    inventory/hosts.yml does for `ubuntu`), sshd refuses root, whose authorized_keys sends it to debian."""
+    cfg = LabConfig()
+    path = tmp_path / "lab.yml"
+    path.write_text(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))
+    assert {h.user for h in load_hosts(path)} == {"debian"}
+    assert yaml.safe_load(path.read_text())["all"]["vars"]["ansible_become"] is True
+    assert "PermitRootLogin no\n" in hosts.sshd_config("debian")
+    keys = hosts.authorized_keys("debian", "ssh-ed25519 AAAAkey tandem-lab\n")
+    assert keys["debian"] == "ssh-ed25519 AAAAkey tandem-lab\n"
+    assert keys["root"].startswith("no-port-forwarding,") and keys["root"].endswith(
+        '"echo \'Please login as the user \\"debian\\" rather than the user \\"root\\".\';echo;exit 142" '
+        "ssh-ed25519 AAAAkey tandem-lab\n")
+    # the other shape: a provider that hands out root logins
+    assert "PermitRootLogin prohibit-password\n" in hosts.sshd_config("root")
+    assert hosts.authorized_keys("root", "k\n") == {"root": "k\n"}
+    with pytest.raises(ValueError, match="log in as debian or root, not 'ubuntu'"):
+        LabConfig(login_user="ubuntu")
+
+
+def test_a_lab_saved_before_the_login_user_was_a_setting_is_read_as_a_root_login(tmp_path, monkeypatch):
+    from lab import __main__ as cli
+
+    monkeypatch.setattr(cli, "LabConfig", lambda **kw: LabConfig(state_root=tmp_path, **kw))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "lab.json").write_text('{"hosts": 2, "subnet": "10.78.0.0/24", "cluster_net": true}')
+    assert cli.saved_config("old").login_user == "root"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+def test_each_users_key_is_written_owned_by_that_user_without_hiding_the_rootfs_home(tmp_path, monkeypatch):
+    """The upper layer's directories shadow the root filesystem's in the merged view: /home/debian made
+    there as root's, or 0755 under a 0700 home, would lock its user out of ssh (StrictModes)."""
+    lower = tmp_path / "rootfs"
+    (lower / "etc").mkdir(parents=True)
+    (lower / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n"
+                                      "debian:x:1000:1000::/home/debian:/bin/bash\n")
+    for home, uid, mode in (("root", 0, 0o700), ("home/debian", 1000, 0o700)):
+        (lower / home).mkdir(parents=True)
+        os.chown(lower / home, uid, uid)
+        os.chmod(lower / home, mode)
+    monkeypatch.setattr(rootfs, "rootfs_dir", lambda cache, distro: lower)
+    upper = tmp_path / "upper"
+    upper.mkdir()
+    hosts.install_keys(LabConfig(), upper, "ssh-ed25519 AAAAkey tandem-lab\n")
+    for path, owner, mode in (("home", 0, 0o755), ("home/debian", 1000, 0o700), ("home/debian/.ssh", 1000, 0o700),
+                              ("home/debian/.ssh/authorized_keys", 1000, 0o600), ("root", 0, 0o700),
+                              ("root/.ssh/authorized_keys", 0, 0o600)):
+        st = (upper / path).stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (owner, mode), path
+

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +89,19 @@ def test_stop_kills_a_rank_that_ignores_sigterm(run_dir, spawn):
 
 def test_stop_with_nothing_running_says_so(run_dir):
     assert stop.stop(str(run_dir)) == "none"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root, to be another user too")
+def test_stop_as_a_login_user_names_a_run_another_user_started_and_signals_nothing(run_dir, spawn):
+    """A cloud image's login user may signal only its own processes: a rank root (or a colleague) started
+    is named with its owner and what to do, instead of a PermissionError's traceback."""
+    os.chmod(run_dir, 0o777)
+    other = rank(spawn, run_dir)
+    top = Path(__file__).resolve().parents[4]
+    out = subprocess.run(["runuser", "-u", "nobody", "--", "env", f"PYTHONPATH={top}", "/usr/bin/python3", "-m",
+                          "train.agent.stop", "--run", str(run_dir), "--wait", "1"],
+                         capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.strip() == (f"another user's processes: pid {other.pid} (root); nobody may not signal them: "
+                                  f"stop the run as root, or `sudo kill -- {other.pid}`")
+    assert other.poll() is None and not (run_dir / stop.STOPPED_MARK).exists()
