@@ -48,7 +48,7 @@ def saved_config(prefix: str) -> LabConfig | None:
                      http_port=data.get("http_port", 8080),
                      slow_nic_hosts=tuple(data.get("slow_nic_hosts", ())),
                      cluster_net=bool(data.get("cluster_net", False)),
-                     distro=data.get("distro", "bookworm"))
+                     distro=data.get("distro", "bookworm"), ranks=int(data.get("ranks", 1)))
 
 
 def server_pid(cfg: LabConfig) -> int | None:
@@ -85,8 +85,9 @@ def refresh_inventory(cfg: LabConfig) -> Path | None:
 def describe(cfg: LabConfig) -> str:
     """'2 Debian bookworm hosts on 10.77.0.0/24, two networks': what tells two labs apart."""
     slow = f", slow NIC on {','.join(cfg.slow_nic_hosts)}" if cfg.slow_nic_hosts else ""
+    ranks = f", {cfg.ranks} ranks a host" if cfg.ranks > 1 else ""
     return (f"{cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}, "
-            f"{'two networks' if cfg.cluster_net else 'one network'}{slow}")
+            f"{'two networks' if cfg.cluster_net else 'one network'}{slow}{ranks}")
 
 
 def already_up(cfg: LabConfig) -> bool:
@@ -168,7 +169,8 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     cfg.state.mkdir(parents=True, exist_ok=True)
     (cfg.state / "lab.json").write_text(json.dumps(
         {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
-         "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net, "distro": cfg.distro}))
+         "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net, "distro": cfg.distro,
+         "ranks": cfg.ranks}))
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
     serve_packages(cfg, wheels)
     if cfg.cluster_net:
@@ -265,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--cluster-net", action=argparse.BooleanOptionalAction, default=True,
                       help="a private cluster network on a second bridge (ens5, cluster_address), SSH on the "
                       "management network (eth0), as on cloud VMs (the default); --no-cluster-net: one network")
+    p_up.add_argument("--ranks", type=int, default=1,
+                      help="training ranks on each host (the inventory's cpu_ranks; default 1): 2 runs the "
+                      "several-ranks-a-host path multi-GPU hosts take")
     p_up.add_argument("--distro", default="bookworm", choices=sorted(DISTROS),
                       help="the hosts' Debian: bookworm (12, Python 3.11, the default) or trixie (13, Python 3.13)")
     sub.add_parser("down", help="remove everything the lab made")
@@ -276,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             slow = tuple(h for h in args.slow_nic.split(",") if h)
             cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow,
-                            cluster_net=args.cluster_net, distro=args.distro)
+                            cluster_net=args.cluster_net, distro=args.distro, ranks=args.ranks)
             up(cfg, args.inventory or cfg.default_inventory)
         elif args.command == "down":
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))
