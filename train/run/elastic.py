@@ -8,8 +8,8 @@ works too), with `--update-freq` scaled so that the effective batch (tokens per 
 update-freq × ranks) stays the same: scaled by ranks, not hosts (2 hosts × 2 ranks → v100a's 2
 ranks: ×2; 3 → 2 hosts: ×1.5, rounded up to ×2), and fairseq's learning-rate schedule continuing
 from the checkpoint's update count. The run remembers its membership (Run.members): which hosts,
-how many ranks, from which update, with which update-freq, and why. When a lost host comes back, train.run.rejoin grows the run back to it at its next
-checkpoint, with the update-freq scaled back.
+how many ranks, from which update, with which update-freq, and why. When a lost host comes back,
+train.run.rejoin grows the run back to it at its next checkpoint, with the update-freq scaled back.
 """
 
 from __future__ import annotations

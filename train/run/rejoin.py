@@ -18,8 +18,8 @@ after the last one seen), stops the run (launch.stop), shares that checkpoint wi
 the current rank 0 (checkpoints.share_checkpoint: the joiner's own copy is stale) and restarts the run
 on the hosts in the order they first trained in (rank 0 is the run's first rank 0 again), with
 `--update-freq` scaled back to the effective batch the run started with (elastic.scaled_update_freq
-from the first membership's ranks: 2 hosts × 2 ranks → 1 × 2 (update-freq 2) → 2 × 2 (update-freq 1)). The membership gets an entry (why: "v100c rejoined at update 60") and
-one line is said:
+from the first membership's ranks: 2 hosts × 2 ranks → 1 × 2 at update-freq 2 → 2 × 2 at update-freq
+1). The membership gets an entry (why: "v100c rejoined at update 60") and one line is said:
 
     v100c is back: growing to v100a, v100b, v100c from update 60, update-freq 1
 
