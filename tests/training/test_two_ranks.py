@@ -84,10 +84,8 @@ def resumed(two_by_two, started):
     began = time.monotonic()
     follower = Follower(two_by_two, "train", "--run", RUN)
     try:
-        follower.wait_for(rf"resuming {RUN} from update (\d+)", timeout=180)
-        log = log_of(cfg, "v100a", RUN)
-        resumed_at = int(re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)[-1])
-        wait_for_update(cfg, RUN, resumed_at + SAVE_EVERY + 3)  # past a checkpoint of the resumed run
+        _, resuming = follower.wait_for(rf"resuming {RUN} from update (\d+)", timeout=180)
+        wait_for_update(cfg, RUN, int(resuming.group(1)) + SAVE_EVERY + 3)  # past a checkpoint of the resumed run
         down = time.monotonic()
         set_links(cfg, "v100b", "down")
         _, lost = follower.wait_for(r"v100b lost at update ([\d,]+) \(unreachable\); continuing on v100a from "
