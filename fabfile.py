@@ -72,7 +72,7 @@ def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=
 @task(help={"run": "run id (default: the latest)"})
 @cluster_task
 def status(c, hosts, run=None):
-    """Per host: is its rank running, the last update, loss and s/update; why it stopped if it did."""
+    """Per host: the ranks it runs, are they running, the last update, loss and s/update; why it stopped if it did."""
     if not run_status.show(Run.load(run), hosts, console):
         sys.exit(1)
 

@@ -1,13 +1,17 @@
 """`fab bench-net`: how fast can the hosts talk, and does all_reduce get that speed?
 
 1. iperf3 between every ordered pair of hosts (train.plan.link; raw JSON kept).
-2. train.agent.allreduce on every host at once (one rank per GPU, or one per CPU host;
-   NCCL on GPUs, gloo on CPU), buffer sizes from `--min-size` to `--max-size` by powers of
-   two: the host-side agent roles/train_env installed, started detached with a pid file,
-   followed from here, and killed by that pid on error or Ctrl-C.
+2. train.agent.allreduce on every host at once (every rank training runs: one per GPU, a CPU
+   host's `cpu_ranks`; NCCL on GPUs, gloo on CPU), buffer sizes from `--min-size` to
+   `--max-size` by powers of two: the host-side agent roles/train_env installed, started
+   detached with a pid file, followed from here, and killed by that pid on error or Ctrl-C.
+   A host with several ranks first measures them alone (intra-host: NVLink, PCIe or shared
+   memory, no NIC), printed per host before the cross-host table.
 3. The nccl-tests table plus one column: efficiency = busbw / the slowest iperf3 pair
    (both in bytes per second). For 2 ranks busbw = algbw = size / time: each rank sends and
-   receives the whole buffer once, so it is directly comparable with the link.
+   receives the whole buffer once, so it is directly comparable with the link. With several
+   ranks a host the ring over ranks numbered host by host crosses each NIC once, and busbw
+   (2(n−1)/n × size / time) is again what each NIC carried: the inter-host figure.
    `threshold` fails the run when the efficiency of the sizes ≥ 256 MB (or the largest size
    when the sweep stops below) is lower.
 
@@ -27,7 +31,7 @@ from datetime import UTC, datetime
 
 from train.agent import allreduce
 from train.agent.allreduce import parse_size
-from train.cluster import ClusterError, Host, run_all, run_each
+from train.cluster import ClusterError, Host, placement, run_all, run_each, world_size
 from train.plan import link, measurements
 from train.run.command import ENV_FILE
 from train.run.remote import venv_of
@@ -106,17 +110,18 @@ def host_info(hosts: list[Host]) -> dict[str, dict]:
 
 
 def allreduce_commands(hosts: list[Host], sizes: str, iters: int, warmup: int, budget_s: float,
-                       port: int, timeout: float, gap_s: float = 0.0) -> dict[str, str]:
+                       port: int, timeout: float, gap_s: float = 0.0, intra: bool = True) -> dict[str, str]:
     """Each host's detached all_reduce job: train.agent.allreduce's launcher (installed by roles/train_env,
-    as roles/verify runs it), its output and pid file in REMOTE_DIR."""
+    as roles/verify runs it), its output and pid file in REMOTE_DIR. `intra`: a host with several
+    ranks measures them alone first."""
     mn, sweep, mx = sizes.partition("..")
     chosen = ["--min-size", mn, "--max-size", mx] if sweep else ["--sizes", sizes]  # 'A..B' or 'A,B,...'
     common = [*chosen, "--iters", str(iters), "--warmup", str(warmup), "--budget-s", f"{budget_s:g}",
-              "--timeout", f"{timeout:g}", "--gap-s", f"{gap_s:g}"]
-    gpus = [h.gpus for h in hosts]
+              "--timeout", f"{timeout:g}", "--gap-s", f"{gap_s:g}", *([] if intra else ["--skip-intra"])]
+    ranks = [h.ranks for h in hosts]
     out = {}
     for node, h in enumerate(hosts):
-        job = shlex.join(allreduce.host_argv(f"{venv_of(h)}/bin/python", node, gpus, hosts[0].cluster_address, port,
+        job = shlex.join(allreduce.host_argv(f"{venv_of(h)}/bin/python", node, ranks, hosts[0].cluster_address, port,
                                              common, env_file=ENV_FILE))
         out[h.name] = (f"mkdir -p {REMOTE_DIR} && cd {REMOTE_DIR} && "
                        f"{{ setsid nohup {job} > {REMOTE_DIR}/allreduce.out 2>&1 < /dev/null & "
@@ -131,10 +136,12 @@ ALIVE = f"p=$(cat {REMOTE_DIR}/allreduce.pid 2>/dev/null) && kill -0 $p 2>/dev/n
 
 
 def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1, budget_s: float = 20,
-                  port: int = 29501, timeout: float = 1800, on_line=None, gap_s: float = 0.0) -> dict:
-    """Run the sweep on every host at once; rank 0's JSON report. Every job is stopped afterwards."""
+                  port: int = 29501, timeout: float = 1800, on_line=None, gap_s: float = 0.0,
+                  intra: bool = True) -> dict:
+    """Run the sweep on every host at once; rank 0's JSON report, with `intra` ({host: its ranks alone})
+    where hosts run several. Every job is stopped afterwards."""
 
-    commands = allreduce_commands(hosts, sizes, iters, warmup, budget_s, port, timeout, gap_s)
+    commands = allreduce_commands(hosts, sizes, iters, warmup, budget_s, port, timeout, gap_s, intra)
     try:
         bad = run_each(hosts, commands).problems()
         if bad:
@@ -168,7 +175,35 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
         tails = "\n".join(f"  {n}: " + " | ".join((r.stdout or r.why).strip().splitlines()[-3:])
                           for n, r in outputs.items())
         raise ClusterError(f"all_reduce gave no result:\n{tails}")
-    return report
+    intra = intra_reports({name: r.stdout for name, r in outputs.items()})
+    return {**report, "intra": intra} if intra else report
+
+
+def intra_reports(outputs: dict[str, str]) -> dict[str, dict]:
+    """{host: the all_reduce among its own ranks}: the `INTRA {...}` line train.agent.allreduce prints
+    on a host with several ranks before the cross-host run (none on one-rank hosts)."""
+    found = {}
+    for name, text in outputs.items():
+        lines = [line[6:] for line in text.splitlines() if line.startswith("INTRA ")]
+        if lines:
+            try:
+                found[name] = json.loads(lines[-1])
+            except ValueError:
+                found[name] = {"ok": False, "error": f"unreadable: {lines[-1][:200]}"}
+    return found
+
+
+def intra_table(intra: dict[str, dict]) -> str:
+    """Each host's ranks among themselves (no NIC): the intra-host bus bandwidth, per size."""
+    lines = [f"{'host':<10} {'ranks':>5} {'size(B)':>12} {'time(ms)':>10} {'busbw(GB/s)':>12}"]
+    for host, report in intra.items():
+        if not report.get("ok") and not report.get("results"):
+            lines.append(f"{host:<10} {'-':>5} failed: {report.get('error') or 'the reduced values were wrong'}")
+            continue
+        for r in report.get("results") or []:
+            lines.append(f"{host:<10} {report.get('world_size', '?'):>5} {r['size']:>12} {r['time_ms']:>10.2f} "
+                         f"{r['busbw']:>12.4f}" + ("" if r.get("correct", True) else "  WRONG SUM"))
+    return "\n".join(lines)
 
 
 def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = None, iters: int = 5,
@@ -185,13 +220,21 @@ def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = No
     pairs, raw = link.iperf(hosts, "all", seconds=iperf_seconds)
     say(pairs_table(pairs))
     link_mbps = link.link_mbps(pairs)
-    say(f"all_reduce {min_size}..{max_size} across {sum(max(h.gpus, 1) for h in hosts)} ranks")
+    several = any(h.ranks > 1 for h in hosts)
+    say(f"all_reduce {min_size}..{max_size} across {world_size(hosts)} ranks ({placement(hosts)})"
+        + ("; each host's ranks alone first" if several else ""))
     result = run_allreduce(hosts, f"{min_size}..{max_size}", iters=iters, budget_s=budget_s, port=port,
                            on_line=lambda n: say(f"  {n} sizes done"))
     rows = with_efficiency(result["results"], link_mbps)
     ok, reasons = verdict(rows, threshold)
-    say(f"# all_reduce, {result['backend']}, {result['world_size']} ranks; link {link_mbps} Mbit/s "
-        f"(slowest iperf3 pair)")
+    if result.get("intra"):
+        say(f"# intra-host: all_reduce among each host's own ranks ({result['backend']}, no NIC)")
+        say(intra_table(result["intra"]))
+        for h, r in result["intra"].items():
+            if not r.get("ok"):
+                say(f"{h}: all_reduce among its own ranks failed: {r.get('error') or 'wrong sums'}")
+    say(f"# inter-host: all_reduce, {result['backend']}, {result['world_size']} ranks on {len(hosts)} hosts; "
+        f"link {link_mbps} Mbit/s (slowest iperf3 pair)")
     say(table(rows))
     now = datetime.now(UTC)
     report = {

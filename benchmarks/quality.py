@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from train.cluster import ClusterError, Host, connect, run_all
+from train.cluster import ClusterError, Host, connect, run_all, world_size
 from train.plan import measurements
 from train.report import logparse
 from train.run import command, launch, preflight, presets
@@ -404,7 +404,7 @@ def bench_quality(hosts: list[Host], entries: list[Entry], updates: int = 300, p
         raise error  # type: ignore[misc]
     now = datetime.now(UTC)
     report = {"benchmark": "bench-quality", "timestamp": now.isoformat(timespec="seconds"),
-              "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": sum(max(h.gpus, 1) for h in hosts),
+              "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": world_size(hosts),
               "preset": preset, "overrides": overrides, "dataset": dataset, "precision": precision,
               "updates_asked": updates, "updates": n, "multiple_of": math.lcm(*(e.period for e in entries)),
               "strategies": [e.label for e in entries], "reference": REFERENCE, "target": TARGET,

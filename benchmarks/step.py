@@ -43,7 +43,7 @@ import statistics
 import time
 from datetime import UTC, datetime
 
-from train.cluster import ClusterError, Host, connect, run_each
+from train.cluster import ClusterError, Host, connect, run_each, world_size
 from train.plan import link, measurements, model, predict
 from train.plan.predict import dataset_vocab
 from train.report import logparse
@@ -320,7 +320,7 @@ def measure_links(hosts: list[Host], rates: list[str], size: int, ranks: int, po
         pairs, _ = link.iperf(hosts, "ring", seconds=2)
         links[rate] = link.link_mbps(pairs)
         result = run_allreduce(hosts, str(size - size % 4), iters=5, warmup=1, budget_s=15, port=port + 1,
-                               gap_s=1.0)
+                               gap_s=1.0, intra=False)
         ms = result["results"][0]["time_ms"]
         effective[rate] = per_rank / (ms / 1e3) * 8 / 1e6
         say(f"[{rate}] iperf3 {links[rate]} Mbit/s (slowest ring link); all_reduce of the "
@@ -385,7 +385,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     options = presets.resolve(preset, overrides).options
     vocab = dataset_vocab(hosts[0], dataset)
     params = preset_params(options, vocab)
-    ranks = sum(max(h.gpus, 1) for h in hosts)
+    ranks = world_size(hosts)
     strategy = Strategy.parse(comm)
     period = strategy.syncs_every
     updates = -(-updates // period) * period

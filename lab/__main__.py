@@ -50,7 +50,7 @@ def saved_config(prefix: str) -> LabConfig | None:
                      cluster_net=bool(data.get("cluster_net", False)),
                      distro=data.get("distro", "bookworm"),
                      # a lab started before the login user was a setting logged in as root
-                     login_user=data.get("login_user", "root"))
+                     login_user=data.get("login_user", "root"), ranks=int(data.get("ranks", 1)))
 
 
 def server_pid(cfg: LabConfig) -> int | None:
@@ -87,8 +87,9 @@ def refresh_inventory(cfg: LabConfig) -> Path | None:
 def describe(cfg: LabConfig) -> str:
     """'2 Debian bookworm hosts on 10.77.0.0/24, two networks, login debian': what tells two labs apart."""
     slow = f", slow NIC on {','.join(cfg.slow_nic_hosts)}" if cfg.slow_nic_hosts else ""
+    ranks = f", {cfg.ranks} ranks a host" if cfg.ranks > 1 else ""
     return (f"{cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}, "
-            f"{'two networks' if cfg.cluster_net else 'one network'}{slow}, login {cfg.login_user}")
+            f"{'two networks' if cfg.cluster_net else 'one network'}{slow}{ranks}, login {cfg.login_user}")
 
 
 def already_up(cfg: LabConfig) -> bool:
@@ -171,7 +172,7 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     (cfg.state / "lab.json").write_text(json.dumps(
         {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
          "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net, "distro": cfg.distro,
-         "login_user": cfg.login_user}))
+         "login_user": cfg.login_user, "ranks": cfg.ranks}))
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
     serve_packages(cfg, wheels)
     if cfg.cluster_net:
@@ -268,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--cluster-net", action=argparse.BooleanOptionalAction, default=True,
                       help="a private cluster network on a second bridge (ens5, cluster_address), SSH on the "
                       "management network (eth0), as on cloud VMs (the default); --no-cluster-net: one network")
+    p_up.add_argument("--ranks", type=int, default=1,
+                      help="training ranks on each host (the inventory's cpu_ranks; default 1): 2 runs the "
+                      "several-ranks-a-host path multi-GPU hosts take")
     p_up.add_argument("--distro", default="bookworm", choices=sorted(DISTROS),
                       help="the hosts' Debian: bookworm (12, Python 3.11, the default) or trixie (13, Python 3.13)")
     p_up.add_argument("--login-user", default="debian", choices=sorted(LOGIN_USERS),
@@ -282,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             slow = tuple(h for h in args.slow_nic.split(",") if h)
             cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow,
-                            cluster_net=args.cluster_net, distro=args.distro, login_user=args.login_user)
+                            cluster_net=args.cluster_net, distro=args.distro, login_user=args.login_user,
+                            ranks=args.ranks)
             up(cfg, args.inventory or cfg.default_inventory)
         elif args.command == "down":
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))

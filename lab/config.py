@@ -52,6 +52,9 @@ class LabConfig:
     # The user tandem logs in as (LOGIN_USERS): `debian` with passwordless sudo and root login refused,
     # as on Debian's cloud images (the default); `root`: a provider that gives root logins.
     login_user: str = "debian"
+    # Training ranks on each host (the inventory's cpu_ranks): 2 runs the multi-rank path that GPU
+    # hosts with several GPUs take (torchrun starting several workers a host).
+    ranks: int = 1
 
     def __post_init__(self) -> None:
         if len(self.prefix) > 8 or not self.prefix.isalnum():
@@ -59,6 +62,8 @@ class LabConfig:
         net = ipaddress.ip_network(self.subnet)
         if net.num_addresses < 16 + self.hosts:
             raise ValueError(f"subnet {self.subnet} is too small for {self.hosts} hosts")
+        if not 1 <= self.ranks <= 16:
+            raise ValueError(f"a lab host runs 1 to 16 ranks, not {self.ranks}")
         if self.distro not in DISTROS:
             raise ValueError(f"the lab's hosts run Debian {' or '.join(DISTROS)}, not {self.distro!r}")
         if self.login_user not in LOGIN_USERS:
@@ -85,9 +90,10 @@ class LabConfig:
         return ipaddress.ip_network(self.subnet)
 
     @property
-    def threads_per_host(self) -> int:
-        """This machine's cores shared out between the hosts (at least one each)."""
-        return max(1, (os.cpu_count() or 1) // self.hosts)
+    def threads_per_rank(self) -> int:
+        """This machine's cores shared out between every rank of every host (at least one each):
+        the inventory's train_threads, which each rank gets."""
+        return max(1, (os.cpu_count() or 1) // (self.hosts * self.ranks))
 
     @property
     def names(self) -> list[str]:

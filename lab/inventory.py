@@ -25,6 +25,9 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
         # eth1 reports 100 Mb/s (and carries no traffic): as the cluster NIC it is a VM's 100 Mb/s port,
         # and provisioning must stop at it, naming the host and the speed.
         hosts[name]["cluster_nic"] = "eth1"
+    if cfg.ranks > 1:  # `make lab-up RANKS=2`: several ranks a host, the path multi-GPU hosts take
+        for name in cfg.names:
+            hosts[name]["cpu_ranks"] = cfg.ranks
     inventory = {
         "all": {
             "vars": {
@@ -42,16 +45,17 @@ def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:
                 # torch's build in the wheelhouse for the hosts' Python (lab/config.py DISTROS)
                 "train_env_accelerator": cfg.accelerator,
                 "tandem_lab": True,
-                # The hosts share this machine's cores: one rank per host, each on its share of them
-                # (unset, torch would start a thread per core in every rank and they would contend).
-                "train_threads": cfg.threads_per_host,
+                # The hosts share this machine's cores: every rank on its share of them (unset, torch
+                # would start a thread per core in every rank and they would contend).
+                "train_threads": cfg.threads_per_rank,
             },
             "children": {"cluster": {"hosts": hosts}},
         }
     }
     header = (
-        f"# The tandem lab ({cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}, login {cfg.login_user}), "
-        "written by `make lab-up`.\n"
+        f"# The tandem lab ({cfg.hosts} Debian {cfg.distro} hosts on {cfg.subnet}"
+        + (f", {cfg.ranks} ranks each" if cfg.ranks > 1 else "")
+        + f", login {cfg.login_user}), written by `make lab-up`.\n"
         "# It describes the lab exactly as a real cluster's inventory would: see inventory/hosts.yml.\n"
     )
     return header + yaml.safe_dump(inventory, sort_keys=False)

@@ -82,3 +82,26 @@ def data_ready(provisioned) -> Provisioned:
     out = fab(provisioned, "prepare-data").stdout
     assert "identical on every host" in out
     return provisioned
+
+
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory) -> Provisioned:
+    """A lab of its own: 2 hosts x 2 ranks (`lab up --ranks 2`: the inventory's cpu_ranks: 2), fully
+    provisioned (verify's all_reduce over every rank included) and the synthetic dataset prepared; down
+    after the module. LAB_RANKS_PREFIX / LAB_RANKS_SUBNET pick another (default tdm2r on 10.84.0.0/24),
+    so that it never meets the session's lab or another checkout's."""
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    cfg = LabConfig(prefix=os.environ.get("LAB_RANKS_PREFIX", "tdm2r"),
+                    subnet=os.environ.get("LAB_RANKS_SUBNET", "10.84.0.0/24"), ranks=2)
+    try:
+        lab_cli("up", "--subnet", cfg.subnet, "--ranks", "2", prefix=cfg.prefix)
+        p = Provisioned(cfg=cfg, inventory=cfg.default_inventory, reports=tmp_path_factory.mktemp("two-by-two"))
+        p.first = p.playbook()
+        assert p.first.rc == 0, p.first.output[-6000:]
+        print(f"2 x 2 ranks lab provisioned in {p.first.seconds:.0f} s")
+        assert "identical on every host" in fab(p, "prepare-data").stdout
+        yield p
+    finally:
+        if os.environ.get("TANDEM_KEEP_LAB") != "1":
+            lab_cli("down", prefix=cfg.prefix, check=False)

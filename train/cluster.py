@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,58 @@ class Host:
     def __post_init__(self) -> None:
         if not self.cluster_address:
             object.__setattr__(self, "cluster_address", self.address)
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks (training processes) this host runs: one per GPU on a GPU host; on a CPU
+        host the inventory's `cpu_ranks` (default 1). The one place that says it: torchrun's
+        --nproc_per_node, fairseq's world size, the cost model, the benchmarks and every view of
+        which ranks run where read it."""
+        if self.gpus > 0:
+            return self.gpus
+        return cpu_ranks(self.name, self.vars.get("cpu_ranks"))
+
+
+def cpu_ranks(name: str, value: object) -> int:
+    """The inventory's `cpu_ranks` for a CPU host: a whole number, 1 or more (unset: 1)."""
+    if value in (None, ""):
+        return 1
+    if isinstance(value, bool) or not str(value).strip().isdigit() or int(str(value).strip()) < 1:
+        raise ClusterError(f"{name}: cpu_ranks must be a whole number of ranks for a CPU host (1 or more), "
+                           f"the inventory gives {value!r}")
+    return int(str(value).strip())
+
+
+def rank_layout(ranks_per_host: Sequence[int]) -> list[range]:
+    """The global ranks of each host, in host order: torchrun numbers a host's ranks after those of
+    the hosts before it (node_rank × nproc_per_node + local_rank).
+
+    >>> rank_layout([2, 2])
+    [range(0, 2), range(2, 4)]
+    """
+    out, first = [], 0
+    for n in ranks_per_host:
+        out.append(range(first, first + n))
+        first += n
+    return out
+
+
+def ranks_label(ranks: range) -> str:
+    """'0' for one rank, '2-3' for several: how every view names a host's ranks."""
+    if len(ranks) == 0:
+        return "-"
+    return str(ranks.start) if len(ranks) == 1 else f"{ranks.start}-{ranks.stop - 1}"
+
+
+def placement(hosts: Sequence[Host]) -> str:
+    """Which ranks run on which host, rank 0's host first: 'v100a 0-1, v100b 2-3'."""
+    spans = rank_layout([h.ranks for h in hosts])
+    return ", ".join(f"{h.name} {ranks_label(r)}" for h, r in zip(hosts, spans, strict=True))
+
+
+def world_size(hosts: Sequence[Host]) -> int:
+    """Every rank of every host: fairseq's distributed world size, the cost model's n."""
+    return sum(h.ranks for h in hosts)
 
 
 def inventory_path(configured: str | None = None) -> Path:

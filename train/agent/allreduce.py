@@ -1,16 +1,21 @@
 """All-reduce bus bandwidth between hosts (nccl-tests style): provisioning's smoke test, `fab bench-net`'s sweep.
 
-Every host runs one command at the same time, its index among the hosts and every host's GPU
-count (0: a CPU host, one rank) being all it needs to know (roles/verify and benchmarks.net both start it so):
+Every host runs one command at the same time, its index among the hosts and every host's ranks
+being all it needs to know (roles/verify and benchmarks.net both start it so):
 
-    python -m train.agent.allreduce --node-rank I --gpus-per-host 0,0 --master-addr A [--master-port 29501]
+    python -m train.agent.allreduce --node-rank I --ranks-per-host 2,2 --master-addr A [--master-port 29501]
         [--env-file /etc/tandem/env] [--backend auto|gloo|nccl] [--sizes 64M | --min-size 1M --max-size 1G]
         [--iters 5] [--warmup 1] [--budget-s 20] [--json FILE]
 
+(`--ranks-per-host`: one per GPU, a CPU host's `cpu_ranks`, as training runs them:
+train.cluster.Host.ranks. The older `--gpus-per-host 0,0` means one rank per CPU host, one per GPU.)
 That launcher reads the environment file, then becomes the host's rank (global rank = the ranks
-of the hosts before it), or torchrun with one worker per GPU on a host with several; such a
-host first measures its own GPUs alone (torchrun on 127.0.0.1, printed as `INTRA {...}`), so
-that intra-host (NVLink/PCIe/SHM) and inter-host bus bandwidth are told apart. A rank
+of the hosts before it), or torchrun with one worker per rank on a host with several; such a
+host first measures its own ranks alone (torchrun on 127.0.0.1, printed as `INTRA {...}`: NVLink,
+PCIe or shared memory, no NIC), so that intra-host and inter-host bus bandwidth are told apart.
+The cross-host run is then every rank of every host, as training all-reduces: a ring over ranks
+numbered host by host crosses each host's NIC once, so its busbw (2(n−1)/n × size / time) is what
+each NIC carried per second, comparable with the link for any number of ranks a host. A rank
 alone: `--rank R --world-size N --master-addr A`, or under torchrun (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK from the environment). `auto` picks NCCL when CUDA is
 available, gloo otherwise. GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name the cluster NIC
@@ -166,12 +171,12 @@ def rank_argv(node_rank: int, ranks_per_host: list[int], master_addr: str, maste
             "--world-size", str(world), "--master-addr", master_addr, "--master-port", str(master_port), *sweep]
 
 
-def host_argv(python: str, node_rank: int, gpus_per_host: list[int], master_addr: str, master_port: int,
+def host_argv(python: str, node_rank: int, ranks: list[int], master_addr: str, master_port: int,
               sweep: list[str], env_file: str | None = None) -> list[str]:
     """The one command a host runs for its part of the all_reduce (what `fab bench-net` starts on each host;
-    roles/verify/tasks/allreduce.yml writes the same arguments)."""
+    roles/verify/tasks/allreduce.yml writes the same arguments). `ranks`: every host's ranks."""
     return [python, "-m", "train.agent.allreduce", "--node-rank", str(node_rank),
-            "--gpus-per-host", ",".join(map(str, gpus_per_host)), "--master-addr", master_addr,
+            "--ranks-per-host", ",".join(map(str, ranks)), "--master-addr", master_addr,
             "--master-port", str(master_port), *(["--env-file", env_file] if env_file else []), *sweep]
 
 
@@ -189,23 +194,23 @@ def _sweep_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def intra_host_argv(gpus: int, master_port: int, python: str, sweep: list[str]) -> list[str]:
-    """This host's GPUs alone (NVLink, PCIe P2P or shared memory, no NIC): torchrun on 127.0.0.1."""
+def intra_host_argv(ranks: int, master_port: int, python: str, sweep: list[str]) -> list[str]:
+    """This host's ranks alone (NVLink, PCIe P2P or shared memory, no NIC): torchrun on 127.0.0.1."""
     torchrun = os.path.join(os.path.dirname(python), "torchrun")
-    return [torchrun, "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", str(gpus), "--master_addr",
+    return [torchrun, "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", str(ranks), "--master_addr",
             "127.0.0.1", "--master_port", str(master_port), "-m", "train.agent.allreduce",
             *[a for a in sweep if a not in ("--json",)]]
 
 
-def measure_intra_host(gpus: int, args: argparse.Namespace) -> None:
-    """On a host with several GPUs in a cluster of several hosts: the all_reduce among this
-    host's GPUs first, printed as `INTRA {...}` (verify shows it beside the cross-host figure, so
-    a slow GPU link inside a VM shows as what it is). Its failure is reported, not fatal: the
-    cross-host run still measures."""
+def measure_intra_host(ranks: int, args: argparse.Namespace) -> None:
+    """On a host with several ranks (GPUs, or a CPU host's cpu_ranks) in a cluster of several
+    hosts: the all_reduce among this host's ranks first, printed as `INTRA {...}` (verify and
+    bench-net show it beside the cross-host figure, so a slow GPU link inside a VM shows as what
+    it is). Its failure is reported, not fatal: the cross-host run still measures."""
     sweep = _sweep_args(args)
     if "--json" in sweep:  # the cross-host report owns the --json file
         del sweep[sweep.index("--json"): sweep.index("--json") + 2]
-    done = subprocess.run(intra_host_argv(gpus, args.master_port + 1, sys.executable, sweep),
+    done = subprocess.run(intra_host_argv(ranks, args.master_port + 1, sys.executable, sweep),
                           capture_output=True, text=True, timeout=args.timeout + 60)
     report = next((line[5:] for line in reversed(done.stdout.splitlines()) if line.startswith("JSON ")), None)
     if report is None:
@@ -214,19 +219,34 @@ def measure_intra_host(gpus: int, args: argparse.Namespace) -> None:
     print("INTRA " + report, flush=True)
 
 
+def ranks_per_host(ranks_text: str | None, gpus_text: str | None) -> list[int]:
+    """Every host's ranks: `--ranks-per-host` as given, else one per GPU and one per CPU host
+    (`--gpus-per-host`); [] when neither parses.
+
+    >>> ranks_per_host("2,2", None), ranks_per_host(None, "0,4")
+    ([2, 2], [1, 4])
+    """
+    try:
+        if ranks_text:
+            ranks = [int(r) for r in ranks_text.split(",")]
+            return ranks if all(r >= 1 for r in ranks) else []
+        return [max(int(g), 1) for g in (gpus_text or "").split(",")]
+    except ValueError:
+        return []
+
+
 def launch(args: argparse.Namespace) -> int:
     """--node-rank mode: read the environment file, then become this host's rank(s) (exec);
-    a host with several GPUs among several hosts measures its GPUs alone first."""
-    try:
-        ranks = [max(int(g), 1) for g in args.gpus_per_host.split(",")]
-    except (AttributeError, ValueError):
-        ranks = []
+    a host with several ranks among several hosts measures its ranks alone first."""
+    ranks = ranks_per_host(args.ranks_per_host, args.gpus_per_host)
     if not 0 <= args.node_rank < len(ranks):
-        raise SystemExit(f"--node-rank {args.node_rank} with --gpus-per-host {args.gpus_per_host}: "
-                         "the host's index into every host's GPU count (0 for a CPU host)")
+        given = (f"--ranks-per-host {args.ranks_per_host}" if args.ranks_per_host
+                 else f"--gpus-per-host {args.gpus_per_host}")
+        raise SystemExit(f"--node-rank {args.node_rank} with {given}: the host's index into every host's ranks "
+                         "(--ranks-per-host 2,2) or GPU count (--gpus-per-host, 0 for a CPU host)")
     if args.env_file and os.path.exists(args.env_file):
         os.environ.update(read_env_file(args.env_file))
-    if ranks[args.node_rank] > 1 and len(ranks) > 1:
+    if ranks[args.node_rank] > 1 and len(ranks) > 1 and not args.skip_intra:
         measure_intra_host(ranks[args.node_rank], args)
     argv = rank_argv(args.node_rank, ranks, args.master_addr, args.master_port, sys.executable, _sweep_args(args))
     sys.stdout.flush()
@@ -241,8 +261,13 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train.agent.allreduce", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node-rank", type=int, help="launcher: this host's index among the hosts (rank 0's host first)")
-    p.add_argument("--gpus-per-host", help="launcher: every host's GPUs, comma-separated (0: a CPU host, one rank)")
+    p.add_argument("--ranks-per-host", help="launcher: every host's ranks, comma-separated (one per GPU, a CPU "
+                   "host's cpu_ranks)")
+    p.add_argument("--gpus-per-host", help="launcher, without --ranks-per-host: every host's GPUs, comma-separated "
+                   "(0: a CPU host, one rank)")
     p.add_argument("--env-file", help="launcher: KEY=VALUE lines to set first (/etc/tandem/env)")
+    p.add_argument("--skip-intra", action="store_true",
+                   help="launcher: no all_reduce among a host's own ranks first (fab bench-step's per-cap figure)")
     p.add_argument("--rank", type=int, default=int(env.get("RANK", 0)))
     p.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", 1)))
     p.add_argument("--local-rank", type=int, default=int(env.get("LOCAL_RANK", 0)),

@@ -13,6 +13,9 @@
 
 - local SGD's outer state (fairseq's BMUF) is saved in checkpoints (below), and its first updates
   can be synchronous (TANDEM_LOCAL_SGD_SYNC_UPDATES, below).
+- a checkpoint resumes on another number of ranks (an elastic restart, a host grown back): the
+  data iterator's place in the epoch is kept as a share of the epoch, not as a count of one
+  rank's batches (below).
 
 With TANDEM_PROFILE=FIRST:COUNT:DIR it also profiles a window of updates (train/agent/profile.py).
 
@@ -212,6 +215,60 @@ def _average(tensors) -> None:
         offset += t.numel()
 
 
+def shard_position(position: int, saved_shards: int | None, shards: int, shard_len: int) -> tuple[int, bool]:
+    """(the batch to resume at in this rank's shard, whether the epoch is already over) for a
+    checkpoint whose iterator stood at `position` of a shard when the epoch was split into
+    `saved_shards` (one per rank; None: a checkpoint from before tandem recorded it). The ranks had
+    consumed position × saved_shards of the epoch's batches together; with `shards` ranks each goes
+    on at that share of its own shard (2 ranks at 8 of 10 → 4 ranks at 4 of 5). A position at or
+    past the shard's end: the epoch is over, the next one begins.
+
+    >>> shard_position(8, 2, 4, 5), shard_position(4, 4, 2, 10), shard_position(8, None, 4, 5)
+    ((4, False), (8, False), (0, True))
+    """
+    if saved_shards and saved_shards != shards:
+        position = position * saved_shards // shards
+    if position >= shard_len:
+        return 0, True
+    return position, False
+
+
+def iterator_position_across_world_sizes() -> None:
+    """fairseq saves the training data iterator's place as `iterations_in_epoch`: batches of one
+    rank's shard (the epoch's batches split one shard a rank). A checkpoint loaded by a different
+    number of ranks reads it as batches of a shard of another length: fewer ranks (an elastic
+    restart) repeat part of the epoch, more ranks (a host grown back, 2 → 4 ranks) find the
+    place past their shard's end, and every rank dies with "Cannot resume training due to
+    dataloader mismatch" (seen on the lab growing 2 hosts × 2 ranks back from v100a's 2 ranks).
+    The iterator's state now records its shard count (`tandem_num_shards`), and a load scales the
+    place to this run's shards (shard_position); a place past the end starts the next epoch, as
+    fairseq's own state does at an epoch's end."""
+    from fairseq.data import iterators
+
+    cls = iterators.EpochBatchIterator
+    if getattr(cls, "_tandem_shards", False):
+        return
+    state_dict, load_state_dict = cls.state_dict, cls.load_state_dict
+
+    def with_shards(self):
+        return {**state_dict(self), "tandem_num_shards": self.num_shards}
+
+    def at_the_same_share(self, state):
+        state = dict(state)
+        saved = state.pop("tandem_num_shards", None)
+        position = int(state.get("iterations_in_epoch", 0) or 0)
+        if position > 0:
+            self.epoch = state["epoch"]  # len(self) is of this epoch's batches
+            position, over = shard_position(position, saved, self.num_shards, len(self))
+            state["iterations_in_epoch"] = position
+            if over:
+                state["epoch"] = state["epoch"] + 1
+        return load_state_dict(self, state)
+
+    cls.state_dict, cls.load_state_dict = with_shards, at_the_same_share
+    cls._tandem_shards = True
+
+
 def main() -> None:
     # fairseq_cli.train sets up fairseq's log format when imported: before anything else logs.
     from fairseq_cli.train import cli_main
@@ -223,6 +280,7 @@ def main() -> None:
     heartbeat_kills()
     local_sgd_state_in_checkpoints()
     local_sgd_synchronous_start()
+    iterator_position_across_world_sizes()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile
 

@@ -13,7 +13,11 @@ step time C (one rank, no communication).
 
 - Communication per update: a ring all-reduce moves 2(n−1)/n × S bytes in and out of
   every rank; across hosts every host's NIC carries that much, so comm = 2(n−1)/n × S / B.
-  On one host (no NIC crossing) it is 0 unless an intra-host bandwidth is given.
+  n counts ranks, not hosts: with several ranks a host (GPUs, a CPU host's cpu_ranks), ranks
+  numbered host by host put one ring edge through each NIC, which again carries 2(n−1)/n × S
+  (2 hosts × 2 ranks: 1.5 S a NIC, against 1.0 S with one rank a host; the lab measures it,
+  tests/bench/test_two_ranks_step.py). On one host (no NIC crossing) it is 0 unless an
+  intra-host bandwidth is given.
 - Overlap: DDP all-reduces gradient buckets while the backward pass still runs, hiding
   part of the communication. Modelled as `hidden = min(comm, overlap × C)`: `overlap` is
   the fraction of one micro-batch's compute time that communication can hide behind. It is

@@ -3,7 +3,7 @@
 Inputs, each with where it came from (printed beside the numbers):
 - gradient size: the preset's parameters (train.run.params.preset_params, the dataset's
   dictionary size read from the first host) × 4 bytes (fp32) or 2 (fp16/bf16);
-- ranks: one per GPU, one per CPU host;
+- ranks: every rank of every host (train.cluster.Host.ranks: one per GPU, `cpu_ranks` on a CPU host);
 - link: `measure` (iperf3 now, every ring link at once, 2 s), `bench` (the latest
   `fab bench-net`: its all_reduce bus bandwidth at the size nearest the gradient's, which is
   what a burst of that size gets; iperf3's slowest pair if it has no all_reduce rows), or a
@@ -25,7 +25,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from train.cluster import ClusterError, Host, run_all
+from train.cluster import ClusterError, Host, run_all, world_size
 from train.run import presets
 from train.run.comm import CommError, Strategy, sync_start
 from train.run.command import default_precision
@@ -152,7 +152,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     """Pure: figures in, verdict and the lines explaining it out. `comm`: a strategy, or `auto`
     (model.choose, with `overlaps` per strategy); a network-bound sync run is told which `--comm`
     would reach 90%. `sync_updates`: local SGD's synchronous start (train.run.comm.sync_start)."""
-    ranks = sum(max(h.gpus, 1) for h in hosts)
+    ranks = world_size(hosts)
     expected = hosts[0].vars.get("network_expected_mbps")
     ratio = float(hosts[0].vars.get("network_min_ratio", 0.9))
     v = Verdict(params, ranks, link_mbps, link_source, compute_s, compute_source,
@@ -239,7 +239,7 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
         except CommError as err:
             raise ClusterError(str(err)) from None
     params = model_params(hosts, preset, overrides, dataset)
-    ranks = sum(max(h.gpus, 1) for h in hosts)
+    ranks = world_size(hosts)
     source = "given"
     if compute_s is None:
         compute_s, source = compute_from_bench(params, len(hosts), ranks, preset, overrides)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import jinja2
 
+from train.cluster import rank_layout, ranks_label
 from train.report import answers as A
 from train.report import plots
 from train.report.logparse import format_eta
@@ -61,10 +62,22 @@ def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+def host_ranks(run: dict) -> dict[str, str]:
+    """{host: its global ranks ('0', '2-3')} of the run's current hosts: run.json's hosts in rank
+    order, each running `ranks_per_host` (1 in a run.json written before hosts ran several)."""
+    hosts = list(run.get("hosts") or [])
+    per_host = run.get("ranks_per_host") if isinstance(run.get("ranks_per_host"), int) else 1
+    return {h: ranks_label(r) for h, r in zip(hosts, rank_layout([per_host] * len(hosts)), strict=True)}
+
+
 def header_meta(an: A.Analysis) -> list[str]:
-    """The line under the title: hosts, preset, overrides, dataset, precision, ranks."""
+    """The line under the title: hosts (with their ranks where they run several), preset, overrides,
+    dataset, precision, ranks."""
     d, run = an.data, an.data.run
-    meta = [f"hosts {', '.join(d.hosts) or '?'} (rank 0: {d.rank0 or '?'})", f"preset {run.get('preset', '?')}"]
+    ranks = host_ranks(run)
+    several = any("-" in r for r in ranks.values())
+    named = ", ".join(f"{h} (ranks {ranks[h]})" if several and h in ranks else h for h in d.hosts)
+    meta = [f"hosts {named or '?'} (rank 0: {d.rank0 or '?'})", f"preset {run.get('preset', '?')}"]
     if run.get("overrides"):
         meta.append("overrides " + " ".join(run["overrides"]))
     meta += [f"dataset {run.get('dataset', '?')}", f"precision {run.get('precision', '?')}",
@@ -78,6 +91,7 @@ def host_rows(an: A.Analysis) -> list[dict]:
     """Per host: its log, its samples, GPUs seen, NIC, how fairseq ended, its log's last line."""
     d = an.data
     rows = []
+    ranks = host_ranks(d.run)
     for host in d.hosts:
         log = d.logs.get(host)
         samples = d.samples.get(host, [])
@@ -86,7 +100,8 @@ def host_rows(an: A.Analysis) -> list[dict]:
         # fairseq logs "done training" on rank 0 only: the other ranks finished when it did, unless they erred
         done = log and (log.finished or (host != d.rank0 and d.log.finished and not log.errors))
         state = "finished" if done else ("error" if log and log.errors else "not finished")
-        rows.append({"name": host, "log": bool(log), "samples": len(samples), "gpus": gpus,
+        rows.append({"name": host, "ranks": ranks.get(host, "-"), "log": bool(log), "samples": len(samples),
+                     "gpus": gpus,
                      "nic": samples[0].get("nic", "?") if samples else "?", "state": state,
                      "tail": d.tails.get(host, "")[:200]})
     return rows

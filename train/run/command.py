@@ -17,15 +17,21 @@ prints it. For rank 1 of two CPU hosts (tiny preset) it reads:
 (one line in reality; the monitor starts after it). /etc/tandem/env is what provisioning found
 out about the host (the cluster NIC it detected): every job tandem starts reads it.
 
-Ranks: host i of N (`node_rank` i, in inventory order) runs `nproc_per_node = max(gpus, 1)`
-processes; world size = N × max(gpus, 1); the master is the first host. fairseq with
-`--distributed-init-method env://` takes its rank from `--distributed-rank` (default 0 for
+Ranks: host i of N (`node_rank` i, in inventory order) runs `nproc_per_node` processes: one per
+GPU, or on a CPU host the inventory's `cpu_ranks` (default 1; train.cluster.Host.ranks); world
+size = N × nproc_per_node, the same on every host (train.run.preflight refuses hosts that differ);
+host i's ranks are i × nproc_per_node and the ones after it; the master is the first host. fairseq
+with `--distributed-init-method env://` takes its rank from `--distributed-rank` (default 0 for
 everyone, which hangs the rendezvous), so:
-- one process per host (CPU, or one GPU): `--distributed-rank <node_rank>`;
-- several GPUs per host: torchrun starts `bash -c '... --distributed-rank "$RANK" --device-id
-  "$LOCAL_RANK"'` (torchrun --no-python), so each process passes the global rank and local GPU
-  torchrun gave it. (Checked on CPU with 2 processes on one host: ranks 0 and 1, "training
-  on 2 devices"; not yet on a multi-GPU host.)
+- one process per host: `--distributed-rank <node_rank>`;
+- several per host (GPUs, or `cpu_ranks`): torchrun starts `bash -c '... --distributed-rank "$RANK"
+  --device-id "$LOCAL_RANK"'` (torchrun --no-python), so each process passes the global rank and
+  local GPU torchrun gave it (on a CPU host the device id is unused). The lab runs this path with
+  `make lab-up RANKS=2` (tests/training/test_two_ranks.py: 2 hosts × 2 ranks); not yet on a
+  multi-GPU host.
+
+The effective batch is max_tokens × update_freq × world size tokens per update (`batch_line`:
+what `fab train` says as it starts and with `--dry-run`).
 
 `setsid nohup ... &` detaches the job from the SSH session; the pid file holds the
 session leader's pid, so `kill -- -PID` stops torchrun and every rank it started.
@@ -76,6 +82,7 @@ class Launch:
     omp_threads: int | None = None
     pid_path: str | None = None  # default: beside the log, <log stem>.pid
     env_file: str = ENV_FILE
+    cpu_ranks: int = 1  # ranks on a CPU host (the inventory's cpu_ranks); a GPU host runs one per GPU
 
     def __post_init__(self) -> None:
         if self.nnodes < 1:
@@ -84,6 +91,8 @@ class Launch:
             raise ValueError(f"node_rank {self.node_rank} is outside 0..{self.nnodes - 1}")
         if self.gpus_per_host < 0:
             raise ValueError(f"gpus_per_host must be 0 (CPU) or more, not {self.gpus_per_host}")
+        if self.cpu_ranks < 1:
+            raise ValueError(f"cpu_ranks must be at least 1, not {self.cpu_ranks}")
         if self.update_freq < 1:
             raise ValueError(f"update_freq must be at least 1, not {self.update_freq}")
         if self.precision not in ("fp32", "fp16", "bf16"):
@@ -96,7 +105,8 @@ class Launch:
 
     @property
     def nproc_per_node(self) -> int:
-        return max(self.gpus_per_host, 1)
+        """This host's ranks: one per GPU, else cpu_ranks (train.cluster.Host.ranks)."""
+        return self.gpus_per_host if self.gpus_per_host > 0 else self.cpu_ranks
 
     @property
     def world_size(self) -> int:
@@ -261,14 +271,19 @@ def launches(
     comm: str = "sync",
 ) -> list[Launch]:
     """One Launch per host, in order (rank 0 first, the master): hosts are mappings with
-    `address`, `gpus`, `nic` and optionally `threads` (CPU threads per rank, the inventory's
-    `train_threads`). All hosts must promise the same number of GPUs: torchrun starts the same
-    number of processes everywhere."""
+    `address`, `gpus`, `nic` and optionally `ranks` (a CPU host's ranks, the inventory's
+    `cpu_ranks`; a GPU host runs one per GPU) and `threads` (CPU threads per rank, the inventory's
+    `train_threads`). All hosts must run the same number of ranks on the same kind of device:
+    torchrun starts the same number of processes everywhere (train.run.preflight.layout_problems
+    says which host differs, and what to do, before this is reached)."""
     if not hosts:
         raise ValueError("no hosts to launch on")
     gpus = {int(h.get("gpus", 0) or 0) for h in hosts}  # type: ignore[arg-type]
     if len(gpus) > 1:
         raise ValueError(f"hosts promise different GPU counts {sorted(gpus)}; tandem needs them equal")
+    cpu = {int(h.get("ranks", 1) or 1) for h in hosts}  # type: ignore[arg-type]
+    if gpus == {0} and len(cpu) > 1:
+        raise ValueError(f"CPU hosts run different numbers of ranks {sorted(cpu)}; tandem needs them equal")
     run = PurePosixPath(run_dir)
     return [
         Launch(
@@ -287,9 +302,38 @@ def launches(
             precision=precision,
             comm=comm,
             omp_threads=int(h["threads"]) if h.get("threads") else None,  # type: ignore[arg-type]
+            cpu_ranks=int(h.get("ranks", 1) or 1),  # type: ignore[arg-type]
         )
         for i, h in enumerate(hosts)
     ]
+
+
+def tokens_per_update(max_tokens: int, update_freq: int, ranks: int) -> int:
+    """The effective batch's tokens (at most, padding included): every rank's batch of up to
+    max_tokens, update_freq of them before each update."""
+    return max_tokens * update_freq * ranks
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" if n == 1 else f"{n:,} {what}s"
+
+
+def batch_line(hosts: int, ranks_per_host: int, max_tokens: int | None, update_freq: int,
+               batch_size: int | None = None) -> str:
+    """The effective batch in words, as `fab train` says it when it starts:
+
+    >>> batch_line(2, 2, 4096, 1)
+    'batch 2 hosts x 2 ranks x 4,096 tokens x update-freq 1 = 16,384 tokens per update'
+    """
+    ranks = hosts * ranks_per_host
+    shape = f"batch {_count(hosts, 'host')} x {_count(ranks_per_host, 'rank')}"
+    if max_tokens:
+        return (f"{shape} x {max_tokens:,} tokens x update-freq {update_freq} = "
+                f"{tokens_per_update(max_tokens, update_freq, ranks):,} tokens per update")
+    if batch_size:
+        return (f"{shape} x {batch_size:,} sentences x update-freq {update_freq} = "
+                f"{batch_size * update_freq * ranks:,} sentences per update")
+    return f"{shape} x update-freq {update_freq} (no max_tokens or batch_size: fairseq's default batch)"
 
 
 def generate_argv(venv: str, data_dir: str, checkpoint: str, subset: str, beam: int, batch_size: int, cpu: bool,

@@ -41,7 +41,7 @@ class DeadRankGuard:
         self._since = self._since or time.monotonic()
         if time.monotonic() - self._since <= self.grace_s:
             return False
-        gone = ", ".join(s.name for s in states if not s.running)
+        gone = ", ".join(s.name + (f" (ranks {s.ranks})" if "-" in s.ranks else "") for s in states if not s.running)
         self.say(f"[red]rank on {gone} stopped; stopping the others[/]")
         launch.stop(self.run, [h for h, s in zip(hosts, states, strict=True) if s.reachable])
         return True

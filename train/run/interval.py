@@ -171,6 +171,7 @@ def from_bench(report: Mapping | None, *, preset: str, overrides: list[str], pre
 def measured_step(run, hosts, resuming: bool) -> StepFigure | None:
     """The measured s/update for `fab train`'s start line (see the module docstring); None when
     tandem has none. Never fails the start: a log out of reach is skipped."""
+    from ..cluster import world_size
     from ..plan import measurements
     from . import launch
 
@@ -185,7 +186,7 @@ def measured_step(run, hosts, resuming: bool) -> StepFigure | None:
         report = measurements.latest("step")
     except (OSError, ValueError):
         report = None
-    ranks = sum(max(1, int(getattr(h, "gpus", 0) or 0)) for h in hosts)
+    ranks = world_size(hosts)
     return from_bench(report, preset=run.preset, overrides=list(run.overrides), precision=run.precision,
                       comm=run.comm, n_hosts=len(hosts), ranks=ranks, update_freq=run.update_freq)
 

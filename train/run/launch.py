@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cluster import ClusterError, Host, connect, run_all, run_each
+from ..cluster import ClusterError, Host, connect, rank_layout, ranks_label, run_all, run_each
 from ..report import logparse
 from . import command
 from .preflight import answer
@@ -20,8 +20,8 @@ from .remote import agent_command, train_threads, venv_of
 def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
     return command.launches(
         run.run_id,
-        [{"address": h.cluster_address, "gpus": h.gpus, "nic": h.nic or "", "threads": train_threads(h)}
-         for h in hosts],
+        [{"address": h.cluster_address, "gpus": h.gpus, "ranks": h.ranks, "nic": h.nic or "",
+          "threads": train_threads(h)} for h in hosts],
         master_port=run.master_port, data_dir=run.data_dir, run_dir=run.remote_dir,
         venv=venv_of(hosts[0]), update_freq=run.update_freq, precision=run.precision, comm=run.comm,
     )
@@ -32,6 +32,14 @@ def host_commands(run: Run, hosts: list[Host]) -> dict[str, str]:
     preset = run.resolved_preset()
     pairs = zip(hosts, launches_for(run, hosts), strict=True)
     return {h.name: command.training_command(preset, launch) for h, launch in pairs}
+
+
+def batch(run: Run, hosts: list[Host]) -> str:
+    """The run's effective batch on `hosts` in words (command.batch_line): what `fab train` says."""
+    options = run.resolved_preset().options
+    max_tokens, batch_size = options.get("max_tokens"), options.get("batch_size")
+    return command.batch_line(len(hosts), hosts[0].ranks, int(max_tokens) if max_tokens else None,
+                              run.update_freq, int(batch_size) if batch_size else None)
 
 
 def start(run: Run, hosts: list[Host]) -> None:
@@ -59,6 +67,7 @@ class HostState:
     error: str | None = None
     ended: logparse.RankEnd | None = None  # torchrun's word on a rank that failed
     stopped_by_user: bool = False  # `fab stop` ended it (train.agent.stop's mark)
+    ranks: str = ""  # the global ranks this host runs: "0", "2-3" (train.cluster.ranks_label)
 
     def describe(self, finished: bool) -> str:
         """This rank's state in a word or three: running, finished, stopped by fab stop, died: how."""
@@ -78,17 +87,18 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
     # a host whose sshd answers but hangs (frozen VM) must not hold up `fab status`: 15 s at most
     results = run_all(hosts, agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 400), timeout=15)
     out = []
-    for host in hosts:
+    for host, span in zip(hosts, rank_layout([h.ranks for h in hosts]), strict=True):
         result = results[host.name]
         said = answer(result) if result.reachable else None
         if said is None:
             why = result.error if not result.reachable else f"no answer: {result.stderr.strip()[-300:]}"
-            out.append(HostState(host.name, False, result.reachable, None, [], error=str(why)))
+            out.append(HostState(host.name, False, result.reachable, None, [], error=str(why), ranks=ranks_label(span)))
             continue
         log = said["tail"]
         prog = logparse.progress(logparse.parse_log(log), run.max_update) if log else None
         out.append(HostState(host.name, said["running"], True, prog, logparse.meaningful(log)[-8:],
-                             ended=logparse.rank_end(log), stopped_by_user=bool(said.get("stopped_by_user"))))
+                             ended=logparse.rank_end(log), stopped_by_user=bool(said.get("stopped_by_user")),
+                             ranks=ranks_label(span)))
     return out
 
 
@@ -102,11 +112,11 @@ def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
     for host in hosts:
         result = results[host.name]
         if not result.reachable:
-            problems.append(f"{host.name}: unreachable ({result.error}); its rank may still run")
+            problems.append(f"{host.name}: unreachable ({result.error}); its ranks may still run")
         elif not result.ok:
             said = result.stdout.strip() or result.stderr.strip()[-300:]
             problems.append(f"{host.name}: training processes still alive after SIGKILL ({said})" if said == "alive"
-                            else f"{host.name}: could not stop its rank: {said}")
+                            else f"{host.name}: could not stop its ranks: {said}")
         else:
             outcome[host.name] = result.stdout.strip()
     if problems:

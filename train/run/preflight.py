@@ -59,14 +59,65 @@ def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
     return answers
 
 
+def _device(host: Host) -> str:
+    if host.gpus > 0:
+        return f"{host.gpus} GPU{'s' if host.gpus != 1 else ''} ({host.ranks} rank{'s' if host.ranks != 1 else ''})"
+    return f"a CPU host with {host.ranks} rank{'s' if host.ranks != 1 else ''} (cpu_ranks)"
+
+
+def layout_problems(hosts: list[Host], reference: str | None = None) -> list[str]:
+    """Hosts that would run a different number of ranks, or on another kind of device, than the
+    others: one problem each, naming the host, what it has and what to do. torchrun starts the same
+    nproc_per_node on every host and numbers ranks node_rank × nproc_per_node + local_rank, which
+    fairseq's world size and rank layout assume; a 1-GPU host beside 2-GPU hosts (a VM that shows
+    1 of its 2 GPUs) would leave a rank number unused and hang the rendezvous, and a CPU host beside
+    GPU hosts would train with gloo against NCCL. The reference is the host named `reference` (a
+    rejoin: the run's current rank 0), else what most hosts have (on a tie, the most ranks: the
+    smaller host is the likelier broken one). Pure: hosts in, problems out."""
+    if len(hosts) < 2:
+        return []
+    try:
+        shapes = [(h.gpus, h.ranks) for h in hosts]
+    except ClusterError as err:  # a cpu_ranks that is no number
+        return [str(err)]
+    counts = {s: shapes.count(s) for s in shapes}
+    named = [s for h, s in zip(hosts, shapes, strict=True) if h.name == reference]
+    reference = named[0] if named else max(counts, key=lambda s: (counts[s], s[1], s[0]))
+    like = [h.name for h, s in zip(hosts, shapes, strict=True) if s == reference]
+    ref_host = next(h for h in hosts if h.name == like[0])
+    problems = []
+    for host, shape in zip(hosts, shapes, strict=True):
+        if shape == reference:
+            continue
+        if host.gpus > 0 and ref_host.gpus > 0:
+            fewest = min(host.gpus, ref_host.gpus)
+            if host.gpus < ref_host.gpus:
+                fix = (f"make {host.name} show all its GPUs to nvidia-smi (playbooks/gpu.yml checks it), train "
+                       f"without it (--hosts {','.join(like)}), or set gpus: {fewest} on every host (that many "
+                       "GPUs of each)")
+            else:
+                fix = (f"set gpus: {fewest} on {host.name} (that many of its GPUs), or train without it "
+                       f"(--hosts {','.join(like)})")
+        elif host.gpus == 0 and ref_host.gpus == 0:
+            fix = f"set the same cpu_ranks on every host (cpu_ranks: {ref_host.ranks} in the inventory's vars)"
+        else:
+            fix = f"train on the {'GPU' if ref_host.gpus else 'CPU'} hosts alone (--hosts {','.join(like)})"
+        problems.append(f"{host.name}: {_device(host)}, while {', '.join(like)} "
+                        f"{'has' if len(like) == 1 else 'have'} {_device(ref_host)}: torchrun starts the same "
+                        f"number of ranks on every host (fairseq's rank layout needs it); {fix}")
+    return problems
+
+
 def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: float = 1.0,
-          pins_wanted: dict[str, str] | None = None, agent: str | None = None) -> list[str]:
+          pins_wanted: dict[str, str] | None = None, agent: str | None = None,
+          reference: str | None = None) -> list[str]:
     """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out.
     `pins_wanted`: the training environment's pins (default: requirements-train.txt); `agent`: the
-    agent's digest hosts must answer (default: this checkout's)."""
+    agent's digest hosts must answer (default: this checkout's); `reference`: the host whose ranks
+    the others must match (layout_problems; default: what most hosts have)."""
     pins_wanted = pinned() if pins_wanted is None else pins_wanted
     agent = controller_agent() if agent is None else agent
-    problems = []
+    problems = layout_problems(hosts, reference)
     first = hosts[0].name
     for host in hosts:
         a = answers[host.name]

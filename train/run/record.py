@@ -36,6 +36,7 @@ class Run:
     comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
     link_mbps: float | None = None  # the cluster link as measured when the run started
     members: list[dict] = field(default_factory=list)  # which hosts from which update (train.run.elastic)
+    ranks_per_host: int = 1  # every host's ranks as it last started (train.cluster.Host.ranks)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property

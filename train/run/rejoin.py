@@ -18,8 +18,8 @@ after the last one seen), stops the run (launch.stop), shares that checkpoint wi
 the current rank 0 (checkpoints.share_checkpoint: the joiner's own copy is stale) and restarts the run
 on the hosts in the order they first trained in (rank 0 is the run's first rank 0 again), with
 `--update-freq` scaled back to the effective batch the run started with (elastic.scaled_update_freq
-from the first membership). The membership gets an entry (why: "v100c rejoined at update 60") and
-one line is said:
+from the first membership's ranks: 2 hosts × 2 ranks → 1 × 2 at update-freq 2 → 2 × 2 at update-freq
+1). The membership gets an entry (why: "v100c rejoined at update 60") and one line is said:
 
     v100c is back: growing to v100a, v100b, v100c from update 60, update-freq 1
 
@@ -75,21 +75,26 @@ def grown_hosts(members: Sequence[dict] | None, current: Sequence[str], joining:
     return [n for n in order if n in wanted] + [n for n in wanted if n not in order]
 
 
-def grown_update_freq(members: Sequence[dict] | None, update_freq: int, hosts_now: int, hosts_after: int) -> int:
-    """The update-freq on `hosts_after` hosts that gives back the effective batch the run started
-    with: its first membership's hosts × update-freq (elastic.scaled_update_freq: rounded up,
-    never a smaller batch). A run whose first entry has no update-freq (tandem recorded none
+def grown_update_freq(members: Sequence[dict] | None, update_freq: int, ranks_now: int, ranks_after: int,
+                      ranks_per_host: int = 1) -> int:
+    """The update-freq on `ranks_after` ranks that gives back the effective batch the run started
+    with: its first membership's ranks × update-freq (elastic.scaled_update_freq: rounded up,
+    never a smaller batch). A first entry without `ranks` (recorded before hosts ran several):
+    its hosts × `ranks_per_host`. A run whose first entry has no update-freq (tandem recorded none
     before rejoins existed): the current scaling undone, rounded down, at least 1."""
     first = (members or [None])[0]
     if isinstance(first, dict) and isinstance(first.get("update_freq"), int) and first.get("hosts"):
-        return scaled_update_freq(first["update_freq"], len(first["hosts"]), hosts_after)
-    return max(1, update_freq * hosts_now // max(1, hosts_after))
+        ranks = first.get("ranks") if isinstance(first.get("ranks"), int) else len(first["hosts"]) * ranks_per_host
+        return scaled_update_freq(first["update_freq"], ranks, ranks_after)
+    return max(1, update_freq * ranks_now // max(1, ranks_after))
 
 
-def membership_after(run: Run, joining: Sequence[str]) -> tuple[list[str], int]:
-    """The hosts (rank order) and update-freq of `run` once `joining` are back."""
+def membership_after(run: Run, joining: Sequence[str], ranks_per_host: int = 1) -> tuple[list[str], int]:
+    """The hosts (rank order) and update-freq of `run` once `joining` are back; every host runs
+    `ranks_per_host` ranks (train.run.preflight refuses hosts that differ)."""
     names = grown_hosts(run.members, run.hosts, joining)
-    return names, grown_update_freq(run.members, run.update_freq, len(run.hosts), len(names))
+    return names, grown_update_freq(run.members, run.update_freq, len(run.hosts) * ranks_per_host,
+                                    len(names) * ranks_per_host, ranks_per_host)
 
 
 def due(progress: logparse.Progress | None, since: int | None) -> bool:
@@ -102,30 +107,33 @@ def due(progress: logparse.Progress | None, since: int | None) -> bool:
     return progress.max_update is None or progress.saved < progress.max_update
 
 
-def entry(hosts: list[str], joined: list[str], at: int, update_freq: int, when: float | None = None) -> dict:
-    """The membership entry of a rejoin (train.report.members reads it as a join)."""
+def entry(hosts: list[str], joined: list[str], at: int, update_freq: int, when: float | None = None,
+          ranks: int | None = None) -> dict:
+    """The membership entry of a rejoin (train.report.members reads it as a join); `ranks`: the
+    world size it trains in (default one rank a host)."""
     return {"hosts": list(hosts), "from_update": at, "why": f"{', '.join(joined)} rejoined at update {at}",
-            "joined": list(joined), "update_freq": update_freq,
+            "joined": list(joined), "update_freq": update_freq, "ranks": len(hosts) if ranks is None else ranks,
             "time": round(time.time() if when is None else when, 1)}
 
 
-def line(joined: list[str], hosts: list[str], at: int, update_freq: int) -> str:
-    """What tandem says when the run grows back."""
+def line(joined: list[str], hosts: list[str], at: int, update_freq: int, ranks: int | None = None) -> str:
+    """What tandem says when the run grows back (`ranks`: said where hosts run several)."""
     return (f"{', '.join(joined)} {'is' if len(joined) == 1 else 'are'} back: growing to {', '.join(hosts)} "
-            f"from update {at:,}, update-freq {update_freq}")
+            f"from update {at:,}, update-freq {update_freq}"
+            + (f" ({ranks} ranks)" if ranks is not None and ranks != len(hosts) else ""))
 
 
-def record(run: Run, joining: Sequence[str], at: int) -> str:
+def record(run: Run, joining: Sequence[str], at: int, ranks_per_host: int = 1) -> str:
     """Grow `run`'s membership by `joining` from update `at` (the entry, its hosts and update-freq;
-    not saved, nothing started); returns the line to say."""
-    names, update_freq = membership_after(run, joining)
+    not saved, nothing started); returns the line to say. Every host runs `ranks_per_host` ranks."""
+    names, update_freq = membership_after(run, joining, ranks_per_host)
     joined = [n for n in names if n not in run.hosts]
     if not run.members:
         run.members.append({"hosts": list(run.hosts), "from_update": 0, "why": "start",
-                            "update_freq": run.update_freq})
-    run.members.append(entry(names, joined, at, update_freq))
+                            "update_freq": run.update_freq, "ranks": len(run.hosts) * ranks_per_host})
+    run.members.append(entry(names, joined, at, update_freq, ranks=len(names) * ranks_per_host))
     run.hosts, run.update_freq = names, update_freq
-    return line(joined, names, at, update_freq)
+    return line(joined, names, at, update_freq, len(names) * ranks_per_host)
 
 
 def answering(hosts: Sequence[Host], timeout_s: float = SSH_TIMEOUT_S) -> list[Host]:
@@ -156,7 +164,8 @@ def preflight(run: Run, current: Sequence[Host], joining: Sequence[Host]) -> lis
     except ClusterError as err:
         return [str(err)]
     names = {h.name for h in joining}
-    return [p for p in host_checks.check(run, [current[0], *joining], answers) if p.split(":", 1)[0] in names]
+    return [p for p in host_checks.check(run, [current[0], *joining], answers, reference=current[0].name)
+            if p.split(":", 1)[0] in names]
 
 
 def grow(run: Run, current: Sequence[Host], joining: Sequence[Host], say: Callable[[str], None] = print
@@ -173,7 +182,8 @@ def grow(run: Run, current: Sequence[Host], joining: Sequence[Host], say: Callab
     before = (list(run.hosts), run.update_freq, len(run.members))
     try:
         copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from the current rank 0
-        said = record(run, [h.name for h in joining], checkpoints.checkpoint_update(copy) if copy else 0)
+        said = record(run, [h.name for h in joining], checkpoints.checkpoint_update(copy) if copy else 0,
+                      current[0].ranks)
         run.save()
         hosts = [by_name[n] for n in run.hosts]
         launch.start(run, hosts)

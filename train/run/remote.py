@@ -20,7 +20,9 @@ def agent_command(host: Host, module: str, *args: object) -> str:
 
 
 def train_threads(host: Host) -> int | None:
-    """The inventory's `train_threads` for this host (None: torch's default)."""
+    """The inventory's `train_threads` for this host: CPU threads for each of its ranks
+    (OMP_NUM_THREADS in every rank's environment; None: torch's default). A host running several
+    ranks (`cpu_ranks`) wants cores / ranks, or they contend."""
     value = host.vars.get("train_threads")
     if value in (None, ""):
         return None

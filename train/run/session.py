@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cluster import ClusterError, Host, select
+from ..cluster import ClusterError, Host, placement, select
 from ..plan import predict
 from ..plan.link import PeerUnreachable
 from . import checkpoints, command, interval, launch, preflight, presets
@@ -58,16 +58,19 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         grow_running(run, current, joining, known, request, console)
         return
     if joining:  # a stopped run, resumed on more hosts: the membership grows from its checkpoint
-        names, run.update_freq = rejoining.membership_after(run, [h.name for h in joining])
+        names, run.update_freq = rejoining.membership_after(run, [h.name for h in joining], hosts[0].ranks)
         hosts = [next(h for h in hosts if h.name == n) for n in names]
     if request.comm and request.comm != "auto":
         set_comm(run, request.comm, resuming, console)
     elif request.comm == "auto" and resuming:  # its strategy was chosen when it started: a resume keeps it
         console.print(f"{run.run_id} goes on with --comm {run.comm} (chosen when it started)")
+    if layout := preflight.layout_problems(hosts):  # before any command is built: it assumes equal hosts
+        raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(layout))
     commands = launch.host_commands(run, hosts)
     if request.dry_run:
         for host in hosts:
             console.print(f"[bold]{host.name}[/]: {commands[host.name]}")
+        console.print(f"{launch.batch(run, hosts)}; ranks {placement(hosts)}")
         return
     with console.status("preflight: versions, data, GPUs, disk, port on every host"):
         problems = preflight.check(run, hosts, preflight.probe(run, hosts))
@@ -83,12 +86,13 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
                           "(checkpoint copied to every host)")
         if joining:
             at = checkpoints.checkpoint_update(copy) if copy else 0
-            console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at)}[/]")
+            console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at, hosts[0].ranks)}[/]")
+    run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
     run.save()
     launch.start(run, hosts)
     every, step = interval.save_interval(run), interval.measured_step(run, hosts, resuming)
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
-                  f"({run.preset}; {interval.start_phrase(every, step)}; "
+                  f"({run.preset}; {launch.batch(run, hosts)}; {interval.start_phrase(every, step)}; "
                   f"logs {run.remote_dir}/train.log on each)")
     if over := interval.over_bound(every, step):
         console.print(f"[yellow]{over}[/]")

@@ -66,18 +66,20 @@ def run_state_line(states: list[HostState]) -> str:
 
 
 def table(states: list[HostState]) -> Table:
-    """Each rank's real state and last meaningful log line."""
+    """Each host's real state, the ranks it runs (rank 0's host first: only it logs updates) and its
+    last meaningful log line."""
     rank0 = states[0].progress if states else None
     finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
     out = Table()
-    for column in ("host", "rank", "state", "update", "loss", "s/update"):
+    for column in ("host", "ranks", "state", "update", "loss", "s/update"):
         out.add_column(column)
     out.add_column("last log line", overflow="fold")  # folded, never cut with an ellipsis
     for rank, s in enumerate(states):
         p = s.progress if rank == 0 else None  # only rank 0 logs updates
         state = s.describe(finished)
         colour = {"running": "", "finished": "green", "stopped by fab stop": "yellow"}.get(state, "red")
-        out.add_row(s.name, str(rank), f"[{colour}]{state}[/]" if colour else state, str(p.update) if p else "-",
+        out.add_row(s.name, s.ranks or str(rank), f"[{colour}]{state}[/]" if colour else state,
+                    str(p.update) if p else "-",
                     f"{p.loss:.3f}" if p and p.loss is not None else "-",
                     f"{p.seconds_per_update:.2f}" if p and p.seconds_per_update else "-",
                     logparse.message(s.tail[-1])[:70] if s.tail else (s.error or "")[:70])

@@ -39,6 +39,7 @@ class Reading:
     log_lines: list[str] = field(default_factory=list)  # rank 0 only
     error: str | None = None
     answered_at: float | None = None  # time.time() of the last answer
+    ranks: int | None = None  # ranks on this host (train.cluster.Host.ranks); None: one per GPU, at least one
 
 
 def read_command(run_dir: str, offsets: dict[str, int], with_log: bool) -> str:
@@ -78,7 +79,7 @@ class HostFeed:
 
     def __init__(self, host: Host, rank: int, run_dir: str, with_log: bool, timeout_s: float):
         self.host, self.run_dir, self.with_log, self.timeout_s = host, run_dir, with_log, timeout_s
-        self.reading = Reading(host.name, rank, host.gpus)
+        self.reading = Reading(host.name, rank, host.gpus, ranks=host.ranks)
         self.offsets: dict[str, int] = {}
         self._partial: dict[str, str] = {}
         self._conn = None

@@ -129,6 +129,8 @@ def render(screen: Screen, width: int = 80, height: int = 24, every_s: float | N
 def compact_line(row: HostRow, screen: Screen) -> Text:
     """One host in one line, under `fab train`'s progress bar: GPU %, NIC Mbit/s, s/update."""
     line = Text(f"  {row.name} ", style="bold")
+    if "-" in row.ranks:  # several ranks on this host: which ones (rank 0's host shows s/update)
+        line.append(f"ranks {row.ranks} · ")
     if row.state in ("unreachable", "connecting"):
         line.append(f"unreachable: {row.why}" if row.state == "unreachable" else "connecting over SSH",
                     style="red" if row.state == "unreachable" else "dim")

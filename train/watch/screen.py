@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cluster import ranks_label
 from ..report import answers
 from ..report.logparse import progress
 from .feed import Reading
@@ -31,7 +32,7 @@ class Gpu:
 @dataclass(frozen=True)
 class HostRow:
     name: str
-    ranks: str  # "0", or "2-3" on a host with two GPUs
+    ranks: str  # "0", or "2-3" on a host with two ranks (GPUs, or cpu_ranks)
     state: str  # connecting, running, stopped, unreachable
     gpus: list[Gpu] | None  # None: no GPU on this host (absent, not 0 %)
     tx_mbps: float | None
@@ -69,10 +70,10 @@ class Screen:
     verdict: str
 
 
-def ranks_of(rank: int, gpus: int) -> str:
-    per_host = max(gpus, 1)
-    first = rank * per_host
-    return str(first) if per_host == 1 else f"{first}-{first + per_host - 1}"
+def ranks_of(host_index: int, per_host: int) -> str:
+    """The global ranks of the host at `host_index` when every host runs `per_host` ranks: '2-3'."""
+    per_host = max(per_host, 1)
+    return ranks_label(range(host_index * per_host, (host_index + 1) * per_host))
 
 
 def host_row(reading: Reading, now: float) -> HostRow:
@@ -91,7 +92,8 @@ def host_row(reading: Reading, now: float) -> HostRow:
         why = f"{silent} ({reading.error})" if reading.error else silent
     else:
         state, why = ("running" if reading.running else "stopped"), None
-    return HostRow(reading.name, ranks_of(reading.rank, reading.gpus), state, gpus, mbps["tx_Bps"], mbps["rx_Bps"],
+    per_host = reading.ranks if reading.ranks is not None else reading.gpus
+    return HostRow(reading.name, ranks_of(reading.rank, per_host), state, gpus, mbps["tx_Bps"], mbps["rx_Bps"],
                    last.get("cpu_percent"), why)
 
 

@@ -52,6 +52,7 @@ RULES = {
     "network_iperf_seconds": Rule(True, 1, True, None, "seconds iperf3 measures each pair"),
     "network_iperf_port": Rule(True, 1, True, 65535, "iperf3's TCP port"),
     "train_threads": Rule(True, 1, True, None, "CPU threads per rank"),
+    "cpu_ranks": Rule(True, 1, True, None, "training ranks on a CPU host"),
     "data_volume_min_free_gb": Rule(False, 0, True, None, "free space training needs on /data, GB"),
     "preflight_connect_timeout": Rule(False, 0, False, None, "seconds to wait for ssh"),
     "verify_min_free_gb": Rule(False, 0, True, None, "free space verify asks of /data, GB"),

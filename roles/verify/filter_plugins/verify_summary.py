@@ -71,9 +71,21 @@ def host_row(host: str, h: dict, net: dict, out: list[float], into: list[float])
     ]
 
 
+def ranks_per_host(hosts: list, hostvars) -> list:
+    """Every host's training ranks, as train.cluster.Host.ranks counts them: one per GPU, a CPU
+    host's `cpu_ranks` (default 1). train.agent.allreduce's --ranks-per-host."""
+    out = []
+    for host in hosts:
+        v = hostvars[host]
+        gpus = int(v.get("gpus", 0) or 0)
+        out.append(gpus if gpus > 0 else int(v.get("cpu_ranks") or 1))
+    return out
+
+
 def intra_allreduce(hosts: list, hostvars, result_var: str = "__verify_allreduce") -> dict:
-    """{host: the all_reduce among that host's own GPUs}: the `INTRA {...}` line train.agent.allreduce
-    prints on a host with several GPUs before the cross-host run. Empty on one-rank hosts."""
+    """{host: the all_reduce among that host's own ranks}: the `INTRA {...}` line train.agent.allreduce
+    prints on a host with several ranks (GPUs, or cpu_ranks) before the cross-host run. Empty on
+    one-rank hosts."""
     found = {}
     for host in hosts:
         lines = (hostvars[host].get(result_var) or {}).get("stdout_lines") or []
@@ -84,11 +96,12 @@ def intra_allreduce(hosts: list, hostvars, result_var: str = "__verify_allreduce
 
 
 def intra_lines(intra: dict) -> tuple[list, list]:
-    """(lines, problems) of each host's GPUs among themselves (NVLink, PCIe, shared memory)."""
+    """(lines, problems) of each host's ranks among themselves (NVLink, PCIe, shared memory): the
+    intra-host bus bandwidth, no NIC."""
     lines, problems = [], []
     for host, report in sorted(intra.items()):
         if not report.get("ok"):
-            problems.append(f"{host}: all_reduce among its own GPUs failed: "
+            problems.append(f"{host}: all_reduce among its own ranks failed: "
                             + str(report.get("error") or "the reduced values were wrong"))
         for r in report.get("results") or []:
             lines.append(f"{host}: all_reduce {report.get('backend')} x{report.get('world_size')} within the host "
@@ -98,8 +111,9 @@ def intra_lines(intra: dict) -> tuple[list, list]:
 
 def allreduce_lines(allreduce: dict, link: float | None, n_hosts: int, min_ratio: float,
                     measured: float | None = None, expected: float | None = None) -> tuple[list, list]:
-    """(lines, problems) of the all_reduce: each host's GPUs among themselves, then each size's bus
-    bandwidth across the hosts against the link. Shown against the measured link (iperf3's slowest
+    """(lines, problems) of the all_reduce: each host's ranks among themselves (intra-host), then each
+    size's bus bandwidth across the hosts (inter-host: every rank of every host, whose ring crosses
+    each NIC once) against the link. Shown against the measured link (iperf3's slowest
     pair), the expected one said apart; checked against `link`, the slower of the two (on a fast
     virtual link the CPU, not the wire, bounds gloo)."""
     lines, problems = intra_lines(allreduce.get("intra") or {})
@@ -116,7 +130,8 @@ def allreduce_lines(allreduce: dict, link: float | None, n_hosts: int, min_ratio
             if ratio < min_ratio:
                 problems.append(f"all_reduce bus bandwidth {busbw_mbps:.0f} Mb/s is {ratio:.2f} of the link "
                                 f"({link:.0f} Mb/s), below {min_ratio}")
-        lines.append(f"all_reduce {allreduce.get('backend')} x{allreduce.get('world_size')} "
+        across = f"across {n_hosts} hosts " if n_hosts > 1 else ""
+        lines.append(f"all_reduce {allreduce.get('backend')} x{allreduce.get('world_size')} {across}"
                      f"{r['size'] / 2**20:.0f} MiB: {r['time_ms']:.1f} ms, busbw {r['busbw']:.3f} GB/s "
                      f"({busbw_mbps:.0f} Mb/s){verdict}")
     return lines, problems
@@ -162,7 +177,8 @@ def allreduce_inputs(hosts: list, hostvars, env_stat_var: str, network_inputs: d
         v = hostvars[h]
         venv = (v.get("verify_host") or {}).get("venv") or {}
         env = ((v.get(env_stat_var) or {}).get("stat") or {}).get("checksum", "-")
-        out[h] = f"gpus={v.get('gpus', 0)} torch={venv.get('torch')} env={env}"
+        ranks = f" cpu_ranks={v['cpu_ranks']}" if v.get("cpu_ranks") not in (None, "", 1, "1") else ""
+        out[h] = f"gpus={v.get('gpus', 0)}{ranks} torch={venv.get('torch')} env={env}"
     out["all_reduce"] = settings
     return out
 
@@ -178,4 +194,5 @@ def allreduce_reason(before: dict, inputs: dict, how, max_age_h, now_iso: str) -
 class FilterModule:
     def filters(self):
         return {"verify_summary": verify_summary, "allreduce_inputs": allreduce_inputs,
-                "allreduce_reason": allreduce_reason, "intra_allreduce": intra_allreduce}
+                "allreduce_reason": allreduce_reason, "intra_allreduce": intra_allreduce,
+                "ranks_per_host": ranks_per_host}

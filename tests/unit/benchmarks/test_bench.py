@@ -124,6 +124,15 @@ def test_predictions_use_the_uncapped_run_as_compute_only():
     assert capped[5] == f"{pts[0]['error']:+.0%}" and uncapped[5] == "(C)"  # C's own rate: no error to show
 
 
+def test_two_hosts_of_two_ranks_send_one_and_a_half_gradients_per_update_on_each_nic():
+    """A ring over 4 ranks numbered host by host crosses each host's NIC once: 2(n-1)/n = 1.5 x S per NIC
+    per update, what bench-step's tx_per_update (the NIC's own counter) is checked against."""
+    pts = points()
+    c, _, _ = step.with_predictions(pts, params=300_000, ranks=4, hosts=2)
+    assert pts[0]["model_tx_bytes"] == pytest.approx(1.8e6)  # 1.5 x 1.2 MB of fp32 gradients
+    assert pts[0]["predicted_s"] == pytest.approx(c + 1.8e6 / (95e6 / 8))
+
+
 def test_the_gradients_own_all_reduce_rate_wins_over_iperf3():
     pts = points()
     pts[0]["allreduce_mbps"] = 50.0  # short transfers through the cap: half of iperf3's steady state

@@ -50,6 +50,9 @@ def test_the_inventory_the_lab_writes_resolves_through_ansible(tmp_path):
         ("v100a", "10.77.0.11", 0, "eth0"), ("v100b", "10.77.0.12", 0, "eth0"), ("v100c", "10.77.0.13", 0, "eth0")]
     assert hosts[1].data_device == "/dev/loop1"
     assert hosts[0].key == str(cfg.key) and hosts[0].known_hosts == str(cfg.known_hosts)
+    assert [h.ranks for h in hosts] == [1, 1, 1]
+    path.write_text(inventory.render(LabConfig(ranks=2), {n: "/dev/loop0" for n in ("v100a", "v100b")}))
+    assert [h.ranks for h in load_hosts(path)] == [2, 2]  # cpu_ranks, read as Fabric's tasks read it
 
 
 def test_the_two_network_lab_describes_a_cloud_vms_addresses(tmp_path):
@@ -169,3 +172,21 @@ def test_each_users_key_is_written_owned_by_that_user_without_hiding_the_rootfs_
         st = (upper / path).stat()
         assert (st.st_uid, st.st_mode & 0o777) == (owner, mode), path
 
+
+
+def test_ranks_2_gives_every_host_cpu_ranks_and_each_rank_its_share_of_the_cores(monkeypatch):
+    """`make lab-up RANKS=2`: the inventory's cpu_ranks on every host, train_threads per rank (the machine's
+    cores over every rank of every host, at least 1), and a lab of that shape told apart from one without."""
+    from lab.__main__ import describe
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    cfg = LabConfig(ranks=2)
+    rendered = yaml.safe_load(inventory.render(cfg, {n: "/dev/loop0" for n in cfg.names}))
+    hosts = rendered["all"]["children"]["cluster"]["hosts"]
+    assert [hosts[n]["cpu_ranks"] for n in cfg.names] == [2, 2] and rendered["all"]["vars"]["train_threads"] == 2
+    assert LabConfig().threads_per_rank == 4 and LabConfig(hosts=3, ranks=2).threads_per_rank == 1
+    plain = yaml.safe_load(inventory.render(LabConfig(), {n: "/dev/loop0" for n in cfg.names}))
+    assert all("cpu_ranks" not in h for h in plain["all"]["children"]["cluster"]["hosts"].values())
+    assert describe(cfg) == "2 Debian bookworm hosts on 10.77.0.0/24, two networks, 2 ranks a host, login debian"
+    with pytest.raises(ValueError, match="1 to 16 ranks"):
+        LabConfig(ranks=0)

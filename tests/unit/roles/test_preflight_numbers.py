@@ -27,7 +27,8 @@ def test_a_zero_link_speed_is_named_once_with_its_hosts_and_the_explicit_way_off
 
 @pytest.mark.parametrize("var, value", [("network_expected_mbps", "fast"), ("network_expected_mbps", -100),
                                         ("network_expected_mbps", True), ("train_threads", 1.5),
-                                        ("train_threads", 0), ("network_min_ratio", 1.2),
+                                        ("train_threads", 0), ("cpu_ranks", 0), ("cpu_ranks", "two"),
+                                        ("network_min_ratio", 1.2),
                                         ("network_iperf_port", 70000), ("data_volume_min_free_gb", "")])
 def test_bad_numbers_are_refused(var, value):
     [line] = numbers.number_problems(["v100a"], {"v100a": {var: value}})
@@ -35,7 +36,7 @@ def test_bad_numbers_are_refused(var, value):
 
 
 @pytest.mark.parametrize("var, value", [("network_expected_mbps", 1000), ("network_expected_mbps", "100"),
-                                        ("network_expected_mbps", 2500.0), ("train_threads", "4"),
+                                        ("network_expected_mbps", 2500.0), ("train_threads", "4"), ("cpu_ranks", 2),
                                         ("data_volume_min_free_gb", 0), ("network_min_ratio", 1)])
 def test_good_numbers_pass(var, value):
     assert numbers.number_problems(["v100a"], {"v100a": {var: value}}) == []

@@ -111,8 +111,19 @@ def test_verify_shows_each_hosts_gpus_among_themselves_beside_the_cross_host_fig
     summary = filters.verify_summary(["a", "b"], {"a": gpu, "b": gpu}, NETWORK,
                                      {**ALLREDUCE, "backend": "nccl", "world_size": 4, "intra": found}, 0.5)
     assert "a: all_reduce nccl x2 within the host 64 MiB: busbw 120.500 GB/s" in summary["table"]
-    assert "busbw 0.110 GB/s (880 Mb/s)" in summary["table"]  # across the hosts
-    assert "b: all_reduce among its own GPUs failed: exit 1: NCCL WARN" in summary["problems"]
+    assert "all_reduce nccl x4 across 2 hosts 64 MiB" in summary["table"]  # inter-host, every rank
+    assert "busbw 0.110 GB/s (880 Mb/s)" in summary["table"]
+    assert "b: all_reduce among its own ranks failed: exit 1: NCCL WARN" in summary["problems"]
+
+
+def test_verify_runs_every_rank_of_every_host_one_per_gpu_cpu_ranks_on_cpu_hosts():
+    """train.agent.allreduce's --ranks-per-host, as train.cluster.Host.ranks counts them."""
+    filters = load("verify", "verify_summary")
+    hostvars = {"a": {"gpus": 0, "cpu_ranks": 2}, "b": {"gpus": "0", "cpu_ranks": "2"}, "c": {"gpus": 4},
+                "d": {"gpus": 4, "cpu_ranks": 2}, "e": {}}
+    assert filters.ranks_per_host(["a", "b", "c", "d", "e"], hostvars) == [2, 2, 4, 4, 1]
+    inputs = filters.allreduce_inputs(["a", "e"], {"a": hostvars["a"], "e": {"gpus": 0}}, "x", {}, "64M")
+    assert "cpu_ranks=2" in inputs["a"] and "cpu_ranks" not in inputs["e"]  # a change of ranks measures again
 
 
 @pytest.mark.parametrize(("text", "size"), [("64M", 64 * 2**20), ("1G", 2**30), ("512K", 512 * 1024),

@@ -36,13 +36,14 @@ def test_env_file_lines(tmp_path):
                                                  "TANDEM_VENV": "/opt/v"}
 
 
-def launch_pair(tmp_path, env_lines: str, timeout: float = 120) -> list[subprocess.CompletedProcess]:
+def launch_pair(tmp_path, env_lines: str, timeout: float = 120, ranks: int = 1,
+                extra: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess]:
     """Two 'hosts' on this machine, each running the launcher command benchmarks.net starts."""
     env = tmp_path / "env"
     env.write_text(env_lines)
     port = free_port()
-    procs = [subprocess.Popen(allreduce.host_argv(sys.executable, node, [0, 0], "127.0.0.1", port,
-                                                  ["--sizes", "1M,4M", "--iters", "2", "--timeout", "30"],
+    procs = [subprocess.Popen(allreduce.host_argv(sys.executable, node, [ranks, ranks], "127.0.0.1", port,
+                                                  ["--sizes", "1M,4M", "--iters", "2", "--timeout", "30", *extra],
                                                   env_file=str(env)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
     out = []
@@ -59,6 +60,26 @@ def test_two_hosts_reduce_correctly_through_the_launcher(tmp_path):
     assert report["world_size"] == 2 and report["backend"] == "gloo" and report["ok"]
     assert [r["size"] for r in report["results"]] == [2**20, 4 * 2**20]
     assert "busbw(GB/s)" in rank0.stdout and "JSON" not in rank1.stdout  # rank 0 reports
+
+
+def test_two_hosts_of_two_ranks_reduce_over_all_four_through_the_launcher(tmp_path):
+    """2 hosts x 2 ranks (a CPU host's cpu_ranks, or 2 GPUs): torchrun on each host, every rank of
+    every host in one all_reduce (world 4, each rank's sum checked). The intra-host run is left out:
+    both 'hosts' are this machine, and each would take the same port on 127.0.0.1."""
+    rank0, rank1 = launch_pair(tmp_path, "GLOO_SOCKET_IFNAME=lo\n", ranks=2, extra=("--skip-intra",))
+    assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:] + rank1.stderr[-2000:]
+    report = json.loads(next(line[5:] for line in rank0.stdout.splitlines() if line.startswith("JSON ")))
+    assert report["world_size"] == 4 and report["ok"] and len(report["hosts"]) == 4, report
+    assert "INTRA" not in rank0.stdout
+
+
+def test_ranks_per_host_wins_over_gpus_per_host():
+    assert allreduce.ranks_per_host("2,2", "0,0") == [2, 2]
+    assert allreduce.ranks_per_host(None, "0,4") == [1, 4]  # the older form: one rank per CPU host
+    assert allreduce.ranks_per_host("2,0", None) == [] and allreduce.ranks_per_host("x", None) == []
+    proc = subprocess.run([sys.executable, "-m", "train.agent.allreduce", "--node-rank", "1", "--ranks-per-host", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--node-rank 1 with --ranks-per-host 2" in proc.stderr
 
 
 def test_the_environment_file_reaches_the_ranks(tmp_path):

@@ -311,3 +311,17 @@ def test_every_rank_of_a_finished_run_is_finished_in_the_hosts_table(tmp_path):
     assert data.log.finished and not data.logs["v100b"].finished and not data.logs["v100b"].errors
     rows = {row["name"]: row["state"] for row in page.host_rows(A.analyze(data, link_mbps=100))}
     assert rows == {"v100a": "finished", "v100b": "finished"}
+
+
+def test_the_report_says_which_ranks_each_host_ran(tmp_path):
+    """A run on 2 hosts x 2 ranks (run.json's ranks_per_host): the header and the hosts table name
+    each host's ranks; a run.json from before hosts ran several reads as one rank a host."""
+    from train.report import page
+
+    run_dir = copy_run(tmp_path / "run")
+    run = json.loads((run_dir / "run.json").read_text())
+    assert page.host_ranks(run) == {"v100a": "0", "v100b": "1"}
+    (run_dir / "run.json").write_text(json.dumps({**run, "ranks_per_host": 2}))
+    an = A.analyze(A.load(run_dir), link_mbps=100)
+    assert page.header_meta(an)[0] == "hosts v100a (ranks 0-1), v100b (ranks 2-3) (rank 0: v100a)"
+    assert [(row["name"], row["ranks"]) for row in page.host_rows(an)] == [("v100a", "0-1"), ("v100b", "2-3")]

@@ -295,3 +295,44 @@ def test_rejoin_picks_every_host_the_run_lost_that_the_inventory_has(lost_c):
     assert [h.name for h in session.rejoin_hosts(known, None)] == ["v100a", "v100b", "v100c"]
     with pytest.raises(ClusterError, match="lost no host the inventory has"):
         session.rejoin_hosts(known[1:], None)
+
+
+# 2 hosts x 2 ranks: losing v100b and growing back to it keep the tokens per update (scaled by ranks)
+
+TWO_BY_TWO = {n: Host(name=n, address=f"10.0.0.{i}", vars={"cpu_ranks": 2})
+              for i, n in enumerate(["v100a", "v100b"], 11)}
+
+
+def test_losing_v100b_of_two_by_two_ranks_goes_on_on_v100as_two_ranks_at_update_freq_2_and_grows_back(cluster):
+    from test_why_stopped import TORCHRUN_EXIT, state
+
+    from train.run import elastic
+
+    run, said = a_run(["v100a", "v100b"], [], update_freq=1), []
+    hosts = [TWO_BY_TWO["v100a"], TWO_BY_TWO["v100b"]]
+    states = [state("v100a", lines=TORCHRUN_EXIT), state("v100b", reachable=False)]
+    left = elastic.continue_without(run, hosts, states, say=said.append, at=64)
+    assert [h.name for h in left] == ["v100a"] and run.update_freq == 2  # 4 ranks -> 2: x2
+    assert said == ["v100b lost at update 64 (unreachable); continuing on v100a from update 60, update-freq 2 "
+                    "(2 ranks)"]
+    assert [(m["hosts"], m["ranks"], m["update_freq"]) for m in run.members] == [
+        (["v100a", "v100b"], 4, 1), (["v100a"], 2, 2)]
+    grown = rejoin.grow(run, left, [TWO_BY_TWO["v100b"]], say=said.append)
+    assert [h.name for h in grown] == ["v100a", "v100b"] and run.update_freq == 1
+    assert said[-1] == "v100b is back: growing to v100a, v100b from update 60, update-freq 1 (4 ranks)"
+    assert run.members[-1]["ranks"] == 4
+
+
+def test_update_freq_scales_by_ranks_not_hosts():
+    from train.run.elastic import scaled_update_freq
+
+    assert scaled_update_freq(1, 4, 2) == 2  # 2 x 2 ranks -> 1 x 2
+    assert scaled_update_freq(1, 6, 4) == 2  # 3 x 2 ranks -> 2 x 2: 1.5 rounded up
+    assert scaled_update_freq(2, 16, 8) == 4  # 2 x 8 GPUs -> 1 x 8
+    start = {"hosts": ["v100a", "v100b"], "from_update": 0, "why": "start", "update_freq": 1, "ranks": 4}
+    assert rejoin.grown_update_freq([start], 2, 2, 4) == 1
+    assert rejoin.grown_update_freq([start], 2, 2, 2) == 2
+    # a first entry from before ranks were recorded: its hosts x the ranks a host runs now
+    assert rejoin.grown_update_freq([{k: v for k, v in start.items() if k != "ranks"}], 2, 2, 4, ranks_per_host=2) == 1
+    run = a_run(["v100a"], [start, {**start, "hosts": ["v100a"], "ranks": 2, "update_freq": 2}])
+    assert rejoin.membership_after(run, ["v100b"], ranks_per_host=2) == (["v100a", "v100b"], 1)

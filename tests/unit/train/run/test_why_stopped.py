@@ -108,3 +108,28 @@ def test_a_rank_that_crashed_on_its_own_is_the_culprit_even_with_an_exit_code():
     crashed = ["RuntimeError: CUDA out of memory.", *TORCHRUN_EXIT]
     states = [state("v100a", prog=progress(20), lines=crashed), state("v100b", lines=GLOO_PEER_CLOSED)]
     assert why_stopped_early(states).startswith("v100a: rank 0 exited with code 1 at update 20")
+
+
+def test_the_status_table_says_which_ranks_each_host_runs():
+    from rich.console import Console
+
+    from train.run.status import table
+
+    states = [HostState("v100a", True, True, progress(20), [], ranks="0-1"),
+              HostState("v100b", True, True, None, [], ranks="2-3")]
+    console = Console(width=120, record=True, color_system=None)
+    console.print(table(states))
+    text = console.export_text()
+    assert "ranks" in text.splitlines()[1] and "│ v100a │ 0-1   │ running" in text and "│ v100b │ 2-3   │" in text, text
+
+
+def test_a_dead_host_of_several_ranks_is_named_with_its_ranks(monkeypatch):
+    from train.run import launch
+    from train.run.follow import DeadRankGuard
+
+    said, stopped = [], []
+    monkeypatch.setattr(launch, "stop", lambda run, hosts: stopped.append(list(hosts)))
+    states = [HostState("v100a", True, True, None, [], ranks="0-1"),
+              HostState("v100b", False, True, None, [], ranks="2-3")]
+    assert DeadRankGuard(run=None, grace_s=-1, say=said.append).stopped_the_rest(["a", "b"], states)
+    assert said == ["[red]rank on v100b (ranks 2-3) stopped; stopping the others[/]"] and stopped == [["a", "b"]]

@@ -159,3 +159,22 @@ def test_a_finished_run_keeps_the_verdict_of_its_last_samples():
     later = screen.build(run, readings, end + 600)  # ten minutes after the monitors stopped
     assert later.verdict.startswith("network-bound: NIC at"), later.verdict
     assert [h.state for h in later.hosts] == ["stopped", "stopped"]
+
+
+def test_two_cpu_hosts_of_two_ranks_show_which_ranks_run_where():
+    """2 hosts x 2 ranks (cpu_ranks: 2): `fab watch` says 0-1 and 2-3, and the line under `fab train`'s bar
+    names them, with the run's s/update on rank 0's host."""
+    now = at("2026-11-23 02:13:30")
+    run, readings = cpu_run(now)
+    for r in readings:
+        r.ranks = 2
+    shown = screen.build(run, readings, now, link_mbps=1000)
+    assert [h.ranks for h in shown.hosts] == ["0-1", "2-3"]
+    text = text_of(shown)
+    assert "v100a 0-1   running" in text and "v100b 2-3   running" in text, text
+    lines = [render.compact_line(row, shown).plain for row in shown.hosts]
+    assert lines[0].startswith("  v100a ranks 0-1 · no GPU") and "s/update" in lines[0], lines
+    assert lines[1].startswith("  v100b ranks 2-3 · no GPU") and "s/update" not in lines[1], lines
+    one = screen.build(run, cpu_run(now)[1], now, link_mbps=1000)  # one rank a host: the lines as they were
+    assert [h.ranks for h in one.hosts] == ["0", "1"]
+    assert render.compact_line(one.hosts[1], one).plain.startswith("  v100b no GPU")
