@@ -1,5 +1,5 @@
-"""Several ranks a host, the shape users run (2 VMs x 2 V100s; 8-GPU VMs), on a lab of its own: 2 hosts
-x 2 ranks (cpu_ranks: 2), torchrun starting two workers on each. One run goes through a user's whole
+"""Several ranks a host, the shape users run (2 VMs x 2 V100s; 8-GPU VMs): 2 hosts x 2 ranks (cpu_ranks: 2,
+tests/conftest.py's two_by_two), torchrun starting two workers on each. One run goes through a user's whole
 job: verify's all_reduce over every rank, train (the batch said and logged), status and watch (which
 ranks run where), stop (no worker left anywhere), resume, losing v100b (v100a's 2 ranks go on at
 update-freq 2: the same tokens per update), growing back to 4 ranks, report, evaluate."""
