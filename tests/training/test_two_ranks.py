@@ -36,6 +36,19 @@ def test_verify_all_reduces_within_each_host_then_across_both(two_by_two):
     print(f"verify: 4 ranks across the hosts, busbw {found.group(1)} Mb/s = {found.group(2)} x the link")
 
 
+def test_bench_net_measures_each_hosts_ranks_alone_then_all_four(two_by_two):
+    """`fab bench-net` starts the same launcher as verify: an intra-host table (each host's 2 ranks, no
+    NIC), then the inter-host one over all 4 ranks, compared with the link."""
+    out = fab(two_by_two, "bench-net", "--min-size", "1M", "--max-size", "4M", "--iters", "2", "--budget-s", "5",
+              "--iperf-seconds", "1").stdout
+    assert "# intra-host: all_reduce among each host's own ranks (gloo, no NIC)" in out, out[-3000:]
+    assert re.search(r"^v100a\s+2\s+4194304 ", out, re.M) and re.search(r"^v100b\s+2\s+4194304 ", out, re.M), out
+    assert "# inter-host: all_reduce, gloo, 4 ranks on 2 hosts; link" in out, out[-3000:]
+    report = json.loads((TOP / "reports" / "bench" / "net-latest.json").read_text())
+    assert report["allreduce"]["world_size"] == 4 and set(report["allreduce"]["intra"]) == {"v100a", "v100b"}
+    assert all(r["ok"] and r["world_size"] == 2 for r in report["allreduce"]["intra"].values())
+
+
 def test_dry_run_says_each_hosts_ranks_and_the_batch(two_by_two):
     out = fab(two_by_two, "train", "--new", "--dry-run").stdout
     assert "--nproc_per_node 2" in out and '--distributed-rank "$RANK"' in out and "--distributed-world-size 4" in out
