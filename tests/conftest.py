@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from labtools import TOP, Provisioned, fab, lab_cli
 
 from lab.config import LabConfig
@@ -85,15 +86,46 @@ def data_ready(provisioned) -> Provisioned:
 
 
 @pytest.fixture(scope="module")
-def two_by_two(tmp_path_factory) -> Provisioned:
-    """A lab of its own: 2 hosts x 2 ranks (`lab up --ranks 2`: the inventory's cpu_ranks: 2), fully
-    provisioned (verify's all_reduce over every rank included) and the synthetic dataset prepared; down
-    after the module. LAB_RANKS_PREFIX / LAB_RANKS_SUBNET pick another (default tdm2r on 10.84.0.0/24),
-    so that it never meets the session's lab or another checkout's."""
+def two_by_two(request, tmp_path_factory) -> Provisioned:
+    """2 hosts x 2 ranks (the inventory's cpu_ranks: 2, train_threads over all four ranks), provisioned
+    (verify's all_reduce over every rank included) with the synthetic dataset prepared.
+
+    In the suite: the session's lab, seen through an inventory of its own that differs only in
+    those two variables (what a user edits to run several ranks a host): cpu_ranks changes nothing
+    on the hosts, so provisioning it again is the cheap second run (changed=0) plus verify's
+    all_reduce, measured again for the new ranks. A second lab and its first provisioning would add
+    ~3.5 minutes to a suite that must stay under 40. LAB_RANKS_PREFIX (and LAB_RANKS_SUBNET, default
+    10.84.0.0/24) brings up a lab of its own instead (`lab up --ranks 2`), provisioned from scratch,
+    and takes it down after the module."""
+    if os.environ.get("LAB_RANKS_PREFIX"):
+        yield from _own_two_by_two(tmp_path_factory)
+        return
+    session: Provisioned = request.getfixturevalue("data_ready")
+    cfg = LabConfig(hosts=session.cfg.hosts, subnet=session.cfg.subnet, prefix=session.cfg.prefix,
+                    cluster_net=session.cfg.cluster_net, ranks=2)
+    inventory = session.inventory.with_name(session.inventory.stem + "-2x2.yml")
+    data = yaml.safe_load(session.inventory.read_text())
+    data["all"]["vars"]["train_threads"] = cfg.threads_per_rank
+    for host in data["all"]["children"]["cluster"]["hosts"].values():
+        host["cpu_ranks"] = 2
+    inventory.write_text("# the session's lab, 2 ranks a host (tests/conftest.py two_by_two)\n"
+                         + yaml.safe_dump(data, sort_keys=False))
+    try:
+        p = Provisioned(cfg=cfg, inventory=inventory, reports=tmp_path_factory.mktemp("two-by-two"),
+                        code=session.code)
+        p.first = p.playbook()
+        assert p.first.rc == 0, p.first.output[-6000:]
+        print(f"the lab as 2 x 2 ranks provisioned in {p.first.seconds:.0f} s")
+        yield p
+    finally:
+        inventory.unlink(missing_ok=True)
+
+
+def _own_two_by_two(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
-    cfg = LabConfig(prefix=os.environ.get("LAB_RANKS_PREFIX", "tdm2r"),
-                    subnet=os.environ.get("LAB_RANKS_SUBNET", "10.84.0.0/24"), ranks=2)
+    cfg = LabConfig(prefix=os.environ["LAB_RANKS_PREFIX"], subnet=os.environ.get("LAB_RANKS_SUBNET", "10.84.0.0/24"),
+                    ranks=2)
     try:
         lab_cli("up", "--subnet", cfg.subnet, "--ranks", "2", prefix=cfg.prefix)
         p = Provisioned(cfg=cfg, inventory=cfg.default_inventory, reports=tmp_path_factory.mktemp("two-by-two"))

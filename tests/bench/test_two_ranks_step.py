@@ -1,7 +1,7 @@
-"""bench-step on 2 hosts x 2 ranks (a lab of its own, tests/conftest.py's two_by_two): the cost model with
+"""bench-step on 2 hosts x 2 ranks (tests/conftest.py's two_by_two): the cost model with
 n = 4 ranks on 2 hosts. A ring over ranks numbered host by host crosses each host's NIC once, so every
 NIC carries 2(n-1)/n = 1.5 gradients an update (1.0 with one rank a host), and the step is predicted
-from that. A speed target (`make bench-targets`, not `make test`): about 4 minutes with the lab."""
+from that. A speed target (`make bench-targets`, not `make test`)."""
 
 from __future__ import annotations
 

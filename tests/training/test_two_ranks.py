@@ -1,5 +1,5 @@
-"""Several ranks a host, the shape users run (2 VMs x 2 V100s; 8-GPU VMs), on a lab of its own: 2 hosts
-x 2 ranks (cpu_ranks: 2), torchrun starting two workers on each. One run goes through a user's whole
+"""Several ranks a host, the shape users run (2 VMs x 2 V100s; 8-GPU VMs): 2 hosts x 2 ranks (cpu_ranks: 2,
+tests/conftest.py's two_by_two), torchrun starting two workers on each. One run goes through a user's whole
 job: verify's all_reduce over every rank, train (the batch said and logged), status and watch (which
 ranks run where), stop (no worker left anywhere), resume, losing v100b (v100a's 2 ranks go on at
 update-freq 2: the same tokens per update), growing back to 4 ranks, report, evaluate."""
@@ -34,6 +34,19 @@ def test_verify_all_reduces_within_each_host_then_across_both(two_by_two):
                       r"([\d.]+) x the measured link", out)
     assert found, out[-3000:]
     print(f"verify: 4 ranks across the hosts, busbw {found.group(1)} Mb/s = {found.group(2)} x the link")
+
+
+def test_bench_net_measures_each_hosts_ranks_alone_then_all_four(two_by_two):
+    """`fab bench-net` starts the same launcher as verify: an intra-host table (each host's 2 ranks, no
+    NIC), then the inter-host one over all 4 ranks, compared with the link."""
+    out = fab(two_by_two, "bench-net", "--min-size", "1M", "--max-size", "4M", "--iters", "2", "--budget-s", "5",
+              "--iperf-seconds", "1").stdout
+    assert "# intra-host: all_reduce among each host's own ranks (gloo, no NIC)" in out, out[-3000:]
+    assert re.search(r"^v100a\s+2\s+4194304 ", out, re.M) and re.search(r"^v100b\s+2\s+4194304 ", out, re.M), out
+    assert "# inter-host: all_reduce, gloo, 4 ranks on 2 hosts; link" in out, out[-3000:]
+    report = json.loads((TOP / "reports" / "bench" / "net-latest.json").read_text())
+    assert report["allreduce"]["world_size"] == 4 and set(report["allreduce"]["intra"]) == {"v100a", "v100b"}
+    assert all(r["ok"] and r["world_size"] == 2 for r in report["allreduce"]["intra"].values())
 
 
 def test_dry_run_says_each_hosts_ranks_and_the_batch(two_by_two):
