@@ -209,7 +209,9 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_rea
             follower.kill()
             fab(data_ready, "stop", "--run", run_id, check=False)
     assert follower.returncode == 0, out[-4000:]
-    start = re.search(r"started\s+on\s+2\s+hosts\s+\(tiny;\s+(checkpoint\s+every\s+10\s+updates\s+\([^)]*\));", out)
+    start = re.search(r"started\s+on\s+2\s+hosts\s+\(tiny;\s+batch\s+2\s+hosts\s+x\s+1\s+rank\s+x\s+2,048\s+"
+                      r"tokens\s+x\s+update-freq\s+1\s+=\s+4,096\s+tokens\s+per\s+update;\s+"
+                      r"(checkpoint\s+every\s+10\s+updates\s+\([^)]*\));", out)
     assert start, out[:3000]  # bounded loss: the interval, and its time or that it is unmeasured
     print(" ".join(start.group(1).split()))
     said = re.search(r"v100a lost at update ([\d,]+) \(unreachable\); continuing on v100b from update (\d+), "
