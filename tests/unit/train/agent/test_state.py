@@ -57,7 +57,12 @@ def test_state_of_a_run_without_a_log_yet():
 def test_a_worker_started_through_bash_c_is_found(run_dir, spawn):
     """torchrun with several GPUs runs each worker as `bash -c 'exec fairseq-train ... --save-dir X'`."""
     worker = spawn(["bash", "-c", f"sleep 60; : --save-dir {run_dir}/checkpoints --other"])
-    assert state.run_pids(str(run_dir)) == [worker.pid]
+    # bash forks `sleep`: until the child has exec'd it still carries bash's command line (a busy
+    # machine shows that moment), so the answer is read once the child is sleep
+    deadline = time.monotonic() + 10
+    while (found := state.run_pids(str(run_dir))) != [worker.pid] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert found == [worker.pid]
 
 
 def test_stop_ends_the_run_with_sigterm(run_dir, spawn):
