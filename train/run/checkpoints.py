@@ -165,7 +165,6 @@ class Backup:
         self.run, self.every_s, self.say = run, every_s, say
         self._thread: threading.Thread | None = None
         self._started_at = time.monotonic()
-        self._saved: int | None = None  # rank 0's last saved update when the last copy began
         self._began = False
 
     def maybe_start(self, hosts: list[Host], saved: int | None) -> None:
@@ -176,7 +175,7 @@ class Backup:
             return
         self._thread = threading.Thread(target=self.now, args=(list(hosts),), daemon=True, name="backup")
         self._thread.start()
-        self._started_at, self._saved, self._began = time.monotonic(), saved, self._began or saved is not None
+        self._started_at, self._began = time.monotonic(), self._began or saved is not None
 
     def wait(self) -> None:
         """Until the copy under way (if any) is whole or has failed."""
