@@ -50,7 +50,8 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     "port": "rendezvous port on the first host (default 29500)",
     "dry_run": "print every host's command and check them, start nothing",
     "detach": "start and return without following",
-    "accept_slow_network": "start even when the network would take most of each step (see fab predict)",
+    "accept_slow_network": "start even when the network would take most of each step, or fewer hosts would "
+                           "train faster (see fab predict)",
     "elastic": "when a host is lost, go on from the last checkpoint on the hosts left (default; --no-elastic stops)",
     "comm": "how ranks share updates: sync (default), fp16 (compressed gradients), local-sgd:H (average every H "
             "updates), auto (the least invasive that reaches 90% on the measured link; see fab predict)",
@@ -199,7 +200,8 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
 @cluster_task
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
             precision=None, update_freq=1, max_update=None, overlap=None, json=False, comm="sync"):
-    """Predict s/update, the run's hours, network-bound or not, the update-freq for 90% (exit 3 if network-bound)."""
+    """Predict s/update, hours and dollars of every host subset x --comm, the verdict (exit 3 if network-bound
+    or fewer hosts would be faster)."""
     import json as json_module
 
     from train.plan import predict as plan
@@ -211,7 +213,9 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
         print(json_module.dumps(verdict.as_dict(), indent=1, default=str))
     else:
         console.print("\n".join(verdict.lines), markup=False)
-    if verdict.network_bound:
+        if verdict.comparison is not None:
+            console.print(verdict.comparison.table())
+    if verdict.network_bound or verdict.fewer_hosts_faster:
         sys.exit(3)
 
 

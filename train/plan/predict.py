@@ -32,7 +32,7 @@ from train.run.command import default_precision
 from train.run.params import preset_params
 from train.run.record import DATA_ROOT
 
-from . import link, measurements, model
+from . import compare, link, measurements, model, price
 
 
 @dataclass
@@ -52,6 +52,22 @@ class Verdict:
     port_mbps: float | None = None  # iperf3's figure, for the capped-port check (default: link_mbps)
     choice: model.Choice | None = None  # what `--comm auto` picked, or would pick for a network-bound run
     comm: str = "sync"
+    comparison: compare.Comparison | None = None  # every host subset × strategy (needs the compute figure)
+
+    @property
+    def fewer_hosts_faster(self) -> compare.Option | None:
+        """A run on fewer hosts that trains the same updates faster than this one (compare.Comparison)."""
+        return self.comparison.fewer_hosts_faster if self.comparison else None
+
+    def cost_line(self) -> str | None:
+        """The run as asked: its predicted hours and, when every host has a price, dollars."""
+        if self.comparison is None or self.comparison.asked.hours is None:
+            return None
+        asked = self.comparison.asked
+        cost = (f", {price.dollars(asked.dollars)} at {price.dollars(asked.usd_per_hour)}/h"
+                if asked.dollars is not None else
+                f" (no {price.PRICE_VAR} for {', '.join(self.comparison.unpriced)}: dollars left out)")
+        return f"predicted {model.duration(asked.hours * 3600)}{cost}"
 
     @property
     def slow_link(self) -> bool:
@@ -73,6 +89,7 @@ class Verdict:
                                               "reached": self.choice.reached,
                                               "efficiency": self.choice.prediction.efficiency} if self.choice else None,
                 "prediction": self.prediction.as_dict() if self.prediction else None,
+                "comparison": self.comparison.as_dict() if self.comparison else None,
                 "at_expected": self.at_expected.as_dict() if self.at_expected else None}
 
 
@@ -148,7 +165,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
            compute_source: str, port_mbps: float | None = None, precision: str = "fp32", update_freq: int = 1,
            max_update: int | None = None, overlap: float = 0.0, overlap_source: str = "given",
            comm: str = "sync", overlaps: dict[str, float] | None = None,
-           overlap_sources: dict[str, str] | None = None, sync_updates: int = 0) -> Verdict:
+           overlap_sources: dict[str, str] | None = None, sync_updates: int = 0,
+           tokens_per_batch: int | None = None) -> Verdict:
     """Pure: figures in, verdict and the lines explaining it out. `comm`: a strategy, or `auto`
     (model.choose, with `overlaps` per strategy); a network-bound sync run is told which `--comm`
     would reach 90%. `sync_updates`: local SGD's synchronous start (train.run.comm.sync_start)."""
@@ -200,6 +218,12 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
             hours = v.at_expected.run_hours
             v.lines.append(f"at the expected {v.expected_mbps:.0f} Mbit/s: {v.at_expected.step_s:.2f} s/update"
                            + (f", {model.duration(hours * 3600)}" if hours is not None else ""))
+        v.comparison = compare.compare(hosts, params, link_mbps=link_mbps, compute_s=compute_s, precision=precision,
+                                       overlaps=overlaps, comm=comm, update_freq=update_freq, max_update=max_update,
+                                       tokens_per_batch=tokens_per_batch, sync_updates=sync_updates)
+        if cost := v.cost_line():
+            v.lines.append(cost)
+        v.lines += v.comparison.verdict()
     else:
         v.comm_only = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), 1e-9, **kw)
         v.lines.append(f"all-reduce alone: {v.comm_only.comm_s:.2f} s per update "
@@ -209,6 +233,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines.append(f"the link (iperf3) is {port / v.expected_mbps:.0%} of the expected "
                        f"{v.expected_mbps:.0f} Mbit/s (a capped port?)")
     v.lines.append("verdict: NETWORK-BOUND" if v.network_bound else "verdict: the network is not the bottleneck")
+    if fewer := v.fewer_hosts_faster:
+        v.lines.append(f"verdict: FEWER HOSTS ARE FASTER: {fewer.flags()}")
     return v
 
 
@@ -258,7 +284,8 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
     return assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
                   compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
                   overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
-                  overlap_sources=sources, sync_updates=sync_start(options))
+                  overlap_sources=sources, sync_updates=sync_start(options),
+                  tokens_per_batch=int(options["max_tokens"]) if options.get("max_tokens") else None)
 
 
 def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:

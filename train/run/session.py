@@ -77,8 +77,10 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
-    run.link_mbps = network_check(run, hosts, request.accept_slow_network, console,
-                                  auto=request.comm == "auto" and not resuming)
+    verdict = network_check(run, hosts, request.accept_slow_network, console,
+                            auto=request.comm == "auto" and not resuming)
+    run.link_mbps = verdict.link_mbps if verdict else None
+    cost = verdict.cost_line() if verdict else None
     if resuming:
         copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from its rank 0: a joiner's is stale
         if copy is not None:
@@ -93,7 +95,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     every, step = interval.save_interval(run), interval.measured_step(run, hosts, resuming)
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
                   f"({run.preset}; {launch.batch(run, hosts)}; {interval.start_phrase(every, step)}; "
-                  f"logs {run.remote_dir}/train.log on each)")
+                  + (f"{cost}; " if cost else "") + f"logs {run.remote_dir}/train.log on each)")
     if over := interval.over_bound(every, step):
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
@@ -180,10 +182,11 @@ def set_comm(run: Run, comm: str, resuming: bool, console) -> None:
     run.comm = chosen
 
 
-def network_check(run: Run, hosts: list[Host], accept: bool, console, auto: bool = False) -> float | None:
-    """The cost model on the measured link (train.plan.predict): refuse a network-bound run unless
-    accepted; with `auto`, pick the communication strategy from it (model.choose) and say why.
-    Returns the link's measured Mbit/s (None when it was not measured)."""
+def network_check(run: Run, hosts: list[Host], accept: bool, console,
+                  auto: bool = False) -> predict.Verdict | None:
+    """The cost model on the measured link (train.plan.predict): refuse a network-bound run, or one
+    that fewer hosts would train faster, unless accepted; with `auto`, pick the communication
+    strategy from it (model.choose) and say why. Returns the verdict (None when nothing was measured)."""
     try:
         with console.status("measuring the link (iperf3) and predicting the step time"):
             verdict = predict.for_run(run, hosts, comm="auto" if auto else None)
@@ -200,12 +203,21 @@ def network_check(run: Run, hosts: list[Host], accept: bool, console, auto: bool
         run.comm, run.update_freq = verdict.choice.comm, verdict.choice.update_freq
         console.print(f"[green]--comm auto[/] chose {verdict.choice.flag()}")
     text = "\n  ".join(verdict.lines)
+    fewer = verdict.fewer_hosts_faster
+    if fewer is not None and not accept:
+        n = len(fewer.hosts)
+        raise ClusterError(f"{n} host{'s' if n > 1 else ''} would train the same updates faster than "
+                           f"{len(hosts)} on this link, nothing started:\n  {text}\n"
+                           f"run `fab train {fewer.flags()}` instead ({fewer.speed()} against "
+                           f"{verdict.comparison.asked.speed()}), fix the link, or pass --accept-slow-network "
+                           "to train on every host anyway")
     if verdict.network_bound and not accept:
         better = (f"\n{verdict.choice.flag()} would reach {verdict.choice.prediction.efficiency:.0%} "
                   "(or --comm auto)" if verdict.choice and not auto else "")
         raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}{better}\n"
                            "fix the link, choose a --comm strategy, or pass --accept-slow-network to train anyway")
-    console.print("[yellow]network-bound, accepted (--accept-slow-network):[/]" if verdict.network_bound
+    slow = verdict.network_bound or fewer is not None
+    console.print("[yellow]network-bound or fewer hosts faster, accepted (--accept-slow-network):[/]" if slow
                   else "[green]✓[/] network check:")
     console.print("  " + text, markup=False)
-    return verdict.link_mbps
+    return verdict
