@@ -104,6 +104,9 @@ class Comparison:
 
     @property
     def cheapest(self) -> Option | None:
+        """None unless every host has a price: a row left unpriced might be the cheapest."""
+        if self.unpriced:
+            return None
         priced = [o for o in self.options if o.dollars is not None]
         return min(priced, key=lambda o: (o.dollars, -o.batches_per_s)) if priced else None
 
