@@ -681,6 +681,29 @@ class Analysis:
             for a in self.answers]}
 
 
+def answer_cost(data: RunData) -> Answer | None:
+    """What the run has cost and what the idle cluster costs, from cost.json (train.run.idle, written
+    by `fab report` with the inventory's prices); None when it was not collected."""
+    figures = _json(data.run_dir / "cost.json")
+    if figures is None:
+        return None
+    q = "What has the run cost so far, and what does the cluster cost now?"
+    hours, usd = figures.get("billed_hours") or 0.0, figures.get("run_usd")
+    n = len(figures.get("hosts", []))
+    if usd is not None:
+        text = f"${usd:,.2f}: {n} host(s) × {hours:.2f} h since the run started (restarts and gaps included)."
+    else:
+        text = (f"unknown: no hourly_usd in the inventory for {', '.join(figures.get('unpriced', []))} "
+                f"({hours:.2f} h since the run started).")
+    idle = figures.get("idle_s")
+    if idle is not None:
+        rate = figures.get("usd_per_hour")
+        text += (f" The cluster has been idle {format_eta(idle)} since the last log line, at "
+                 + (f"${rate:,.2f}/h" if rate is not None else "an unknown price")
+                 + f"; tandem stops no VM: stop them at the provider ({figures.get('stop_hint')}).")
+    return Answer("cost", q, text, figures, "idle" if idle is not None else "running")
+
+
 def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
     """Every answer for a loaded run; `link_mbps` is the inventory's expected link (a measured
     bench-net link wins over it)."""
@@ -690,6 +713,8 @@ def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
         answers.insert(1, hosts)
     if bleu := answer_bleu(data):
         answers.append(bleu)
+    if cost := answer_cost(data):
+        answers.append(cost)
     answers += [answer_gpus(data, ivs), answer_network(data, ivs, link_mbps), answer_lr(data),
                 answer_corpus(data), answer_checkpoints(data)]
     return Analysis(data, ivs, answers)

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from ..cluster import Host, run_all
 from ..report import logparse
-from . import launch
+from . import idle, launch
 from .launch import HostState
 from .record import Run
 
@@ -106,6 +106,8 @@ def show(run: Run, hosts: list[Host], console) -> bool:
             console.print(f"[red]{s.name} {s.describe(finished)}[/]; its last log lines:")
             for line in s.tail:
                 console.print(f"  {line}")
+    for line in idle.cost(run, hosts, running=any(s.running for s in states)).lines():
+        console.print(line, markup=False)
     return all(s.reachable for s in states)
 
 
