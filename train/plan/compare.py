@@ -255,3 +255,43 @@ def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: 
         asked = option(len(hosts), kind, asked_comm, update_freq, caveat, kind == "sync")
         options.append(asked)
     return Comparison(options, asked, price.unpriced(hosts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The comparison from figures given by hand (no hosts needed): exit 3 when fewer hosts are faster.
+
+        python -m train.plan.compare --preset transformer_wmt_en_de --hosts 2 --gpus 1 --link-mbit 100 \\
+            --compute-s 0.6 --precision fp16 --max-update 300000 --hourly-usd 3.06
+    """
+    import argparse
+
+    from train.run.comm import sync_start
+    from train.run.params import preset_params
+    from train.run.presets import resolve
+
+    parser = argparse.ArgumentParser(description="Every host subset x --comm, with hours and dollars.")
+    parser.add_argument("--preset", required=True, help="a train.run.presets preset")
+    parser.add_argument("--vocab", type=int, default=32000, help="joint dictionary size")
+    parser.add_argument("--hosts", type=int, required=True)
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) per host")
+    parser.add_argument("--link-mbit", type=float, required=True, help="measured host-to-host Mbit/s")
+    parser.add_argument("--compute-s", type=float, required=True, help="measured compute-only s per batch")
+    parser.add_argument("--precision", choices=sorted(model.BYTES_PER_ELEMENT), default="fp32")
+    parser.add_argument("--max-update", type=int)
+    parser.add_argument("--hourly-usd", type=float, help="each host's price per hour (none: no dollars)")
+    args = parser.parse_args(argv)
+    options = resolve(args.preset).options
+    hosts = [Host(name=f"host{i + 1}", address=f"host{i + 1}", gpus=args.gpus,
+                  vars={price.PRICE_VAR: args.hourly_usd} if args.hourly_usd is not None else {})
+             for i in range(args.hosts)]
+    c = compare(hosts, preset_params(options, args.vocab), link_mbps=args.link_mbit, compute_s=args.compute_s,
+                precision=args.precision, max_update=args.max_update or options.get("max_update"),
+                tokens_per_batch=int(options["max_tokens"]) if options.get("max_tokens") else None,
+                sync_updates=sync_start(options))
+    print(c.text())
+    print("\n".join(c.verdict()))
+    return 3 if c.fewer_hosts_faster else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
