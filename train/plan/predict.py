@@ -16,6 +16,10 @@ Without a compute figure the share cannot be known: then the check falls back to
 link against the inventory's `network_expected_mbps` (below `network_min_ratio`, 0.9 by
 default, is a capped port, the field reports' 100 Mb/s case) and says how to measure compute.
 `fab train` refuses to start in either case unless `--accept-slow-network`.
+
+With a compute figure, every host subset × `--comm` is priced too (train.plan.compare: hours, and
+dollars from the inventory's `hourly_usd`); `fab train` also refuses, under the same flag, a run
+that fewer hosts would train the same updates faster, naming that run.
 """
 
 from __future__ import annotations
