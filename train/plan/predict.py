@@ -160,7 +160,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     overlaps = dict(overlaps or {"sync": overlap, "fp16": overlap})
     if comm == "auto" and compute_s is not None:
         v.choice = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                hosts=len(hosts), precision=precision, max_update=max_update,
+                                hosts=len(hosts), precision=precision, max_update=max_update, update_freq=update_freq,
                                 sync_updates=sync_updates)
         comm, update_freq = v.choice.comm, v.choice.update_freq
     elif comm == "auto":
@@ -185,7 +185,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines += model.explain(v.prediction).splitlines()
         if v.prediction.efficiency < 0.9 and not v.choice:
             better = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                  hosts=len(hosts), precision=precision, max_update=max_update,
+                                  hosts=len(hosts), precision=precision, max_update=max_update, update_freq=update_freq,
                                   sync_updates=sync_updates)
             if better.comm != comm or better.update_freq != update_freq:
                 v.choice = better

@@ -98,6 +98,7 @@ PRESETS: dict[str, dict[str, Value]] = {
         "lr": 0.0007,
         "warmup_updates": 4000,
         "max_tokens": 4096,
+        "tokens_per_update": 32768,  # RECIPES: Vaswani et al. 2017 as fairseq runs it, 8 GPUs x 4,096
         "max_update": 100000,
         # ≤ ~10 min of training a resume redoes: 4,000 × 0.122 s = 8 min (train.run.interval.REFERENCE)
         "save_interval_updates": 4000,
@@ -111,6 +112,7 @@ PRESETS: dict[str, dict[str, Value]] = {
         "lr": 0.0005,
         "warmup_updates": 4000,
         "max_tokens": 3584,
+        "tokens_per_update": 458752,  # RECIPES: Ott et al. 2018, 8 GPUs x 3,584 x update-freq 16
         "max_update": 300000,
         # 3,000 × 0.148 s = 7 min on the reference hardware (train.run.interval.REFERENCE)
         "save_interval_updates": 3000,
@@ -173,7 +175,23 @@ EXTRA_OPTIONS: dict[str, type] = {
     "block_lr": float,
     "local_sgd_sync_updates": int,  # tandem's own: local SGD's synchronous start (train.run.comm)
     "report_accuracy": bool,
+    "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
 }
+
+# The batch each preset's recipe trains with, in max_tokens units (padded tokens of the longer side:
+# what fairseq's --max-tokens counts), and where it comes from. tandem derives max_tokens and
+# update_freq for the cluster at hand from it (train.plan.batch), so that 2 hosts x 1 V100 and
+# 2 hosts x 8 H100 train with the same batch. tiny has none: the lab's demo keeps max_tokens per rank
+# (`--set tokens_per_update=N` gives it one).
+RECIPES: dict[str, str] = {
+    "transformer_wmt_en_de": "Vaswani et al. 2017 (base): ~25k source + 25k target tokens a batch; fairseq's "
+                             "recipe, 8 GPUs x 4,096 max_tokens = 32,768",
+    "transformer_vaswani_wmt_en_de_big": "Ott et al. 2018 \"Scaling NMT\": 8 GPUs x 3,584 max_tokens x update-freq 16 "
+                                         "= 458,752 (~400k target tokens after padding)",
+}
+
+# Options tandem reads itself and never passes to fairseq.
+TANDEM_OPTIONS = {"tokens_per_update"}
 
 # Option names the launcher owns; overriding them would break the command's consistency.
 RESERVED = {
@@ -296,6 +314,11 @@ def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000) -> int:
     a checkpoint): 141 s; base and tiny: 45 s."""
     save_s = preset_params(options, vocab) * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
     return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s))
+
+
+def overridden(overrides: Iterable[str], key: str) -> bool:
+    """Whether `overrides` (key=value) set `key`."""
+    return any(parse_override(text)[0] == key for text in overrides)
 
 
 def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:
