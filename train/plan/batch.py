@@ -27,9 +27,9 @@ from ..run.params import ARCH_DIMS, preset_params
 # and gradients (2 + 2) beside fp32 master weights and gradients (4 + 4) and Adam's two moments (8).
 BYTES_PER_PARAM = {("fp16", "adam"): 20, ("bf16", "adam"): 20, ("fp32", "adam"): 16,
                    ("fp16", "sgd"): 12, ("bf16", "sgd"): 12, ("fp32", "sgd"): 8}
-BYTES_PER_TOKEN_VOCAB = 30.23  # least squares on the six H100 points (relative error)
-BYTES_PER_TOKEN_WIDTH = 65.08  # per (encoder + decoder layers) x model dimension
-MARGIN = 1.25  # the fit's worst under-prediction was 21% (base at 16,384)
+BYTES_PER_TOKEN_VOCAB = 32.0  # least squares on the six H100 points (relative error), vocabulary 31.3k
+BYTES_PER_TOKEN_WIDTH = 74.0  # per (encoder + decoder layers) x model dimension
+MARGIN = 1.3  # the fit's worst under-prediction was 21% (base at 16,384): 1/0.79 = 1.27
 RESERVED_GIB = 1.0  # other processes, NCCL's buffers: what a batch may not count on
 GIB = 2**30
 
