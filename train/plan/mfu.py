@@ -64,6 +64,17 @@ def mfu(tokens_per_s: float, flops_token: float, gpus: int, gpu_name: str | None
     return tokens_per_s * flops_token / (gpus * peak * 1e12)
 
 
+SENTENCE_TOKENS = 27.0  # a WMT16 en-de sentence's target tokens (the attention term's length) when unknown
+
+
+def of_run(options: Mapping[str, object], vocab: int, tokens_per_s: float | None, gpus: int,
+           gpu_name: str | None, sentence_tokens: float = SENTENCE_TOKENS) -> float | None:
+    """A run's MFU from its logged words/s (all ranks) over its `gpus` GPUs; None: no figure or peak."""
+    if not tokens_per_s or not gpu_name:
+        return None
+    return mfu(tokens_per_s, flops_per_token(options, vocab, sentence_tokens), gpus, gpu_name)
+
+
 def mfu_text(value: float | None, gpu_name: str | None = None) -> str:
     """`MFU 41%`, or `MFU: peak unknown (NAME)`."""
     if value is None:

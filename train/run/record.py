@@ -35,6 +35,7 @@ class Run:
     update_freq_given: bool = False  # the user's --update-freq: kept; else derived (train.run.batching)
     max_tokens: int | None = None  # derived from the preset's tokens per update (train.run.batching)
     max_tokens_cap: int | None = None  # the largest max_tokens the GPUs hold (memory model), as derived
+    gpu_name: str | None = None  # rank 0's GPU as NVML names it (the probe): MFU's peak (train.plan.mfu)
     precision: str = "fp32"
     comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
     link_mbps: float | None = None  # the cluster link as measured when the run started

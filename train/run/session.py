@@ -77,6 +77,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         return
     with console.status("preflight: versions, data, GPUs, disk, port on every host"):
         answers = preflight.probe(run, hosts)
+        run.gpu_name = next((g["name"] for g in answers.get(hosts[0].name, {}).get("gpus") or []), run.gpu_name)
         if not resuming:
             derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
         problems = preflight.check(run, hosts, answers)
