@@ -14,10 +14,13 @@ Presets:
   machine: 300 updates in ≈3 min (0.35–0.5 s/update), BLEU 0 untrained → 0.4 at 100
   updates → 50 at 200 → 74 at 300 (→ 92 at 600).
 - `transformer_wmt_en_de`: Transformer base (Vaswani et al. 2017), ≈61M parameters
-  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates, 4096 tokens per GPU.
+  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates; 32,768 tokens per update (RECIPES).
 - `transformer_vaswani_wmt_en_de_big`: Transformer big as in fairseq's "Scaling NMT"
-  recipe (Ott et al. 2018): lr 5e-4, dropout 0.3, 3584 tokens per GPU; their 8-GPU run
-  used `--update-freq 16` to simulate 128 GPUs.
+  recipe (Ott et al. 2018): lr 5e-4, dropout 0.3; 458,752 tokens per update, as their 8-GPU run
+  (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs).
+
+max_tokens is the batch of a CPU host (and the cap where GPU memory is not known yet); on GPUs
+`fab train` derives max_tokens and update_freq from tokens_per_update (train.run.batching).
 
 Every preset: Adam (0.9, 0.98), inverse-sqrt schedule with linear warmup, label-smoothed
 cross entropy (0.1), shared embeddings (joint dictionary), the 5 best checkpoints by
