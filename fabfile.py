@@ -191,7 +191,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "link": "measure (iperf3 now), bench (latest fab bench-net) or Mbit/s (default measure)",
     "compute_s": "compute-only s/update (default: the latest fab bench-step of the same model)",
     "precision": "fp32, fp16 or bf16 (bytes per gradient element; default as fab train: fp16 on GPU hosts)",
-    "update_freq": "gradient accumulation K",
+    "update_freq": "gradient accumulation K (default: the preset's tokens per update over its max_tokens and the ranks)",
     "max_update": "updates of the whole run (default: the preset's)",
     "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
                "bench-step's fit for pytorch_ddp)",
@@ -200,7 +200,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
 })
 @cluster_task
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
-            precision=None, update_freq=1, max_update=None, overlap=None, json=False, comm="sync"):
+            precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync"):
     """Predict s/update, the run's hours, network-bound or not, the update-freq for 90% (exit 3 if network-bound)."""
     import json as json_module
 
