@@ -121,10 +121,24 @@ def port_free(port: int) -> tuple[bool, str | None]:
         s.close()
 
 
+def gpus() -> list[dict]:
+    """Each GPU's name (as NVML reports it: the MFU table's key) and memory: the batch tandem derives
+    fits the smallest (train.plan.batch)."""
+    import torch
+
+    return [{"name": torch.cuda.get_device_name(i), "memory_mib": torch.cuda.get_device_properties(i).total_memory
+             // 2**20} for i in range(torch.cuda.device_count())]
+
+
 def probe(data: str | None = None, port: int | None = None, run: str | None = None,
           packages: bool = False, cache: str | None = None) -> dict:
     out = cached_versions(cache) if cache else versions()
     out["agent"] = agent_digest()
+    if out.get("cuda_devices"):
+        try:
+            out["gpus"] = gpus()
+        except Exception as err:  # reported, not raised: preflight names the host
+            out["gpu_error"] = repr(err)
     if packages:
         from train.agent.pins import installed
 

@@ -36,7 +36,7 @@ from train.run.command import default_precision
 from train.run.params import preset_params
 from train.run.record import DATA_ROOT
 
-from . import compare, link, measurements, model, price
+from . import batch, compare, link, measurements, model, price
 
 
 @dataclass
@@ -182,7 +182,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     overlaps = dict(overlaps or {"sync": overlap, "fp16": overlap})
     if comm == "auto" and compute_s is not None:
         v.choice = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                hosts=len(hosts), precision=precision, max_update=max_update,
+                                hosts=len(hosts), precision=precision, max_update=max_update, update_freq=update_freq,
                                 sync_updates=sync_updates)
         comm, update_freq = v.choice.comm, v.choice.update_freq
     elif comm == "auto":
@@ -207,7 +207,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines += model.explain(v.prediction).splitlines()
         if v.prediction.efficiency < 0.9 and not v.choice:
             better = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                  hosts=len(hosts), precision=precision, max_update=max_update,
+                                  hosts=len(hosts), precision=precision, max_update=max_update, update_freq=update_freq,
                                   sync_updates=sync_updates)
             if better.comm != comm or better.update_freq != update_freq:
                 v.choice = better
@@ -302,14 +302,27 @@ def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:
                        comm=comm if comm is not None else run.comm)
 
 
+def derived_update_freq(hosts: list[Host], options: dict) -> int:
+    """The update_freq that brings the preset's max_tokens to its tokens per update on `hosts` (1
+    without a recipe): fewer all-reduces per token, so the network's share of an update falls."""
+    target, max_tokens = options.get("tokens_per_update"), options.get("max_tokens")
+    if not target or not max_tokens:
+        return 1
+    return batch.derive(int(target), world_size(hosts), int(max_tokens), max_tokens=int(max_tokens)).update_freq
+
+
 def for_options(hosts: list[Host], preset: str = "tiny", set_text: str | None = None, dataset: str = "synthetic",
                 link_source: str = "measure", compute_s: float | str | None = None, precision: str | None = None,
-                update_freq: int | str = 1, max_update: int | str | None = None,
+                update_freq: int | str | None = None, max_update: int | str | None = None,
                 overlap: float | str | None = None, comm: str = "sync") -> Verdict:
     """`fab predict`: the verdict from the task's option values as given (`set_text`: --set's
     `key=value,...`; numbers may come as text). `precision` None: as `fab train` picks it (fp16
-    on GPU hosts, fp32 where any host has none)."""
-    return predict_for(hosts, preset, presets.parse_overrides(set_text), dataset, str(link_source),
+    on GPU hosts, fp32 where any host has none). `update_freq` None: the preset's tokens per update
+    over its max_tokens (the batch bench-step measures C at) and the ranks (train.plan.batch)."""
+    overrides = presets.parse_overrides(set_text)
+    if update_freq is None:
+        update_freq = derived_update_freq(hosts, presets.resolve(preset, overrides).options)
+    return predict_for(hosts, preset, overrides, dataset, str(link_source),
                        compute_s=float(compute_s) if compute_s is not None else None,
                        precision=precision or default_precision([h.gpus for h in hosts]),
                        update_freq=int(update_freq), max_update=int(max_update) if max_update else None,

@@ -36,12 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.report.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
+from train.plan import mfu as flops
 from train.run import presets
 
 # The link busy more than half the training time: the network takes most of each step, the same
 # definition `fab predict` uses (train.plan.model.Prediction.network_bound).
 NETWORK_BOUND_SHARE = 0.50
 GPU_FULL_PERCENT = 90.0  # mean utilization at or above this: fully used
+# MFU below this with NVML busy: the kernels wait (an all-reduce on a slow link counts as busy to NVML).
+# fairseq's Transformers on one H100 at their best measured batch: base 11%, big 21% (benchmarks/README.md);
+# the field report's run, 15x slower behind a 100 Mb/s port, would be near 1%.
+MFU_LOW = 0.10
 PLATEAU_FRACTION = 0.01  # a loss change smaller than 1 % over the last part: not improving
 
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
@@ -467,14 +472,35 @@ def answer_gpus(data: RunData, ivs: list[Interval]) -> Answer:
         return Answer("gpus", q, text, {"absent_hosts": absent}, "absent")
     overall = sum(means.values()) / len(means)
     low = [k for k, m in means.items() if m < GPU_FULL_PERCENT]
-    verdict = "full" if not low else "underused"
+    name, used = run_mfu(data, ivs, len(means))
+    waiting = not low and used is not None and used < MFU_LOW
+    verdict = "waiting" if waiting else "full" if not low and (used is None or used >= MFU_LOW) else "underused"
     each = ", ".join(f"{k} {m:.0f} %" for k, m in sorted(means.items()))
-    text = (f"{'yes' if verdict == 'full' else 'no'}: mean utilization while training {overall:.0f} % "
-            f"({each}; full means ≥ {GPU_FULL_PERCENT:.0f} %).")
+    mfu_said = (f"MFU {used:.1%} of {len(means)} × {name}'s {flops.peak_tflops(name):g} TFLOP/s dense fp16/bf16"
+                if used is not None else f"MFU: peak unknown ({name or 'GPU not named'})")
+    if waiting:
+        text = (f"no: NVML says busy ({overall:.0f} % mean, {each}) but MFU is {used:.1%} (low means < "
+                f"{MFU_LOW:.0%}): the kernels wait, most likely on the network (NVML counts a kernel waiting "
+                f"in an all-reduce as busy); {mfu_said}.")
+    else:
+        text = (f"{'yes' if verdict == 'full' else 'no'}: mean utilization while training {overall:.0f} % "
+                f"({each}; full means ≥ {GPU_FULL_PERCENT:.0f} % and MFU ≥ {MFU_LOW:.0%}); {mfu_said}.")
     if absent:
         text += f" No GPU on {', '.join(absent)} (absent, not 0 %)."
     return Answer("gpus", q, text, {"mean_util_percent": overall, "per_gpu": means, "peak_mem_mb": mem,
-                                    "absent_hosts": absent}, verdict)
+                                    "absent_hosts": absent, "mfu": used, "gpu_name": name}, verdict)
+
+
+def run_mfu(data: RunData, ivs: list[Interval], gpus: int) -> tuple[str | None, float | None]:
+    """The GPU's name (run.json's, from the probe; else the monitor's samples) and the run's MFU at its
+    median logged words/s (train.plan.mfu); None where the name or its peak is unknown."""
+    name = data.run.get("gpu_name") or next((g.get("name") for samples in data.samples.values() for s in samples
+                                            for g in s.get("gpus") or [] if g.get("name")), None)
+    wps = [iv.wps for iv in ivs if iv.wps]
+    vocab = (data.corpus or {}).get("vocab_size") or 32000
+    if not wps or not data.options:
+        return name, None
+    return name, flops.of_run(data.options, int(vocab), statistics.median(wps), gpus, name)
 
 
 def nic_usage(data: RunData, ivs: list[Interval]) -> dict[str, dict]:
@@ -553,6 +579,11 @@ def verdict_line(network: Answer, gpus: Answer) -> str:
     util = gpus.numbers.get("mean_util_percent")
     if util is not None:
         gpu = f"GPUs idle {100 - util:.0f}%" if gpus.verdict == "underused" else f"GPUs busy {util:.0f}%"
+        used = gpus.numbers.get("mfu")
+        if used is not None:
+            gpu += f" · MFU {used:.0%}" + (" (waiting)" if gpus.verdict == "waiting" else "")
+        elif "mfu" in gpus.numbers:
+            gpu += " · MFU: peak unknown"
     else:
         gpu = "no GPU (absent, not 0%)" if gpus.verdict == "absent" else "GPUs not measured"
     joint = "while" if network.verdict == "network-bound" and util is not None else "·"

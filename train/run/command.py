@@ -48,7 +48,7 @@ from pathlib import PurePosixPath
 # NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
 from train.hostpaths import ENV_FILE
 from train.run.comm import OUTER_STEP_OPTIONS, SYNC_UPDATES_OPTION, Strategy
-from train.run.presets import COMMON, Preset, Value, to_args
+from train.run.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
@@ -144,7 +144,8 @@ def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
     args = [launch.data_dir, "--save-dir", launch.save_dir]
     strategy = Strategy.parse(launch.comm)
     options = {k: v for k, v in preset.options.items()  # fairseq knows BMUF's options only under --use-bmuf
-               if (strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS) and k != SYNC_UPDATES_OPTION}
+               if (strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS)
+               and k != SYNC_UPDATES_OPTION and k not in TANDEM_OPTIONS}
     args += to_args(_fill(options, launch))
     if launch.update_freq > 1:
         args += ["--update-freq", str(launch.update_freq)]

@@ -14,10 +14,13 @@ Presets:
   machine: 300 updates in ≈3 min (0.35–0.5 s/update), BLEU 0 untrained → 0.4 at 100
   updates → 50 at 200 → 74 at 300 (→ 92 at 600).
 - `transformer_wmt_en_de`: Transformer base (Vaswani et al. 2017), ≈61M parameters
-  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates, 4096 tokens per GPU.
+  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates; 32,768 tokens per update (RECIPES).
 - `transformer_vaswani_wmt_en_de_big`: Transformer big as in fairseq's "Scaling NMT"
-  recipe (Ott et al. 2018): lr 5e-4, dropout 0.3, 3584 tokens per GPU; their 8-GPU run
-  used `--update-freq 16` to simulate 128 GPUs.
+  recipe (Ott et al. 2018): lr 5e-4, dropout 0.3; 458,752 tokens per update, as their 8-GPU run
+  (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs).
+
+max_tokens is the batch of a CPU host (and the cap where GPU memory is not known yet); on GPUs
+`fab train` derives max_tokens and update_freq from tokens_per_update (train.run.batching).
 
 Every preset: Adam (0.9, 0.98), inverse-sqrt schedule with linear warmup, label-smoothed
 cross entropy (0.1), shared embeddings (joint dictionary), the 5 best checkpoints by
@@ -98,6 +101,7 @@ PRESETS: dict[str, dict[str, Value]] = {
         "lr": 0.0007,
         "warmup_updates": 4000,
         "max_tokens": 4096,
+        "tokens_per_update": 32768,  # RECIPES: Vaswani et al. 2017 as fairseq runs it, 8 GPUs x 4,096
         "max_update": 100000,
         # ≤ ~10 min of training a resume redoes: 4,000 × 0.122 s = 8 min (train.run.interval.REFERENCE)
         "save_interval_updates": 4000,
@@ -111,6 +115,7 @@ PRESETS: dict[str, dict[str, Value]] = {
         "lr": 0.0005,
         "warmup_updates": 4000,
         "max_tokens": 3584,
+        "tokens_per_update": 458752,  # RECIPES: Ott et al. 2018, 8 GPUs x 3,584 x update-freq 16
         "max_update": 300000,
         # 3,000 × 0.148 s = 7 min on the reference hardware (train.run.interval.REFERENCE)
         "save_interval_updates": 3000,
@@ -173,7 +178,23 @@ EXTRA_OPTIONS: dict[str, type] = {
     "block_lr": float,
     "local_sgd_sync_updates": int,  # tandem's own: local SGD's synchronous start (train.run.comm)
     "report_accuracy": bool,
+    "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
 }
+
+# The batch each preset's recipe trains with, in max_tokens units (padded tokens of the longer side:
+# what fairseq's --max-tokens counts), and where it comes from. tandem derives max_tokens and
+# update_freq for the cluster at hand from it (train.plan.batch), so that 2 hosts x 1 V100 and
+# 2 hosts x 8 H100 train with the same batch. tiny has none: the lab's demo keeps max_tokens per rank
+# (`--set tokens_per_update=N` gives it one).
+RECIPES: dict[str, str] = {
+    "transformer_wmt_en_de": "Vaswani et al. 2017 (base): ~25k source + 25k target tokens a batch; fairseq's "
+                             "recipe, 8 GPUs x 4,096 max_tokens = 32,768",
+    "transformer_vaswani_wmt_en_de_big": "Ott et al. 2018 \"Scaling NMT\": 8 GPUs x 3,584 max_tokens x update-freq 16 "
+                                         "= 458,752 (~400k target tokens after padding)",
+}
+
+# Options tandem reads itself and never passes to fairseq.
+TANDEM_OPTIONS = {"tokens_per_update"}
 
 # Option names the launcher owns; overriding them would break the command's consistency.
 RESERVED = {
@@ -296,6 +317,11 @@ def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000) -> int:
     a checkpoint): 141 s; base and tiny: 45 s."""
     save_s = preset_params(options, vocab) * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
     return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s))
+
+
+def overridden(overrides: Iterable[str], key: str) -> bool:
+    """Whether `overrides` (key=value) set `key`."""
+    return any(parse_override(text)[0] == key for text in overrides)
 
 
 def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..cluster import ClusterError, Host, placement, select
 from ..plan import predict
 from ..plan.link import PeerUnreachable
-from . import checkpoints, command, interval, launch, preflight, presets
+from . import batching, checkpoints, command, interval, launch, preflight, presets
 from . import rejoin as rejoining
 from .comm import CommError, Strategy
 from .follow import follow
@@ -33,7 +33,7 @@ class TrainRequest:
     dataset: str = "synthetic"
     run_id: str | None = None
     new: bool = False
-    update_freq: int = 1
+    update_freq: int | None = None  # None: derived from the preset's tokens per update (train.run.batching)
     precision: str | None = None  # None: fp16 on GPU hosts, fp32 on CPU hosts
     port: int = 29500
     dry_run: bool = False
@@ -66,14 +66,21 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         console.print(f"{run.run_id} goes on with --comm {run.comm} (chosen when it started)")
     if layout := preflight.layout_problems(hosts):  # before any command is built: it assumes equal hosts
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(layout))
+    derived = batching.apply(run, hosts) if not resuming else None  # GPU memory comes with the probe
     commands = launch.host_commands(run, hosts)
     if request.dry_run:
         for host in hosts:
             console.print(f"[bold]{host.name}[/]: {commands[host.name]}")
         console.print(f"{launch.batch(run, hosts)}; ranks {placement(hosts)}")
+        if derived:
+            console.print(f"batch derived: {derived.line()}", markup=False)
         return
     with console.status("preflight: versions, data, GPUs, disk, port on every host"):
-        problems = preflight.check(run, hosts, preflight.probe(run, hosts))
+        answers = preflight.probe(run, hosts)
+        run.gpu_name = next((g["name"] for g in answers.get(hosts[0].name, {}).get("gpus") or []), run.gpu_name)
+        if not resuming:
+            derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
+        problems = preflight.check(run, hosts, answers)
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
@@ -96,6 +103,8 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
                   f"({run.preset}; {launch.batch(run, hosts)}; {interval.start_phrase(every, step)}; "
                   + (f"{cost}; " if cost else "") + f"logs {run.remote_dir}/train.log on each)")
+    if derived:
+        console.print(f"batch derived: {derived.line()}", markup=False)
     if over := interval.over_bound(every, step):
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
@@ -132,7 +141,8 @@ def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[
         return existing, True
     run = Run(run_id=request.run_id or new_run_id(), hosts=[h.name for h in hosts], preset=request.preset,
               overrides=list(request.overrides), dataset=request.dataset, master_port=int(request.port),
-              update_freq=int(request.update_freq), precision=precision)
+              update_freq=int(request.update_freq or 1), update_freq_given=request.update_freq is not None,
+              precision=precision)
     _check_overrides(run)  # unknown or mistyped overrides now, not on the hosts
     return run, False
 
