@@ -61,7 +61,9 @@ class Run:
         return chosen
 
     def resolved_preset(self) -> presets.Preset:
-        return presets.resolve(self.preset, self.overrides)
+        # the heartbeat and collective timeouts are sized to the bytes over the measured link
+        return presets.resolve(self.preset, self.overrides, ranks=len(self.hosts) * self.ranks_per_host,
+                               link_mbps=self.link_mbps)
 
     @property
     def max_update(self) -> int | None:
