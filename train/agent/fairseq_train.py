@@ -166,6 +166,17 @@ def local_sgd_state_in_checkpoints() -> None:
 
     FairseqBMUF.state_dict, FairseqBMUF.load_state_dict = with_outer_state, load_outer_state
     FairseqBMUF._avg_grad_from_all_gpus = _average_in_one_all_reduce
+    reset = FairseqBMUF._reset_local_data
+
+    def outer_state_only_with_momentum(self) -> None:
+        """BMUF's last synced model, its momentum and its delta: three fp32 copies of the model
+        (Transformer big: 2.5 GB a GPU) that only the outer momentum reads. A plain average
+        (block_momentum 0, tandem's default) keeps none of them."""
+        if self.block_momentum != 0:
+            return reset(self)
+        self.global_params, self.smoothed_grads, self.grads = [], [], []
+
+    FairseqBMUF._reset_local_data = outer_state_only_with_momentum
     FairseqBMUF._tandem_state = True
 
 
@@ -173,7 +184,7 @@ def _average_in_one_all_reduce(self) -> None:
     """BMUF's sync, as fairseq's (the deltas, or the parameters without block momentum, averaged
     over the ranks) in one all-reduce of one flat buffer instead of one per tensor: a Transformer
     has a hundred or more, each a round trip, which on the lab cost seconds per sync."""
-    _average([p.data if self.block_momentum == 0 else g for p, g in zip(self.params, self.grads, strict=True)])
+    _average([p.data for p in self.params] if self.block_momentum == 0 else self.grads)
 
 
 def local_sgd_synchronous_start() -> None:
@@ -234,14 +245,14 @@ def local_sgd_agrees_on_overflow() -> None:
             norm = clip(self, max_norm, aggregate_norm_fn)
         except OverflowError as error:
             overflow = error
-        if self.world_size > 1 and (scaler is not None or injected.active):
-            if _any_rank(overflow is not None, self.params[0].device) and overflow is None:
-                overflow = OverflowError("another rank's gradients overflowed")
-                if scaler is not None:
-                    try:  # the scale lowered as on the rank that overflowed
-                        scaler.check_overflow(float("inf"))
-                    except OverflowError as error:
-                        overflow = error
+        agree = self.world_size > 1 and (scaler is not None or injected.active)  # the same on every rank
+        if agree and _any_rank(overflow is not None, self.params[0].device) and overflow is None:
+            overflow = OverflowError("another rank's gradients overflowed")
+            if scaler is not None:
+                try:  # the scale lowered as on the rank that overflowed
+                    scaler.check_overflow(float("inf"))
+                except OverflowError as error:
+                    overflow = OverflowError(f"another rank's gradients overflowed; {error}")
         if overflow is not None:
             raise overflow
         return norm

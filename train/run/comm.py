@@ -30,7 +30,6 @@ remembers the concrete choice, so a resumed run keeps it.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from dataclasses import dataclass
 
