@@ -6,9 +6,8 @@ slow that one all-reduce outlasts the old 45 s timeout."""
 from __future__ import annotations
 
 import json
-import re
 
-from labtools import fab, ssh
+from labtools import TOP, fab, ssh
 
 from train.hostpaths import ENV_FILE
 
@@ -19,8 +18,8 @@ WEIGHTS = "/tmp/tandem-test-weights"
 def with_test_env(cfg, lines: list[str]) -> None:
     """The test-only variables for the training processes, through the hosts' env file (removed after)."""
     for name in cfg.names:
-        ssh(cfg, name, f"sed -i '/^TANDEM_TEST_/d' {ENV_FILE}" + "".join(f" && echo {line} >> {ENV_FILE}" for line in lines),
-            sudo=True)
+        added = "".join(f" && echo {line} >> {ENV_FILE}" for line in lines)
+        ssh(cfg, name, f"sed -i '/^TANDEM_TEST_/d' {ENV_FILE}{added}", sudo=True)
 
 
 def digests(cfg, name: str) -> dict[int, str]:
@@ -43,8 +42,7 @@ def test_an_overflow_on_one_rank_is_skipped_by_both_and_the_weights_agree(data_r
     finally:
         with_test_env(cfg, [])
     assert "20/20" in out, out
-    run_id = json.loads(re.search(r"\{.*\}", ssh(cfg, "v100a", f"ls -t {RUNS} | head -1 | "
-                                                 "xargs -I{} echo '{\"id\": \"{}\"}'").stdout).group(0))["id"]
+    run_id = json.loads((TOP / "reports" / "latest" / "run.json").read_text())["run_id"]
     log = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/train.log").stdout
     # rank 0 logs (fairseq's other ranks log warnings only): it skipped for its peer, twice
     assert log.count("another rank's gradients overflowed") == 2, log[-3000:]
