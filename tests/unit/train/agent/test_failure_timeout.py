@@ -89,3 +89,13 @@ def test_a_run_sizes_its_heartbeat_to_its_ranks_and_measured_link():
     assert env["TANDEM_PG_TIMEOUT_S"] == str(options["heartbeat_timeout"])
     run.overrides = ["heartbeat_timeout=60"]
     assert run.resolved_preset().options["heartbeat_timeout"] == 60
+
+
+def test_local_sgd_on_cpu_hosts_gets_the_timeout_its_missing_heartbeat_gave():
+    """fairseq installs its heartbeat in the distributed wrapper, which BMUF runs without: a CPU
+    rank of a local-SGD run whose peer vanished waited in gloo for 30 minutes."""
+    (cpu,) = command.launches("r1", [{"address": "10.0.0.1", "gpus": 0}], master_port=29500, data_dir="/d",
+                              run_dir="/r", venv="/v", comm="local-sgd:16")
+    tiny = presets.resolve("tiny")
+    assert command.environment(cpu, tiny)["TANDEM_PG_TIMEOUT_S"] == str(tiny.options["heartbeat_timeout"])
+    assert "TANDEM_PG_TIMEOUT_S" not in command.environment(launch(0), tiny)  # sync: fairseq's heartbeat
