@@ -246,7 +246,7 @@ def local_sgd_agrees_on_overflow() -> None:
         except OverflowError as error:
             overflow = error
         agree = self.world_size > 1 and (scaler is not None or injected.active)  # the same on every rank
-        if agree and _any_rank(overflow is not None, self.params[0].device) and overflow is None:
+        if agree and _any_rank(overflow is not None, next(iter(self.params)).device) and overflow is None:
             overflow = OverflowError("another rank's gradients overflowed")
             if scaler is not None:
                 try:  # the scale lowered as on the rank that overflowed
