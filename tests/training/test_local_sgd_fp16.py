@@ -6,6 +6,7 @@ slow that one all-reduce outlasts the old 45 s timeout."""
 from __future__ import annotations
 
 import json
+import re
 
 from labtools import TOP, fab, ssh
 
@@ -13,6 +14,8 @@ from train.hostpaths import ENV_FILE
 
 RUNS = "/data/tandem/runs"
 WEIGHTS = "/tmp/tandem-test-weights"
+THIRTEEN_X_TINY = ("encoder_embed_dim=256,decoder_embed_dim=256,encoder_ffn_embed_dim=1024,"
+                   "decoder_ffn_embed_dim=1024")
 
 
 def with_test_env(cfg, lines: list[str]) -> None:
@@ -58,11 +61,19 @@ def test_an_overflow_on_one_rank_is_skipped_by_both_and_the_weights_agree(data_r
 
 
 def test_a_sync_longer_than_the_old_timeout_survives_on_a_slow_link(data_ready):
-    """At 1 Mbit/s the tiny model's 9 MB all-reduce takes ~75 s: more than the 45 s heartbeat that
-    ended every rank before. The heartbeat now follows the bytes over the link measured at the start."""
+    """At 2 Mbit/s the 13x tiny model's 15.75 MB all-reduce takes over a minute: more than the 45 s
+    heartbeat that ended every rank before. The heartbeat now follows the bytes over the link
+    measured at the start."""
+    cfg = data_ready.cfg
     try:
-        data_ready.shape("1mbit")
-        out = fab(data_ready, "train", "--new", "--accept-slow-network", "--set", "max_update=2,log_interval=1").stdout
+        data_ready.shape("2mbit")
+        out = fab(data_ready, "train", "--new", "--accept-slow-network", "--set",
+                  "max_update=1,log_interval=1,max_tokens=512," + THIRTEEN_X_TINY).stdout
     finally:
         data_ready.shape("none")
-    assert "2/2" in out, out
+    assert "1/1" in out, out
+    run_id = json.loads((TOP / "reports" / "latest" / "run.json").read_text())["run_id"]
+    log = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/train.log").stdout
+    (update,) = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+    assert float(update["train_wall"]) > 45, f"the update took {update['train_wall']} s: not past the old timeout"
+    assert int(re.search(r"'heartbeat_timeout': (\d+)", log).group(1)) > float(update["train_wall"])
