@@ -402,6 +402,10 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
             links, effective = measure_links(hosts, rates, params * strategy.bytes_per_element(precision), ranks,
                                              port, say)
             link.apply_caps(hosts, "none")
+            # the run trains under every cap: its heartbeat and collective timeout outlast an update's
+            # all-reduce at the slowest (a base step at 10 Mbit/s outlasted the old 45 s)
+            run.link_mbps = min((m for m in links.values() if m), default=None)
+            run.ranks_per_host = hosts[0].ranks
             answers = preflight.probe(run, hosts)
             gpu_name = next((g["name"] for g in answers[hosts[0].name].get("gpus") or []), None)
             problems = preflight.check(run, hosts, answers)

@@ -285,11 +285,27 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
         overlap, overlap_source = measured["sync"]
     else:
         overlaps, sources, overlap_source = {"sync": overlap, "fp16": overlap}, {}, "given"
-    return assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
-                  compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
-                  overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
-                  overlap_sources=sources, sync_updates=sync_start(options),
-                  tokens_per_batch=int(options["max_tokens"]) if options.get("max_tokens") else None)
+    verdict = assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
+                     compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
+                     overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
+                     overlap_sources=sources, sync_updates=sync_start(options),
+                     tokens_per_batch=int(options["max_tokens"]) if options.get("max_tokens") else None)
+    verdict.lines += slow_link_lines(params, ranks, mbps, options, verdict.choice.comm if verdict.choice and
+                                     comm == "auto" else comm)
+    return verdict
+
+
+def slow_link_lines(params: int, ranks: int, link_mbps: float, options: dict, comm: str) -> list[str]:
+    """The collective timeout the run gets on this link (presets.failure_timeout_s) and, for local
+    SGD, the GPU memory it needs beyond sync's."""
+    timeout = presets.failure_timeout_s(options, ranks=ranks, link_mbps=link_mbps)
+    lines = [f"collective timeout (heartbeat, process group): {timeout} s for a "
+             f"{params * presets.FP32_BYTES / 1e6:.0f} MB all-reduce over {ranks} ranks at {link_mbps:.0f} Mbit/s"]
+    extra = Strategy.parse(comm).extra_bytes_per_param(options) if comm != "auto" else 0
+    if extra:
+        lines.append(f"{comm} needs {params * extra / 1e9:.2f} GB more memory per GPU than sync "
+                     f"({extra} B a parameter)")
+    return lines
 
 
 def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:

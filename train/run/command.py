@@ -177,12 +177,16 @@ def environment(launch: Launch, preset: Preset | None = None) -> dict[str, str]:
     """The variables set for the training processes. On GPU hosts a rank whose peer vanished must
     not wait in NCCL for its 10-minute default: the process group times out with fairseq's
     heartbeat (train.agent.fairseq_train sets it from TANDEM_PG_TIMEOUT_S), and NCCL's watchdog
-    then tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) instead of leaving it blocked."""
+    then tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) instead of leaving it blocked.
+    The heartbeat is sized to the largest collective on the measured link (presets.failure_timeout_s)."""
     env = dict(ENV_ALWAYS)
     if not launch.cpu:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-        if preset and preset.options.get("heartbeat_timeout"):
-            env["TANDEM_PG_TIMEOUT_S"] = str(preset.options["heartbeat_timeout"])
+    # local SGD (BMUF) runs without fairseq's distributed wrapper, so without its heartbeat: on CPU
+    # hosts too only the process group's timeout ends a rank whose peer vanished (gloo's: 30 min)
+    if (not launch.cpu or Strategy.parse(launch.comm).kind == "local-sgd") and preset \
+            and preset.options.get("heartbeat_timeout"):
+        env["TANDEM_PG_TIMEOUT_S"] = str(preset.options["heartbeat_timeout"])
     if launch.nic:
         env["GLOO_SOCKET_IFNAME"] = launch.nic
         env["NCCL_SOCKET_IFNAME"] = launch.nic

@@ -42,6 +42,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .comm import allreduce_bytes_per_host, collective_timeout_s
 from .params import preset_params
 
 Value = bool | int | float | str | None
@@ -309,14 +310,27 @@ CHECKPOINT_COPIES = 4
 SLOW_DISK_BYTES_PER_S = 100e6  # a cloud VM's standard persistent disk
 
 
-def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000) -> int:
+# What a resume broadcasts from rank 0 beside the weights: Adam's two fp32 moments per parameter.
+ADAM_STATE_BYTES_PER_PARAM = 8
+FP32_BYTES = 4  # an all-reduce of the model: sync's gradients, local SGD's parameters (fp32 master)
+
+
+def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000, ranks: int = 1,
+                      link_mbps: float | None = None) -> int:
     """Seconds a rank may wait for a peer before it, and so the run, ends: fairseq's heartbeat and
-    the process group's timeout. While rank 0 saves a checkpoint the other ranks wait in the next
-    all-reduce, so the timeout outlasts the slowest save (4 copies on a 100 MB/s disk, 1.2× for
-    safety); below that, the preset's heartbeat (45 s). Transformer big (~210M parameters, 2.9 GB
-    a checkpoint): 141 s; base and tiny: 45 s."""
-    save_s = preset_params(options, vocab) * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
-    return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s))
+    the process group's timeout (NCCL's watchdog ends a collective at it). It outlasts
+    - the slowest checkpoint save (the other ranks wait in the next all-reduce meanwhile: 4 copies
+      on a 100 MB/s disk, 1.2× for safety; Transformer big, 2.9 GB a checkpoint: 141 s);
+    - on `ranks` ranks over a link measured at `link_mbps`, the largest collective, with margin
+      (comm.collective_timeout_s): an all-reduce of the whole fp32 model (every sync update, local
+      SGD's every sync) and a resume's broadcast of Adam's state. Base on 16 ranks sends 454 MB a
+      host per all-reduce: at 81 Mbit/s that is the old 45 s, now 90 s; at 10 Mbit/s 727 s;
+    and at least the preset's heartbeat (45 s)."""
+    params = preset_params(options, vocab)
+    save_s = params * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
+    sync = collective_timeout_s(allreduce_bytes_per_host(params * FP32_BYTES, ranks), link_mbps)
+    resume = collective_timeout_s(params * ADAM_STATE_BYTES_PER_PARAM, link_mbps) if ranks > 1 else 0
+    return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s), sync, resume)
 
 
 def overridden(overrides: Iterable[str], key: str) -> bool:
@@ -324,9 +338,10 @@ def overridden(overrides: Iterable[str], key: str) -> bool:
     return any(parse_override(text)[0] == key for text in overrides)
 
 
-def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:
+def resolve(name: str, overrides: Iterable[str] = (), *, ranks: int = 1, link_mbps: float | None = None) -> Preset:
     """The preset `name` with `key=value` overrides applied, each type-checked. The heartbeat is
-    scaled to the model (failure_timeout_s) unless an override sets it."""
+    scaled to the model, the ranks and the measured link (failure_timeout_s) unless an override
+    sets it."""
     if name not in PRESETS:
         close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -338,7 +353,7 @@ def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:
         options[key] = parse_value(key, raw, option_type(PRESETS[name], key))
         given.add(key)
     if "heartbeat_timeout" not in given:
-        options["heartbeat_timeout"] = failure_timeout_s(options)
+        options["heartbeat_timeout"] = failure_timeout_s(options, ranks=ranks, link_mbps=link_mbps)
     return Preset(name, options)
 
 

@@ -66,8 +66,9 @@ class Run:
 
     def resolved_preset(self) -> presets.Preset:
         """The preset with the user's overrides, and max_tokens as derived for the cluster unless the
-        user set it."""
-        preset = presets.resolve(self.preset, self.overrides)
+        user set it; the heartbeat and collective timeouts sized to the bytes over the measured link."""
+        preset = presets.resolve(self.preset, self.overrides, ranks=len(self.hosts) * self.ranks_per_host,
+                                 link_mbps=self.link_mbps)
         if self.max_tokens and not presets.overridden(self.overrides, "max_tokens"):
             preset.options["max_tokens"] = self.max_tokens
         return preset
