@@ -29,9 +29,9 @@ from pathlib import Path
 import psutil
 
 from train.agent import profile, stop
-from train.report import logparse
 from train.plan import batch as batch_model
 from train.plan import mfu
+from train.report import logparse
 from train.run import command, presets
 
 # name → (preset, precision, overrides). Throughput runs keep no checkpoints (GBs for big).
@@ -195,7 +195,8 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
     print(f"== {name}: {derived.line()}; predicted peak {peak:.1f} GiB", flush=True)
     if not batch_model.fits(preset.options, VOCAB, derived.max_tokens, gpu_mib / 1024, precision):
         said["refused"] = (f"max_tokens {derived.max_tokens:,} is predicted to need {peak:.1f} GiB "
-                           f"({peak * batch_model.MARGIN:.1f} with the margin); {gpu_name} has {gpu_mib / 1024:.1f} GiB")
+                           f"({peak * batch_model.MARGIN:.1f} with the margin); "
+                           f"{gpu_name} has {gpu_mib / 1024:.1f} GiB")
         print(json.dumps(said), flush=True)
         return said
     run_dir = work / name

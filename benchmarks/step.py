@@ -45,9 +45,9 @@ from datetime import UTC, datetime
 
 from train.cluster import ClusterError, Host, connect, run_each, world_size
 from train.plan import link, measurements, model, predict
+from train.plan import mfu as flops
 from train.plan.predict import dataset_vocab
 from train.report import logparse
-from train.plan import mfu as flops
 from train.run import launch, preflight, presets
 from train.run.comm import SYNC_UPDATES_OPTION, CommError, Strategy
 from train.run.command import default_precision

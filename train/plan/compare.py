@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from train.cluster import Host
-
 from train.run.comm import Strategy
 
 from . import model, price
@@ -156,7 +155,7 @@ class Comparison:
         table = Table(title="every way to train the same samples on these hosts", title_justify="left")
         for i, name in enumerate(self.headers()):
             table.add_column(name, justify="right" if 0 < i < 6 else "left")
-        for o, row in zip(self.options, self.rows()):
+        for o, row in zip(self.options, self.rows(), strict=False):
             table.add_row(*row, style="bold" if o == self.asked else None)
         return table
 
@@ -164,7 +163,7 @@ class Comparison:
         """The table as plain text (logs, tests, the README)."""
         rows = [self.headers(), *self.rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows)
 
     def as_dict(self) -> dict:
         return {"options": [o.as_dict() for o in self.options], "asked": self.asked.as_dict(),

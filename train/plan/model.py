@@ -300,8 +300,8 @@ def choose(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, *
     if tried[-1].efficiency < target:
         every_update = at("local-sgd:2").comm_s * 2  # the deltas' all-reduce, were it every update
         # smallest H with C / (C + comm/H) ≥ target: H ≥ comm × target / ((1 − target) × C)
-        h = max(2, math.ceil(every_update * target / ((1 - target) * compute_s * update_freq) - 1e-9)) if compute_s > 0 \
-            else max_period
+        h = (max(2, math.ceil(every_update * target / ((1 - target) * compute_s * update_freq) - 1e-9))
+             if compute_s > 0 else max_period)
         tried.append(at(f"local-sgd:{min(h, max_period)}"))
     good = [p for p in tried if p.efficiency >= target]
     pick = good[0] if good else max(tried, key=lambda p: p.efficiency)

@@ -35,8 +35,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.report.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
 from train.plan import mfu as flops
+from train.report.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
 from train.run import presets
 
 # The link busy more than half the training time: the network takes most of each step, the same

@@ -1,9 +1,9 @@
 """Bringing a run's files from every host to the controller, for the report.
 
 reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl (from the run's hosts and those it lost,
-where reachable), checkpoints.txt (rank 0's
-checkpoint directory, `ls -l --time-style=+%s`), corpus.json (the dataset's figures), cost.json (train.run.idle: the run's cost so far, the idle
-cluster's) and bench/*.json (the latest benchmark results on this controller).
+where reachable), checkpoints.txt (rank 0's checkpoint directory, `ls -l --time-style=+%s`), corpus.json
+(the dataset's figures), cost.json (train.run.idle: the run's cost so far, the idle cluster's)
+and bench/*.json (the latest benchmark results on this controller).
 """
 
 from __future__ import annotations

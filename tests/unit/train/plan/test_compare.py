@@ -18,7 +18,7 @@ BIG = transformer_params(32000, 1024, 4096, 6, 6)  # 418 MB of fp16 gradients
 
 def lab(prices=(None, None)) -> list[Host]:
     return [Host(name=n, address=n, vars={"hourly_usd": p} if p is not None else {})
-            for n, p in zip(("v100a", "v100b"), prices)]
+            for n, p in zip(("v100a", "v100b"), prices, strict=False)]
 
 
 def h100s(price_each: float | None = None, n: int = 2) -> list[Host]:
@@ -108,7 +108,8 @@ def test_a_price_that_is_not_a_number_names_the_host():
 def test_the_price_comes_from_group_or_host_vars_of_the_inventory(tmp_path):
     path = tmp_path / "hosts.yml"
     path.write_text("all:\n  children:\n    cluster:\n      vars: {hourly_usd: 3.06}\n      hosts:\n"
-                    "        v100a: {ansible_host: 10.0.0.1}\n        v100b: {ansible_host: 10.0.0.2, hourly_usd: 2.48}\n")
+                    "        v100a: {ansible_host: 10.0.0.1}\n"
+                    "        v100b: {ansible_host: 10.0.0.2, hourly_usd: 2.48}\n")
     hosts = load_hosts(path)
     assert [price.hourly_usd(h) for h in hosts] == [3.06, 2.48]
     assert price.cluster_hourly_usd(hosts) == pytest.approx(5.54)
