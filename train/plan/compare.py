@@ -187,9 +187,7 @@ def local_sgd_period(params: int, ranks: int, link_bytes_per_s: float, compute_s
     """The smallest H whose averaging every H updates leaves ≥ TARGET of the compute speed (as model.choose)."""
     every_update = model.predict(params, ranks, link_bytes_per_s, compute_s, hosts=hosts, precision=precision,
                                  comm="local-sgd:2").comm_s * 2
-    if compute_s <= 0:
-        return MAX_PERIOD
-    return min(MAX_PERIOD, max(2, math.ceil(every_update * TARGET / ((1 - TARGET) * compute_s) - 1e-9)))
+    return model.local_sgd_period(every_update, compute_s, TARGET, MAX_PERIOD)
 
 
 def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: float, precision: str = "fp32",

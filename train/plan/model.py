@@ -244,6 +244,14 @@ def predict(
     )
 
 
+def local_sgd_period(every_update_s: float, compute_s: float, target: float, max_period: int) -> int:
+    """The smallest H (2..max_period) whose averaging every H updates keeps `target` of the compute
+    speed: C / (C + comm/H) ≥ target, so H ≥ comm × target / ((1 − target) × C)."""
+    if compute_s <= 0:
+        return max_period
+    return min(max_period, max(2, math.ceil(every_update_s * target / ((1 - target) * compute_s) - 1e-9)))
+
+
 @dataclass(frozen=True)
 class Choice:
     """What `--comm auto` picked, with the prediction that decided it and the ones it passed over."""
@@ -299,10 +307,8 @@ def choose(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, *
         k *= 2
     if tried[-1].efficiency < target:
         every_update = at("local-sgd:2").comm_s * 2  # the deltas' all-reduce, were it every update
-        # smallest H with C / (C + comm/H) ≥ target: H ≥ comm × target / ((1 − target) × C)
-        h = (max(2, math.ceil(every_update * target / ((1 - target) * compute_s * update_freq) - 1e-9))
-             if compute_s > 0 else max_period)
-        tried.append(at(f"local-sgd:{min(h, max_period)}"))
+        h = local_sgd_period(every_update, compute_s * update_freq, target, max_period)
+        tried.append(at(f"local-sgd:{h}"))
     good = [p for p in tried if p.efficiency >= target]
     pick = good[0] if good else max(tried, key=lambda p: p.efficiency)
     return Choice(pick, tried, bool(good), target)
