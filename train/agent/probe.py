@@ -123,11 +123,21 @@ def port_free(port: int) -> tuple[bool, str | None]:
 
 def gpus() -> list[dict]:
     """Each GPU's name (as NVML reports it: the MFU table's key) and memory: the batch tandem derives
-    fits the smallest (train.plan.batch)."""
-    import torch
+    fits the smallest (train.plan.batch). NVML, not torch.cuda: the probe runs beside a training run
+    and must not initialise CUDA on its GPUs."""
+    import pynvml
 
-    return [{"name": torch.cuda.get_device_name(i), "memory_mib": torch.cuda.get_device_properties(i).total_memory
-             // 2**20} for i in range(torch.cuda.device_count())]
+    pynvml.nvmlInit()
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            out.append({"name": name.decode() if isinstance(name, bytes) else str(name),
+                        "memory_mib": pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20})
+        return out
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def probe(data: str | None = None, port: int | None = None, run: str | None = None,
