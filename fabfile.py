@@ -11,7 +11,7 @@ import sys
 from fabric import task
 
 from train.data.prepare import prepare_data as prepare
-from train.run import launch, presets, session
+from train.run import checkpoints, launch, presets, session
 from train.run import status as run_status
 from train.run.evaluate import evaluate as evaluate_run
 from train.run.record import Run
@@ -58,17 +58,19 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
             "updates), auto (the least invasive that reaches 90% on the measured link; see fab predict)",
     "rejoin": "grow the run back to every host it lost (its first membership): at its next checkpoint if it is "
               "training, else resume on them; --hosts naming hosts it lost does the same",
+    "backup": "the controller's copy of rank 0's newest checkpoint (the last resort: the hosts hold each "
+              "other's): every:MIN (at most every MIN minutes; default every:60), last (when the run ends), off",
 })
 @cluster_task
 def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
-          comm=None, rejoin=False):
+          comm=None, rejoin=False, backup=checkpoints.DEFAULT_BACKUP):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume."""
     request = session.TrainRequest(
         preset=preset, overrides=tuple(presets.parse_overrides(set)), dataset=dataset, run_id=run, new=new,
         update_freq=int(update_freq) if update_freq is not None else None, precision=precision, port=int(port),
         dry_run=dry_run, detach=detach,
-        accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin)
+        accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin, backup=backup)
     session.train(request, hosts, known_hosts(c), console)
 
 

@@ -7,19 +7,29 @@ deadlocks, so every host of a (re)start gets rank 0's checkpoint first (`share_c
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..agent import checkpoint_info
 from ..cluster import TRANSFER_STALL_S, ClusterError, Host, connect, get_whole, on_each, run_all
 from .record import Run
+from .remote import agent_command
 
 CHECKPOINTS = ["checkpoint_last.pt", "checkpoint_best.pt"]
+# One copy to or from the controller at a time, whoever asks (the backup, a restart that needs the
+# controller's copy): both use the same files, and a restart must read a whole one.
+CONTROLLER_COPY = threading.Lock()
+# Bytes of checkpoints this process moved through the controller (fetched + uploaded): said at the end.
+through_controller = {"bytes": 0}
 
 
-def fetch_checkpoints(source: Host, save_dir: str, local: Path, tries: int = 3) -> list[str]:
+def fetch_checkpoints(source: Host, save_dir: str, local: Path, tries: int = 3,
+                      names: list[str] = CHECKPOINTS) -> list[str]:
     """Copy rank 0's checkpoints to the controller, each only when it changed there (size, mtime):
     following a run backs up every 30 s, and a big preset's checkpoint is GBs on the link being
     trained over. fairseq rewrites checkpoint_last.pt in place at every save, so a copy is kept
@@ -33,7 +43,7 @@ def fetch_checkpoints(source: Host, save_dir: str, local: Path, tries: int = 3) 
                               timeout=30)
             return result.stdout.strip() if result.ok else None
 
-        for name in CHECKPOINTS:
+        for name in names:
             before, stamp = stat(name), local / f".{name}.remote-stat"
             if before is None or ((local / name).exists() and stamp.exists() and stamp.read_text() == before):
                 continue
@@ -48,6 +58,7 @@ def fetch_checkpoints(source: Host, save_dir: str, local: Path, tries: int = 3) 
                 else:
                     raise ClusterError(f"{source.name}: {save_dir}/{name} changed during each of {tries} copies "
                                        "(saved faster than it copies); the controller keeps its previous copy")
+                through_controller["bytes"] += candidate.stat().st_size
                 os.replace(candidate, local / name)
             finally:
                 candidate.unlink(missing_ok=True)
@@ -65,6 +76,7 @@ def upload_checkpoints(hosts: list[Host], save_dir: str, local: Path, names: lis
             there = conn.run(f"stat -c %s {save_dir}/{name}", warn=True, hide=True, in_stream=False)
             if name in fresh or not there.ok or int(there.stdout) != (local / name).stat().st_size:
                 conn.put(str(local / name), f"{save_dir}/{name}")
+                through_controller["bytes"] += (local / name).stat().st_size
 
     failed = on_each(hosts, upload).failed
     if failed:
@@ -117,74 +129,178 @@ def push_between_hosts(source: Host, peers: list[Host], save_dir: str) -> None:
         raise ClusterError(f"copying checkpoints from {source.name} failed for: " + "; ".join(failed))
 
 
-def share_checkpoint(run: Run, hosts: list[Host]) -> Path | None:
-    """Make rank 0's checkpoint_last.pt (and best) available on every host and on the
-    controller: fairseq saves on rank 0 only, and at a resume a rank that finds no
-    checkpoint skips the broadcast and deadlocks. The hosts get it from each other over the
-    cluster network; the controller keeps one copy (the backup when rank 0's host is lost), and
-    hands it out where no host has one. Returns the controller's copy of the last."""
+def held(run: Run, hosts: list[Host]) -> dict[str, int]:
+    """{host: the update of the checkpoint_last.pt it holds}, read on each host from the file's
+    small pickle (train.agent.checkpoint_info: no tensor crosses the link, none is loaded); a host
+    that holds none, or none whole, or does not answer, is left out."""
+    path = f"{run.remote_dir}/checkpoints/checkpoint_last.pt"
+    results = run_all(hosts, agent_command(hosts[0], "checkpoint_info", path), timeout=60)
+    found = {}
+    for host in hosts:
+        result = results[host.name]
+        lines = result.stdout.strip().splitlines() if result.ok else []
+        try:
+            said = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            said = {}
+        if isinstance(said, dict) and isinstance(said.get("update"), int):
+            found[host.name] = said["update"]
+    return found
+
+
+def newest_holder(hosts: list[Host], updates: dict[str, int]) -> Host | None:
+    """The host whose checkpoint is the newest; among equals the first (rank 0 where it holds one)."""
+    holders = [h for h in hosts if h.name in updates]
+    return max(holders, key=lambda h: (updates[h.name], -hosts.index(h))) if holders else None
+
+
+def controller_update(local: Path) -> int | None:
+    """The update of the controller's copy, from its small pickle (no torch.load of the file)."""
+    said = checkpoint_info.read(local / "checkpoint_last.pt", tries=1)
+    return said["update"]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """Where the checkpoint every host now holds came from, and the update it resumes from."""
+
+    update: int
+    source: str  # a host's name, or "the controller's copy"
+
+
+def share_checkpoint(run: Run, hosts: list[Host]) -> Shared | None:
+    """Make the newest checkpoint_last.pt (and best) that any of `hosts` holds available on every
+    one of them: fairseq saves on rank 0 only, and at a resume a rank that finds no checkpoint
+    skips the broadcast and deadlocks. Host to host over the cluster network; the controller's copy
+    only where no host holds one (or it is newer than every host's: rank 0's host lost before a
+    peer got its last save), then under CONTROLLER_COPY (a backup under way finishes first). A
+    restart that does not need the controller's copy never waits for it. None: no checkpoint
+    anywhere."""
     save_dir = f"{run.remote_dir}/checkpoints"
     local = run.local_dir / "checkpoints"
-    local.mkdir(parents=True, exist_ok=True)
-    have = run_all(hosts, f"ls {save_dir}/checkpoint_last.pt 2>/dev/null", timeout=30)
-    source = next((h for h in hosts if have[h.name].ok and have[h.name].stdout.strip()), None)
-    peers = [h for h in hosts if h is not source]
-    pushed = False
-    if source is not None and peers:
+    updates = held(run, hosts)
+    source = newest_holder(hosts, updates)
+    backup = controller_update(local)
+    if source is not None and (backup is None or updates[source.name] >= backup):
+        peers = [h for h in hosts if h is not source]
+        if not peers:
+            return Shared(updates[source.name], source.name)
         try:
             push_between_hosts(source, peers, save_dir)
-            pushed = True
-        except LookupError:
-            pass  # the controller hands it out below
-    fetched = fetch_checkpoints(source, save_dir, local) if source is not None else []
-    backups = [n for n in CHECKPOINTS if (local / n).exists()]
-    if source is None and not backups:
-        return None
-    if not pushed:
-        upload_checkpoints(peers, save_dir, local, backups, fetched)
-    return local / "checkpoint_last.pt"
+            return Shared(updates[source.name], source.name)
+        except LookupError:  # provisioned before the cluster key: through the controller
+            with CONTROLLER_COPY:
+                local.mkdir(parents=True, exist_ok=True)
+                fetched = fetch_checkpoints(source, save_dir, local)
+                upload_checkpoints(peers, save_dir, local, [n for n in CHECKPOINTS if (local / n).exists()], fetched)
+            return Shared(updates[source.name], source.name)
+    with CONTROLLER_COPY:  # the last resort: a backup under way is whole (or failed) before it is read
+        backup = controller_update(local)
+        if backup is None:
+            return None
+        upload_checkpoints(hosts, save_dir, local, [n for n in CHECKPOINTS if (local / n).exists()],
+                           ["checkpoint_last.pt"])
+    return Shared(backup, "the controller's copy")
 
 
-def checkpoint_update(path: Path) -> int | None:
-    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    import torch
+@dataclass(frozen=True)
+class BackupPolicy:
+    """`--backup`: when the controller copies rank 0's newest checkpoint_last.pt off its host.
+    `off`: never (the hosts hold each other's copies; losing every host that holds one loses the
+    run); `last`: once, when the run ends; `every:MIN`: the newest at most every MIN minutes while
+    following (the first at once), and at the end."""
 
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    return int(state.get("optimizer_history", [{}])[-1].get("num_updates", 0))
+    every_s: float | None
+    at_end: bool
+
+    @classmethod
+    def parse(cls, text: str) -> BackupPolicy:
+        text = (text or "").strip().lower()
+        if text == "off":
+            return cls(None, False)
+        if text == "last":
+            return cls(None, True)
+        if text.startswith("every:"):
+            try:
+                minutes = float(text.split(":", 1)[1])
+            except ValueError:
+                minutes = -1
+            if minutes > 0:
+                return cls(minutes * 60, True)
+        raise ValueError(f"--backup must be off, last or every:MIN (minutes, > 0), not {text!r}")
+
+    def __str__(self) -> str:
+        if self.every_s is not None:
+            return f"every:{self.every_s / 60:g}"
+        return "last" if self.at_end else "off"
 
 
+DEFAULT_BACKUP = "every:60"  # README, "Checkpoints and the controller": why an hour
 
 
 class Backup:
-    """Rank 0's checkpoints copied off its host while a run is followed, in the background (a
-    multi-GB copy must not hold up noticing a dead rank), one copy at a time whoever asks: the
-    first checkpoint at once (a host lost early must not cost the whole run), then every
-    `every_s`. `wait` before anything else reads or writes the same copies (a restart)."""
+    """While a run is followed, in the background (a GB copy must never hold up noticing a dead
+    rank): rank 0's every new checkpoint pushed to its peers over the cluster network (so any
+    survivor holds the newest), and, per `policy`, the newest checkpoint_last.pt copied to the
+    controller (the last resort), one at a time under CONTROLLER_COPY. Neither is waited for by a
+    restart that does not read the controller's copy; `wait` only at the end."""
 
-    def __init__(self, run: Run, every_s: float = 30.0, say=print):
-        self.run, self.every_s, self.say = run, every_s, say
-        self._thread: threading.Thread | None = None
-        self._started_at = time.monotonic()
-        self._began = False
+    def __init__(self, run: Run, policy: BackupPolicy | None = None, say=print):
+        self.run, self.policy, self.say = run, policy or BackupPolicy.parse(DEFAULT_BACKUP), say
+        self._push: threading.Thread | None = None
+        self._fetch: threading.Thread | None = None
+        self._pushed: int | None = None
+        self._fetched: int | None = None
+        self._fetched_at: float | None = None
+
+    @property
+    def save_dir(self) -> str:
+        return f"{self.run.remote_dir}/checkpoints"
 
     def maybe_start(self, hosts: list[Host], saved: int | None) -> None:
-        """Start a copy if one is due and none is under way; `saved`: rank 0's last saved update."""
-        first = saved is not None and not self._began
-        due = first or time.monotonic() - self._started_at > self.every_s
-        if not due or (self._thread and self._thread.is_alive()):
+        """Start what is due and not under way; `saved`: rank 0's last saved update."""
+        if saved is None:
             return
-        self._thread = threading.Thread(target=self.now, args=(list(hosts),), daemon=True, name="backup")
-        self._thread.start()
-        self._started_at, self._began = time.monotonic(), self._began or saved is not None
+        if len(hosts) > 1 and saved != self._pushed and not (self._push and self._push.is_alive()):
+            self._push = threading.Thread(target=self._to_peers, args=(list(hosts), saved), daemon=True,
+                                          name="push")
+            self._push.start()
+        every = self.policy.every_s
+        due = every is not None and saved != self._fetched and (
+            self._fetched_at is None or time.monotonic() - self._fetched_at >= every)
+        if due and not (self._fetch and self._fetch.is_alive()):
+            self._fetched_at = time.monotonic()
+            self._fetch = threading.Thread(target=self._to_controller, args=(hosts[0], saved), daemon=True,
+                                           name="backup")
+            self._fetch.start()
+
+    def _to_peers(self, hosts: list[Host], saved: int) -> None:
+        try:
+            push_between_hosts(hosts[0], hosts[1:], self.save_dir)
+            self._pushed = saved
+        except LookupError:
+            self._pushed = saved  # no cluster key: the controller's copy is all there is
+        except Exception as err:  # a peer gone mid-copy: the run goes on, and says so
+            self.say(f"checkpoint copy to the peers failed (training goes on): {type(err).__name__}: {err}")
+
+    def _to_controller(self, source: Host, saved: int | None) -> None:
+        try:
+            with CONTROLLER_COPY:
+                local = self.run.local_dir / "checkpoints"
+                local.mkdir(parents=True, exist_ok=True)
+                fetch_checkpoints(source, self.save_dir, local, names=["checkpoint_last.pt"])
+            self._fetched = saved
+        except Exception as err:  # a host gone mid-copy (timeout, closed socket): the run goes on, and says so
+            self.say(f"checkpoint backup to the controller failed (training goes on): {type(err).__name__}: {err}")
 
     def wait(self) -> None:
-        """Until the copy under way (if any) is whole or has failed."""
-        if self._thread is not None:
-            self._thread.join()
+        """Until the copies under way (if any) are whole or have failed."""
+        for thread in (self._push, self._fetch):
+            if thread is not None:
+                thread.join()
 
-    def now(self, hosts: list[Host]) -> None:
-        """One copy, here and now; a failure is said, not raised: the run goes on."""
-        try:
-            share_checkpoint(self.run, hosts)
-        except Exception as err:  # a host gone mid-copy (timeout, closed socket): the run goes on, and says so
-            self.say(f"checkpoint copy failed (training goes on): {type(err).__name__}: {err}")
+    def final(self, hosts: list[Host]) -> None:
+        """The run ended: the newest to the controller, where the policy keeps one."""
+        self.wait()
+        if self.policy.at_end and hosts:
+            self._to_controller(hosts[0], None)

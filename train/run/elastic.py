@@ -47,6 +47,13 @@ def ranks_said(hosts: list[Host]) -> str:
     return f" ({n} ranks)" if n != len(hosts) else ""
 
 
+def from_where(shared: checkpoints.Shared) -> str:
+    """Where the restart's checkpoint came from, as its line says it."""
+    if shared.source == "the controller's copy":
+        return "checkpoint from the controller's copy: no host left held one"
+    return f"checkpoint from {shared.source}, host to host"
+
+
 def continue_without(run: record.Run, hosts: list[Host], states: list[launch.HostState],
                      say=print, at: int | None = None) -> list[Host] | None:
     """Restart `run` on the hosts left; returns them, or None when no host or no checkpoint is left
@@ -59,13 +66,13 @@ def continue_without(run: record.Run, hosts: list[Host], states: list[launch.Hos
     rank0 = states[0].progress
     at = rank0.update if rank0 else (at or 0)
     launch.stop(run, survivors)  # nothing of the old membership left on the hosts that stay
-    copy = checkpoints.share_checkpoint(run, survivors)
-    if copy is None:
+    shared = checkpoints.share_checkpoint(run, survivors)
+    if shared is None:
         say(f"{', '.join(lost)} lost at update {at:,}; no checkpoint to continue from")
         return None
     scaled = scaled_update_freq(run.update_freq, world_size(hosts), world_size(survivors))
     update_freq = batching.update_freq_for(run, world_size(survivors), scaled)  # the recipe's batch, re-derived
-    resumed = checkpoints.checkpoint_update(copy)
+    resumed = shared.update
     if not run.members:
         run.members.append({"hosts": [h.name for h in hosts], "from_update": 0, "why": "start",
                             "update_freq": run.update_freq, "ranks": world_size(hosts)})  # the batch a rejoin restores
@@ -79,5 +86,5 @@ def continue_without(run: record.Run, hosts: list[Host], states: list[launch.Hos
     run.save()
     launch.start(run, survivors)
     say(f"{', '.join(lost)} lost at update {at:,} ({why}); continuing on {', '.join(run.hosts)} "
-        f"from update {resumed:,}, update-freq {update_freq}" + ranks_said(survivors))
+        f"from update {resumed:,}, update-freq {update_freq}" + ranks_said(survivors) + f"; {from_where(shared)}")
     return survivors

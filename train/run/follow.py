@@ -1,11 +1,11 @@
 """Following a run from the controller: a live progress bar from rank 0's log.
 
 Ctrl-C detaches (the training goes on). The loop asks three components on every poll: the
-checkpoint `Backup` (rank 0's last and best copied off its host: losing its disk loses no
-training), the `DeadRankGuard` (a rank gone while the others hang on it: they are stopped, a
-half-dead job only holds GPUs and ports) and, with `elastic`, the rejoin `Watch` (a lost host
-that answers again is grown back to). A run that stops early goes on without the lost host
-(train.run.elastic).
+checkpoint `Backup` (rank 0's every checkpoint pushed to its peers host to host, the newest to
+the controller per `--backup`: losing its disk loses no training), the `DeadRankGuard` (a rank
+gone while the others hang on it: they are stopped, a half-dead job only holds GPUs and ports)
+and, with `elastic`, the rejoin `Watch` (a lost host that answers again is grown back to). A run that
+stops early goes on without the lost host (train.run.elastic).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from ..cluster import Host
 from ..plan import mfu
 from ..watch.compact import HostLines, ProgressWithHosts
-from . import batching, launch
-from .checkpoints import Backup
+from . import batching, checkpoints, launch
+from .checkpoints import Backup, BackupPolicy
 from .elastic import continue_without
 from .launch import HostState
 from .record import Run
@@ -96,7 +96,7 @@ class ProgressView:
             self._said, self._said_at = line, time.monotonic()
 
 
-def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup_every_s: float = 30.0,
+def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: BackupPolicy | None = None,
            dead_grace_s: float = 30.0, elastic: bool = False, known: list[Host] | None = None
            ) -> list[HostState]:
     """Show progress until every rank has stopped; returns the final states. With `elastic`, a run
@@ -105,7 +105,7 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup_eve
     def say(colour: str):
         return lambda text: console.print(f"[{colour}]{text}[/]")
 
-    backup = Backup(run, backup_every_s, say=say("yellow"))
+    copies = Backup(run, backup, say=say("yellow"))
     guard = DeadRankGuard(run, dead_grace_s, say=console.print)
     rejoin = Watch(run, known or hosts, say=say("cyan")) if elastic else None
     last_update = 0  # rank 0's, as last seen: its host may be the one lost
@@ -119,7 +119,8 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup_eve
                     last_update = rank0.progress.update
                 running = [s for s in states if s.running]
                 if not running:
-                    backup.wait()  # a restart reads the same copies: one at a time
+                    # no wait for the copies under way: a restart that needs the controller's copy
+                    # waits for that one alone (checkpoints.CONTROLLER_COPY)
                     survivors = elastic and why_stopped_early(states) and continue_without(
                         run, hosts, states, say=say("yellow"), at=last_update)
                     if not survivors:
@@ -131,20 +132,20 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup_eve
                 if len(running) < len(states):
                     if guard.stopped_the_rest(hosts, states) and not elastic:
                         break
-                elif rejoin is not None:
-                    if rejoin.ready:
-                        backup.wait()  # growing shares the checkpoint: one copy at a time
-                    if grown := rejoin.step(hosts, rank0.progress):
-                        hosts = grown
-                        guard.reset()
-                        view.follow(hosts)
-                        continue
-                backup.maybe_start(hosts, rank0.progress.saved if rank0.progress else None)
+                elif rejoin is not None and (grown := rejoin.step(hosts, rank0.progress)):
+                    hosts = grown
+                    guard.reset()
+                    view.follow(hosts)
+                    continue
+                copies.maybe_start(hosts, rank0.progress.saved if rank0.progress else None)
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             console.print(f"detached; {run.run_id} goes on. `fab status`, `fab logs`, `fab stop`.")
             return launch.states(run, hosts)
         finally:
-            backup.wait()  # a copy under way finishes (a daemon thread would be cut off at exit)
-    backup.now(hosts)
+            copies.wait()  # a copy under way finishes (a daemon thread would be cut off at exit)
+    copies.final(hosts)
+    moved = checkpoints.through_controller["bytes"]
+    console.print(f"checkpoints through the controller: {moved / 1e6:,.0f} MB (--backup {copies.policy})",
+                  markup=False)
     return launch.states(run, hosts)

@@ -182,8 +182,8 @@ def grow(run: Run, current: Sequence[Host], joining: Sequence[Host], say: Callab
         return list(current)
     before = (list(run.hosts), run.update_freq, len(run.members), run.max_tokens)
     try:
-        copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from the current rank 0
-        said = record(run, [h.name for h in joining], checkpoints.checkpoint_update(copy) if copy else 0,
+        shared = checkpoints.share_checkpoint(run, [*current, *joining])  # the newest: the current rank 0's
+        said = record(run, [h.name for h in joining], shared.update if shared else 0,
                       current[0].ranks)
         run.save()
         hosts = [by_name[n] for n in run.hosts]

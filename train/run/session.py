@@ -42,12 +42,14 @@ class TrainRequest:
     elastic: bool = True
     comm: str | None = None  # a strategy, `auto`, or None: sync for a new run, its own for a resumed one
     rejoin: bool = False
+    backup: str = checkpoints.DEFAULT_BACKUP  # checkpoints.BackupPolicy: the controller's copy
 
 
 def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) -> None:
     """`fab train`: start or resume a run on `hosts` (rank order) and follow it. `known`: every
     host of the inventory (a lost host can come back from there). Raises ClusterError naming host
     and cause for anything that stops it, StoppedEarly when the run ends before its last update."""
+    backup_policy(request)  # a bad --backup is said before anything starts
     if request.rejoin:
         hosts = rejoin_hosts(known, request.run_id)
     precision = request.precision or command.default_precision([h.gpus for h in hosts])
@@ -89,12 +91,12 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     run.link_mbps = verdict.link_mbps if verdict else None
     cost = verdict.cost_line() if verdict else None
     if resuming:
-        copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from its rank 0: a joiner's is stale
-        if copy is not None:
-            console.print(f"resuming {run.run_id} from update {checkpoints.checkpoint_update(copy)} "
-                          "(checkpoint copied to every host)")
+        shared = checkpoints.share_checkpoint(run, [*current, *joining])  # the newest: a joiner's is stale
+        if shared is not None:
+            console.print(f"resuming {run.run_id} from update {shared.update} "
+                          f"(checkpoint copied to every host from {shared.source})")
         if joining:
-            at = checkpoints.checkpoint_update(copy) if copy else 0
+            at = shared.update if shared else 0
             console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at, hosts[0].ranks)}[/]")
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
     run.save()
@@ -108,12 +110,20 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     if over := interval.over_bound(every, step):
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
-        follow_to_the_end(run, hosts, request.elastic, known, console)
+        follow_to_the_end(run, hosts, request, known, console)
 
 
-def follow_to_the_end(run: Run, hosts: list[Host], elastic: bool, known: list[Host], console) -> None:
+def backup_policy(request: TrainRequest) -> checkpoints.BackupPolicy:
+    try:
+        return checkpoints.BackupPolicy.parse(request.backup)
+    except ValueError as err:
+        raise ClusterError(str(err)) from None
+
+
+def follow_to_the_end(run: Run, hosts: list[Host], request: TrainRequest, known: list[Host], console) -> None:
     """Follow the run until every rank stopped, then the table; StoppedEarly if it ended early."""
-    why = why_stopped_early(summarize(follow(run, hosts, console, elastic=elastic, known=known), console))
+    states = follow(run, hosts, console, backup=backup_policy(request), elastic=request.elastic, known=known)
+    why = why_stopped_early(summarize(states, console))
     if why:
         raise StoppedEarly(why)
 
@@ -178,7 +188,7 @@ def grow_running(run: Run, current: list[Host], joining: list[Host], known: list
                       f"{', '.join(h.name for h in [*current, *joining])}")
         return
     if not request.detach:
-        follow_to_the_end(run, grown, request.elastic, known, console)
+        follow_to_the_end(run, grown, request, known, console)
 
 
 def set_comm(run: Run, comm: str, resuming: bool, console) -> None:

@@ -135,9 +135,8 @@ def cluster(monkeypatch):
     calls = []
     monkeypatch.setattr(record.Run, "save", lambda self: calls.append(("save", list(self.hosts))))
     monkeypatch.setattr(launch, "stop", lambda run, hosts, **kw: calls.append(("stop", [h.name for h in hosts])))
-    monkeypatch.setattr(checkpoints, "share_checkpoint",
-                        lambda run, hosts: calls.append(("share", [h.name for h in hosts])) or "copy")
-    monkeypatch.setattr(checkpoints, "checkpoint_update", lambda path: 60)
+    monkeypatch.setattr(checkpoints, "share_checkpoint", lambda run, hosts: calls.append(
+        ("share", [h.name for h in hosts])) or checkpoints.Shared(60, hosts[0].name))
     monkeypatch.setattr(launch, "start", lambda run, hosts: calls.append(("start", [h.name for h in hosts])))
     return calls
 
@@ -314,7 +313,7 @@ def test_losing_v100b_of_two_by_two_ranks_goes_on_on_v100as_two_ranks_at_update_
     left = elastic.continue_without(run, hosts, states, say=said.append, at=64)
     assert [h.name for h in left] == ["v100a"] and run.update_freq == 2  # 4 ranks -> 2: x2
     assert said == ["v100b lost at update 64 (unreachable); continuing on v100a from update 60, update-freq 2 "
-                    "(2 ranks)"]
+                    "(2 ranks); checkpoint from v100a, host to host"]
     assert [(m["hosts"], m["ranks"], m["update_freq"]) for m in run.members] == [
         (["v100a", "v100b"], 4, 1), (["v100a"], 2, 2)]
     grown = rejoin.grow(run, left, [TWO_BY_TWO["v100b"]], say=said.append)
