@@ -19,6 +19,7 @@ one comparison all three use.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -109,6 +110,16 @@ def free_gb(path: str = "/data") -> float:
     return round(shutil.disk_usage(path if os.path.isdir(path) else "/").free / 1e9, 1)
 
 
+def size_gb(path: str) -> float:
+    """The bytes of every file under `path` (a run's own checkpoints and logs: a resume replaces them)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(root, name)).st_size
+    return round(total / 1e9, 2)
+
+
 def port_free(port: int) -> tuple[bool, str | None]:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -165,6 +176,7 @@ def probe(data: str | None = None, port: int | None = None, run: str | None = No
 
         pids = run_pids(run)
         out["running"] = pids[0] if pids else None
+        out["run_gb"] = size_gb(run)
     return out
 
 

@@ -14,6 +14,7 @@ from ..agent import pins
 from ..agent.probe import agent_digest, versions_differ
 from ..cluster import TOP, ClusterError, Host, HostResult, run_all
 from ..plan import batch as batch_model
+from . import batching, disk
 from .record import Run
 from .remote import agent_command, venv_of
 
@@ -129,7 +130,7 @@ def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) ->
             "or leave it to tandem (the preset's tokens per update, derived for the GPUs)")
 
 
-def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: float = 1.0,
+def check(run: Run, hosts: list[Host], answers: dict[str, dict],
           pins_wanted: dict[str, str] | None = None, agent: str | None = None,
           reference: str | None = None) -> list[str]:
     """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out.
@@ -140,6 +141,7 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
     agent = controller_agent() if agent is None else agent
     problems = layout_problems(hosts, reference)
     first = hosts[0].name
+    need = disk.run_need(run.resolved_preset().options, batching.VOCAB)
     for host in hosts:
         a = answers[host.name]
         if a.get("agent") != agent:
@@ -161,8 +163,8 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
         elif a["data"] != answers[first].get("data"):
             problems.append(f"{host.name}: dataset {run.data_dir} differs from {first}'s (checksums): "
                             "run `fab prepare-data` again")
-        if a.get("free_gb", 0) < min_free_gb:
-            problems.append(f"{host.name}: {a.get('free_gb')} GB free on /data, need {min_free_gb} GB")
+        if "free_gb" in a and (full := disk.problem(host.name, need, a["free_gb"], a.get("run_gb") or 0.0)):
+            problems.append(full)
         if a.get("running"):
             problems.append(f"{host.name}: run {run.run_id} is already training there (pid {a['running']}): "
                             "`fab stop` first, or `fab status`")

@@ -1,0 +1,86 @@
+"""Checkpoints of a real run's size (>= 500 MB, the base preset's is 744 MB) on the lab: rank 0's host
+is lost while its checkpoint is being copied to the controller; v100b goes on from the copy it got
+host to host (no wait for the controller's copy, no byte of it through the controller), grows back
+to v100a in the middle of an epoch, and finishes. Prints the time from the loss to training again
+and the bytes that went through the controller.
+
+The model is the tiny preset with learned positional embeddings over 400k positions (2 x 400k x 64
+parameters): 51M parameters, a 0.6 GB checkpoint with Adam's state, while each update costs what
+the tiny preset's does (a lookup, not a matmul): a few updates on 2 shared CPU cores, not hours."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from labtools import TOP, set_links, ssh
+from test_three_hosts import Follower
+from test_train import QUICK_HEARTBEAT, RUNS, inner_records, log_of
+
+RUN = time.strftime("run-gb-%Y%m%d-%H%M%S")
+SAVE_EVERY = 6
+MAX_UPDATE = 24
+BIG = ("encoder_learned_pos=true,decoder_learned_pos=true,max_source_positions=400000,"
+       "max_target_positions=400000")
+SETTINGS = f"{BIG},max_update={MAX_UPDATE},save_interval_updates={SAVE_EVERY},log_interval=1,{QUICK_HEARTBEAT}"
+
+
+def checkpoint_bytes(cfg, name: str) -> int:
+    out = ssh(cfg, name, f"stat -c %s {RUNS}/{RUN}/checkpoints/checkpoint_last.pt 2>/dev/null || echo 0").stdout
+    return int(out.split()[0])
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := condition():
+            return found
+        time.sleep(1)
+    raise AssertionError(f"{what} not within {timeout:.0f} s")
+
+
+@pytest.mark.sweep
+def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_epoch(data_ready):
+    cfg = data_ready.cfg
+    local = TOP / "reports" / RUN / "checkpoints"
+    follower = Follower(data_ready, "train", "--new", "--run", RUN, "--set", SETTINGS)
+    try:
+        # v100b holds rank 0's first checkpoint (pushed host to host); the controller's copy is under way
+        size = wait_for(lambda: checkpoint_bytes(cfg, "v100b"), 600, "v100b holding rank 0's checkpoint")
+        assert size >= 500e6, f"the checkpoint is {size / 1e6:.0f} MB, the test wants >= 500 MB"
+        under_way = (local / ".checkpoint_last.pt.fetched").exists()
+        down = time.monotonic()
+        set_links(cfg, "v100a", "down")
+        again, lost = follower.wait_for(r"v100a lost at update ([\d,]+) \(unreachable\); continuing on v100b from "
+                                        r"update (\d+), update-freq 2; checkpoint from v100b, host to host", 300)
+        resumed = int(lost.group(2))
+        trained = wait_for(lambda: any(int(r["num_updates"]) > resumed for r in
+                                       inner_records(log_of(cfg, "v100b", RUN).split("Loaded checkpoint")[-1])),
+                           300, "v100b training again")
+        training_again = time.monotonic()
+        set_links(cfg, "v100a", "up")
+        _, back = follower.wait_for(r"v100a is back: growing to v100a, v100b from update (\d+), update-freq 1", 600)
+        follower.proc.wait(timeout=900)
+        follower.reader.join(timeout=10)
+    finally:
+        set_links(cfg, "v100a", "up")
+        if follower.proc.poll() is None:
+            follower.proc.kill()
+            from labtools import fab
+            fab(data_ready, "stop", "--run", RUN, check=False)
+    out = follower.out
+    assert follower.proc.returncode == 0 and trained, out[-4000:]
+    moved = re.search(r"checkpoints through the controller: ([\d,]+) MB \(--backup every:60\)", out)
+    assert moved, out[-3000:]
+    log = log_of(cfg, "v100a", RUN)
+    grown = re.findall(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)", log)
+    assert grown and int(grown[-1][1]) == int(back.group(1)), grown
+    # mid-epoch: the grown run's first updates are of the epoch the checkpoint was saved in, not the next
+    after = inner_records(log.split("Loaded checkpoint")[-1])
+    assert after and int(after[0]["epoch"]) == int(grown[-1][0]), (grown[-1], after[:1])
+    assert "done training" in log and f"{MAX_UPDATE}/{MAX_UPDATE}" in out
+    print(f"checkpoint {size / 1e6:.0f} MB; controller copy under way at the loss: {under_way}; "
+          f"v100a lost -> restart said in {again - down:.0f} s, training again in {training_again - down:.0f} s; "
+          f"grew back at update {back.group(1)} (epoch {grown[-1][0]}); "
+          f"through the controller: {moved.group(1)} MB in all")

@@ -1,0 +1,46 @@
+"""What a run writes on each host's /data, estimated from the model and the files fairseq keeps:
+preflight refuses a host without the room, naming it, the need and the free space."""
+
+from __future__ import annotations
+
+import pytest
+
+from train.cluster import Host
+from train.run import disk, preflight, presets
+from train.run.record import Run
+
+BASE, BIG = presets.PRESETS["transformer_wmt_en_de"], presets.PRESETS["transformer_vaswani_wmt_en_de_big"]
+
+
+def test_a_checkpoint_is_the_size_users_measure():
+    assert disk.checkpoint_bytes(BASE, 32000) == pytest.approx(744e6, rel=0.03)  # base's checkpoint_last.pt
+    assert disk.checkpoint_bytes(BIG, 32000) == pytest.approx(2.5e9, rel=0.03)
+
+
+def test_rank_0_keeps_last_best_five_best_one_interval_and_one_being_written():
+    assert disk.checkpoint_files(BASE) == 9
+    need = disk.run_need(BIG, 32000)
+    assert 22e9 < need.total < 25e9  # ~20 GB of checkpoints for big: the disk filled mid-run at 1 GB free
+    assert disk.checkpoint_files({**BASE, "keep_best_checkpoints": 0, "keep_interval_updates": 0}) == 3
+    # every interval checkpoint kept (keep_interval_updates -1): max_update / save_interval_updates of them
+    assert disk.checkpoint_files({**BASE, "keep_interval_updates": -1}) == 2 + 5 + 25 + 1
+
+
+def test_a_host_without_the_room_is_refused_naming_need_and_free():
+    need = disk.run_need(BIG, 32000)
+    said = disk.problem("v100b", need, free_gb=15.0)
+    assert said.startswith(f"v100b: the run writes up to {need.total / 1e9:.1f} GB on /data (9 checkpoint files "
+                           "of 2.53 GB + 0.5 GB of logs and samples; any host may become rank 0 after a loss), "
+                           "15.0 GB free"), said
+    assert disk.problem("v100b", need, free_gb=30.0) is None
+    assert disk.problem("v100b", need, free_gb=15.0, already_gb=10.0) is None  # a resume replaces its own files
+
+
+def test_preflight_refuses_the_host_that_is_short_only():
+    run = Run(run_id="run-x", hosts=["v100a", "v100b"], preset="transformer_vaswani_wmt_en_de_big", overrides=[],
+              dataset="synthetic")
+    hosts = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]
+    answer = {"agent": "x", "data": "d", "port_free": True, "running": None, "run_gb": 0.0}
+    answers = {"v100a": {**answer, "free_gb": 500.0}, "v100b": {**answer, "free_gb": 12.0}}
+    problems = preflight.check(run, hosts, answers, pins_wanted={}, agent="x")
+    assert len(problems) == 1 and problems[0].startswith("v100b: the run writes up to 23.2 GB on /data"), problems
