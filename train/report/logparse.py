@@ -231,6 +231,7 @@ class RankEnd:
     how: str  # "killed by SIGKILL", "exited with code 1"
     time: str  # as torchrun printed it, e.g. 2026-11-23_02:58:01
     peer_gone: bool = False  # the rank said a peer went away first: it fell, it did not fail
+    error: str = ""  # the last exception the rank raised (`ValueError: ...`), before torchrun's report
 
     def blame_order(self) -> tuple:
         """Sort key, culprit first: a rank that lost a peer comes after one that did not, then the
@@ -248,6 +249,8 @@ PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|Killing job for not
 TORCHRUN_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 
 
+# the line a Python traceback ends with (fairseq's, the rank's own), not torchrun's ChildFailedError
+EXCEPTION = re.compile(r"^(?:\[\d+\]:\s*)?((?!torch\.distributed\.elastic)[A-Za-z_][\w.]*(?:Error|Exception)\b:?.*)$")
 FROZEN = re.compile(r"tandem watchdog: process \d+ of the run was stopped \(frozen\) for (\d+) s")
 
 
@@ -267,8 +270,9 @@ def rank_end(lines: list[str]) -> RankEnd | None:
     frozen = next((m for line in last_words if (m := FROZEN.search(line))), None)
     if frozen:  # train.agent.monitor's watchdog: the SIGKILL was tandem's, the cause a freeze
         how = f"frozen (stopped {frozen.group(1)} s), killed by tandem's watchdog"
+    raised = [m.group(1) for line in meaningful(last_words) if (m := EXCEPTION.search(line))]
     return RankEnd(int(rank.group(1)) if rank else None, how, when.group(1) if when else "",
-                   peer_gone=any(PEER_GONE.search(line) for line in last_words))
+                   peer_gone=any(PEER_GONE.search(line) for line in last_words), error=raised[-1] if raised else "")
 
 
 # warnings and their indented source lines, and torchrun's ==== / ---- rules

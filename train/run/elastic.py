@@ -18,6 +18,7 @@ import time
 
 from ..cluster import Host, world_size
 from . import batching, checkpoints, launch, record
+from .status import shared_failure
 
 
 def lost_hosts(states: list[launch.HostState]) -> list[str]:
@@ -59,6 +60,8 @@ def continue_without(run: record.Run, hosts: list[Host], states: list[launch.Hos
     """Restart `run` on the hosts left; returns them, or None when no host or no checkpoint is left
     (the run stays stopped, and why_stopped_early says why). `at`: the update the run had reached,
     as last seen (rank 0's log is out of reach when its host is the one lost)."""
+    if shared_failure(states):  # no host's fault: the run stops on all of them, why_stopped_early says why
+        return None
     lost = lost_hosts(states)
     survivors = [h for h in hosts if h.name not in lost]
     if not lost or not survivors:

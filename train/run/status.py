@@ -3,6 +3,8 @@ stopped early when it did (`fab status`, `fab train`'s end, `fab logs`)."""
 
 from __future__ import annotations
 
+import re
+
 from rich.table import Table
 
 from ..cluster import Host, run_all
@@ -27,6 +29,18 @@ def describe(p: logparse.Progress | None, mfu: str = "") -> str:
     return " · ".join(parts)
 
 
+def shared_failure(states: list[HostState]) -> str | None:
+    """The error every host's ranks ended with, where all raised the same one (numbers aside) and
+    none lost a peer first: a failure every rank shares (the data, an option, the code), no host's
+    fault: a restart without one of them would fail the same, one host fewer each time. None else."""
+    if len(states) < 2 or any(s.running or not s.reachable or s.stopped_by_user or not s.ended for s in states):
+        return None
+    if any(s.ended.peer_gone or not s.ended.error for s in states):
+        return None
+    errors = {re.sub(r"\d+", "N", s.ended.error) for s in states}
+    return states[0].ended.error if len(errors) == 1 else None
+
+
 def why_stopped_early(states: list[HostState]) -> str | None:
     """One line naming the culprit when the run ended before its last update; None while it runs
     or when it finished. The culprit is the first rank torchrun saw fail that did not lose a peer
@@ -38,6 +52,9 @@ def why_stopped_early(states: list[HostState]) -> str | None:
     lost = [s.name for s in states if not s.reachable]
     if lost:
         return f"{', '.join(lost)}: unreachable; the run stopped {at}"
+    if same := shared_failure(states):
+        return (f"every host's ranks failed with the same error {at}: {same}; no host is to blame (fix it, "
+                "then `fab train` resumes)")
     # a rank tandem stopped after the culprit died was not the culprit
     failed = sorted((s for s in states if s.ended and not s.stopped_by_user), key=lambda s: s.ended.blame_order())
     if not failed and any(s.stopped_by_user for s in states):

@@ -133,3 +133,35 @@ def test_a_dead_host_of_several_ranks_is_named_with_its_ranks(monkeypatch):
               HostState("v100b", False, True, None, [], ranks="2-3")]
     assert DeadRankGuard(run=None, grace_s=-1, say=said.append).stopped_the_rest(["a", "b"], states)
     assert said == ["[red]rank on v100b (ranks 2-3) stopped; stopping the others[/]"] and stopped == [["a", "b"]]
+
+
+def raised(error: str, host: str, rank: int, when: str = "02:58:07") -> list[str]:
+    """A rank that raised `error` itself (fairseq's traceback), then torchrun's report of it."""
+    return ["Traceback (most recent call last):", '  File "fairseq_cli/train.py", line 1, in main', error,
+            *[line.replace("v100a", host).replace("rank      : 0", f"rank      : {rank}")
+              .replace("02:58:07", when) for line in TORCHRUN_EXIT]]
+
+
+def test_the_same_error_on_every_host_blames_none_and_the_run_is_not_shrunk():
+    from train.cluster import Host
+    from train.run import elastic
+    from train.run.record import Run
+
+    same = "ValueError: bad option: --lr 0 on 2 ranks"
+    states = [state("v100a", prog=progress(130), lines=raised(same, "v100a", 0)),
+              state("v100b", lines=raised(same.replace("2 ranks", "4 ranks"), "v100b", 1, "02:58:09"))]
+    assert why_stopped_early(states) == (
+        "every host's ranks failed with the same error at update 130: ValueError: bad option: --lr 0 on 2 ranks; "
+        "no host is to blame (fix it, then `fab train` resumes)")
+    run = Run(run_id="run-x", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
+    hosts = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]
+    assert elastic.continue_without(run, hosts, states, say=print) is None and run.hosts == ["v100a", "v100b"]
+
+
+def test_a_host_whose_rank_raised_alone_is_still_the_one_blamed():
+    states = [state("v100a", prog=progress(130), lines=GLOO_PEER_CLOSED),
+              state("v100b", lines=raised("MemoryError: out of memory", "v100b", 1, "02:58:01"))]
+    assert why_stopped_early(states) == "v100b: rank 1 exited with code 1 at update 130; the others stopped"
+    different = [state("v100a", prog=progress(130), lines=raised("KeyError: 'x'", "v100a", 0)),
+                 state("v100b", lines=raised("MemoryError: out of memory", "v100b", 1, "02:58:01"))]
+    assert why_stopped_early(different).startswith("v100b: rank 1")
