@@ -84,4 +84,6 @@ def preset_params(options: Mapping[str, object], vocab: int) -> int:
         share_all_embeddings=bool(options.get("share_all_embeddings", False)),
         share_decoder_input_output_embed=bool(options.get("share_decoder_input_output_embed", False)),
         normalize_before=bool(options.get("encoder_normalize_before", False)),
+        learned_positions=bool(options.get("encoder_learned_pos", False)),
+        max_positions=pick("max_source_positions", 1024),
     )

@@ -142,6 +142,8 @@ EXTRA_OPTIONS: dict[str, type] = {
     "decoder_attention_heads": int,
     "encoder_normalize_before": bool,
     "decoder_normalize_before": bool,
+    "encoder_learned_pos": bool,
+    "decoder_learned_pos": bool,
     "share_decoder_input_output_embed": bool,
     "max_epoch": int,
     "max_sentences": int,
