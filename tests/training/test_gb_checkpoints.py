@@ -31,9 +31,11 @@ def checkpoint_bytes(cfg, name: str) -> int:
     return int(out.split()[0])
 
 
-def wait_for(condition, timeout: float, what: str):
+def wait_for(condition, timeout: float, what: str, follower: Follower | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if follower is not None and follower.proc.poll() is not None:
+            raise AssertionError(f"fab train ended before {what}:\n{follower.out[-4000:]}")
         if found := condition():
             return found
         time.sleep(1)
@@ -47,7 +49,8 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
     follower = Follower(data_ready, "train", "--new", "--run", RUN, "--set", SETTINGS)
     try:
         # v100b holds rank 0's first checkpoint (pushed host to host); the controller's copy is under way
-        size = wait_for(lambda: checkpoint_bytes(cfg, "v100b"), 600, "v100b holding rank 0's checkpoint")
+        size = wait_for(lambda: checkpoint_bytes(cfg, "v100b"), 600, "v100b holding rank 0's checkpoint",
+                        follower)
         assert size >= 500e6, f"the checkpoint is {size / 1e6:.0f} MB, the test wants >= 500 MB"
         under_way = (local / ".checkpoint_last.pt.fetched").exists()
         down = time.monotonic()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..cluster import ClusterError, Host, run_all
-from . import command
+from . import command, gpu_choice
 from .record import Run
 from .remote import venv_of
 
@@ -15,6 +15,10 @@ def evaluate(run: Run, hosts: list[Host], checkpoint: str, console) -> float:
         data_dir=run.data_dir, checkpoint=f"{run.remote_dir}/checkpoints/{checkpoint}",
         reference=f"{run.data_dir}/test.ref.de", out_dir=f"{run.remote_dir}/eval",
         venv=venv_of(host), cpu=host.gpus == 0)
+    gpu = gpu_choice.free_gpu(host, run.remote_dir.rsplit("/", 1)[0])  # never a GPU a run trains on
+    if gpu is not None:
+        cmd = f"export CUDA_VISIBLE_DEVICES={gpu}; {cmd}"
+        console.print(f"evaluating on {host.name}'s GPU {gpu} (no run trains on it)")
     with console.status(f"translating the test set on {host.name}"):
         result = run_all([host], cmd)[host.name]
     if not result.ok:

@@ -116,4 +116,5 @@ def test_a_failed_copy_is_said_and_the_run_goes_on(cluster, monkeypatch):
 
     monkeypatch.setattr(checkpoints, "fetch_checkpoints", gone)
     checkpoints.Backup(RUN, checkpoints.BackupPolicy.parse("last"), say=said.append).final([A])
-    assert said == ["checkpoint backup to the controller failed (training goes on): TimeoutError: no answer within 60 s"]
+    assert said == ["checkpoint backup to the controller failed (training goes on): "
+                    "TimeoutError: no answer within 60 s"]
