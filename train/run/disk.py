@@ -54,8 +54,8 @@ def checkpoint_files(options: Mapping[str, object]) -> int:
         return int(value) if value not in (None, "") else default  # type: ignore[call-overload]
 
     files = 2 + max(0, number("keep_best_checkpoints", -1))  # last, best, best_loss_*
-    interval = number("keep_interval_updates", -1)
-    if number("save_interval_updates", 0) > 0 and interval != 0:
+    interval = number("keep_interval_updates", -1)  # 0 or -1: fairseq keeps every one
+    if number("save_interval_updates", 0) > 0:
         files += interval if interval > 0 else number("max_update", 0) // number("save_interval_updates", 1)
     if not options.get("no_epoch_checkpoints"):
         epochs = number("keep_last_epochs", -1)
