@@ -14,7 +14,7 @@ import re
 import time
 
 import pytest
-from labtools import TOP, set_links, ssh
+from labtools import TOP, fab, set_links, ssh
 from test_three_hosts import Follower
 from test_train import QUICK_HEARTBEAT, RUNS, inner_records, log_of
 
@@ -72,7 +72,6 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
         set_links(cfg, "v100a", "up")
         if follower.proc.poll() is None:
             follower.proc.kill()
-            from labtools import fab
             fab(data_ready, "stop", "--run", RUN, check=False)
     out = follower.out
     assert follower.proc.returncode == 0 and trained, out[-4000:]
@@ -89,3 +88,37 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
           f"v100a lost -> restart said in {again - down:.0f} s, training again in {training_again - down:.0f} s; "
           f"grew back at update {back.group(1)} (epoch {grown[-1][0]}); "
           f"through the controller: {moved.group(1)} MB in all")
+
+
+def test_a_run_that_would_fill_a_hosts_disk_is_refused_naming_host_need_and_free(data_ready):
+    """The same model with the preset's files kept (last, best, 5 best, 1 interval, 1 being written):
+    ~5 GB on each host, more than the lab's 3.9 GB /data: refused before anything starts."""
+    proc = fab(data_ready, "train", "--new", "--run", time.strftime("run-full-%Y%m%d-%H%M%S"), "--set",
+               f"{BIG},max_update={MAX_UPDATE}", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    for name in ("v100a", "v100b"):
+        found = re.search(rf"{name}: the run writes up to ([\d.]+) GB on /data \(9 checkpoint files of (0\.5\d) GB "
+                          r"\+ [\d.]+ GB of logs and samples; any host may become rank 0 after a loss\), ([\d.]+) GB "
+                          "free", out)
+        assert found and float(found.group(1)) > float(found.group(3)), out[-3000:]
+    print(" ".join(found.group(0).split()))
+
+
+def test_evaluate_refuses_a_host_a_run_is_training_on(data_ready):
+    """On a GPU host it takes a GPU no run trains on (train.run.gpu_choice, unit-tested); on the lab's
+    CPU hosts a run training there is refused, named."""
+    run_id = time.strftime("run-busy-%Y%m%d-%H%M%S")
+    fab(data_ready, "train", "--new", "--run", run_id, "--detach", "--set", "max_update=3000,save_interval_updates=5")
+    try:
+        wait_for(lambda: checkpoint_bytes_of(data_ready.cfg, run_id), 300, "a first checkpoint")
+        proc = fab(data_ready, "evaluate", "--run", run_id, "--checkpoint", "checkpoint_last.pt", check=False)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and f"v100a: run {run_id} is training there (CPU host)" in out, out[-3000:]
+    finally:
+        fab(data_ready, "stop", "--run", run_id, check=False)
+
+
+def checkpoint_bytes_of(cfg, run_id: str) -> int:
+    out = ssh(cfg, "v100a", f"stat -c %s {RUNS}/{run_id}/checkpoints/checkpoint_last.pt 2>/dev/null || echo 0").stdout
+    return int(out.split()[0])
