@@ -102,9 +102,10 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
             if follower.proc.poll() is None:
                 follower.proc.kill()
                 fab(data_ready, "stop", "--run", RUN, check=False)
+            log = log_of(cfg, "v100a", RUN)
+            remove_run(cfg, RUN)  # 2 GB of the lab's 3.9 GB /data on each host
     moved = controller_rx_bytes(cfg) - received
     out = follower.out
-    log = log_of(cfg, "v100a", RUN)
     grown = re.findall(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)", log)
     print(f"checkpoint {size / 1e6:.0f} MB, controller link {LAPTOP_LINK}: v100a lost with the controller's copy "
           f"under way -> restart said in {again - down:.0f} s, training again in {training_again - down:.0f} s"
@@ -150,6 +151,12 @@ def test_evaluate_refuses_a_host_a_run_is_training_on(data_ready):
         assert proc.returncode != 0 and f"v100a: run {run_id} is training there (CPU host)" in out, out[-3000:]
     finally:
         fab(data_ready, "stop", "--run", run_id, check=False)
+        remove_run(data_ready.cfg, run_id)
+
+
+def remove_run(cfg, run_id: str) -> None:
+    for name in cfg.names:
+        ssh(cfg, name, f"rm -rf {RUNS}/{run_id}")
 
 
 def checkpoint_bytes_of(cfg, run_id: str) -> int:
