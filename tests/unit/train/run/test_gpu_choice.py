@@ -22,5 +22,5 @@ def test_every_gpu_training_is_refused_naming_the_runs():
 
 def test_a_cpu_host_with_a_run_training_is_refused():
     with pytest.raises(ClusterError, match=r"^v100a: run run-a is training there \(CPU host\)"):
-        gpu_choice.choose("v100a", 0, {"run-a": []})
+        gpu_choice.choose("v100a", 0, {"run-a": [0]})  # a CPU rank's LOCAL_RANK names no GPU
     assert gpu_choice.choose("v100a", 0, {}) is None
