@@ -65,6 +65,13 @@ def laptop_link(cfg):
                            capture_output=True)
 
 
+def copying(local: Path) -> bool:
+    """A copy of rank 0's checkpoint_last.pt to the controller under way (train.cluster.get_whole's
+    temporary name, then the candidate checked for a rewrite before it replaces the copy)."""
+    return any((local / name).exists() for name in (".checkpoint_last.pt.fetched.partial",
+                                                    ".checkpoint_last.pt.fetched"))
+
+
 def controller_rx_bytes(cfg) -> int:
     """Bytes the controller received from the hosts (its bridge; host-to-host traffic is on the cluster bridge)."""
     return int(Path(f"/sys/class/net/{cfg.bridge}/statistics/rx_bytes").read_text())
@@ -80,8 +87,7 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
         follower = Follower(data_ready, "train", "--new", "--run", RUN, "--set", SETTINGS)
         try:
             # v100b holds rank 0's first checkpoint (pushed host to host) while the controller's copy is under way
-            size = wait_for(lambda: checkpoint_bytes(cfg, "v100b") if (local / ".checkpoint_last.pt.fetched").exists()
-                            else 0, 600, "v100b holding rank 0's checkpoint with the controller's copy under way",
+            size = wait_for(lambda: checkpoint_bytes(cfg, "v100b") if copying(local) else 0, 600, "v100b holding rank 0's checkpoint with the controller's copy under way",
                             follower, poll_s=0.2)
             down = time.monotonic()
             set_links(cfg, "v100a", "down")
