@@ -87,7 +87,8 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
         follower = Follower(data_ready, "train", "--new", "--run", RUN, "--set", SETTINGS)
         try:
             # v100b holds rank 0's first checkpoint (pushed host to host) while the controller's copy is under way
-            size = wait_for(lambda: checkpoint_bytes(cfg, "v100b") if copying(local) else 0, 600, "v100b holding rank 0's checkpoint with the controller's copy under way",
+            size = wait_for(lambda: checkpoint_bytes(cfg, "v100b") if copying(local) else 0, 600,
+                            "v100b holding rank 0's checkpoint with the controller's copy under way",
                             follower, poll_s=0.2)
             down = time.monotonic()
             set_links(cfg, "v100a", "down")
