@@ -115,7 +115,8 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
     out = follower.out
     grown = re.findall(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)", log)
     print(f"checkpoint {size / 1e6:.0f} MB, controller link {LAPTOP_LINK}: v100a lost with the controller's copy "
-          f"under way -> restart said in {again - down:.0f} s, training again in {training_again - down:.0f} s"
+          f"under way at update {lost.group(1)} -> went on from {lost.group(2)}, restart said in "
+          f"{again - down:.0f} s, training again in {training_again - down:.0f} s"
           f"{lost.group(3) or ''}; grew back at update {back.group(1)}; the controller received "
           f"{moved / 1e6:,.0f} MB from the hosts in all")
     assert follower.proc.returncode == 0, out[-4000:]
