@@ -17,8 +17,9 @@ def choose(host: str, gpus: int, busy: dict[str, list[int]]) -> int | None:
     taken = {g for used in busy.values() for g in used}
     if gpus == 0:
         if busy:
-            raise ClusterError(f"{host}: {said(dict.fromkeys(busy, []))} training there (CPU host): evaluating beside it takes its "
-                               "cores; wait for it, `fab stop --run RUN`, or evaluate on another host (--hosts)")
+            raise ClusterError(f"{host}: {said(dict.fromkeys(busy, []))} training there (CPU host): evaluating "
+                               "beside it takes its cores; wait for it, `fab stop --run RUN`, or evaluate on "
+                               "another host (--hosts)")
         return None
     free = [g for g in range(gpus) if g not in taken]
     if not free:
