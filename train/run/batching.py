@@ -73,8 +73,9 @@ def apply(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None =
 
 def update_freq_for(run: Run, ranks: int, scaled: int) -> int:
     """The update_freq of a new world of `ranks` ranks (elastic restart, grow-back): re-derived where
-    the run has a target, with the max_tokens cap found at its start (max_tokens set again too), else
-    `scaled` (the old ranks x update_freq kept, as before)."""
+    the run has a target, with the max_tokens cap found at its start (max_tokens set again too), then
+    times `--comm auto`'s extra accumulation (run.update_freq_scale), else `scaled` (the old ranks x
+    update_freq kept, as before)."""
     if not target(run) or run.update_freq_given:
         return scaled
     options = presets.resolve(run.preset, run.overrides).options
@@ -82,4 +83,12 @@ def update_freq_for(run: Run, ranks: int, scaled: int) -> int:
     given = int(options["max_tokens"]) if presets.overridden(run.overrides, "max_tokens") else None
     b = batch_model.derive(target(run), ranks, limit, max_tokens=given)
     run.max_tokens = None if given else b.max_tokens
-    return b.update_freq
+    return b.update_freq * max(1, run.update_freq_scale)
+
+
+def choose_update_freq(run: Run, chosen: int) -> None:
+    """`--comm auto` chose `chosen` (the derived update_freq, or 2x / 4x it on a slow link): set it,
+    and remember the factor for every later world (update_freq_for)."""
+    derived = max(1, run.update_freq)
+    run.update_freq_scale = max(1, chosen // derived) if chosen % derived == 0 else 1
+    run.update_freq = chosen

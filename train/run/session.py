@@ -210,7 +210,8 @@ def network_check(run: Run, hosts: list[Host], accept: bool, console,
     if verdict is None:
         return None
     if auto and verdict.choice:
-        run.comm, run.update_freq = verdict.choice.comm, verdict.choice.update_freq
+        run.comm = verdict.choice.comm
+        batching.choose_update_freq(run, verdict.choice.update_freq)
         console.print(f"[green]--comm auto[/] chose {verdict.choice.flag()}")
     text = "\n  ".join(verdict.lines)
     fewer = verdict.fewer_hosts_faster

@@ -66,6 +66,24 @@ def test_a_restart_on_fewer_ranks_keeps_the_tokens_per_update():
     assert abs(after / before - 1) < 0.05 and run.update_freq != 99
 
 
+def test_auto_s_extra_accumulation_lasts_through_a_restart_and_a_grow_back():
+    """--comm auto chose the recipe's update_freq x 2 on a slow link: the run on 2 hosts after losing
+    one, and on 3 again, keep twice the recipe's tokens per update (as the choice predicted), not
+    the recipe's own batch at the full all-reduce cost."""
+    run = Run("r", ["c0", "c1", "c2"], BASE, [], "d")
+    cpu = [Host(name=f"c{i}", address=f"10.0.0.{i + 1}", vars={}) for i in range(3)]
+    derived = batching.apply(run, cpu).update_freq
+    batching.choose_update_freq(run, derived * 2)
+    assert run.update_freq == derived * 2 and run.update_freq_scale == 2
+    after_loss = batching.update_freq_for(run, 2, scaled=99)
+    plain = Run("r", ["c0", "c1", "c2"], BASE, [], "d")
+    batching.apply(plain, cpu)
+    assert after_loss == 2 * batching.update_freq_for(plain, 2, scaled=99)
+    tokens = run.resolved_preset().options["max_tokens"] * after_loss * 2
+    assert abs(tokens / (2 * presets.PRESETS[BASE]["tokens_per_update"]) - 1) <= 0.05
+    assert batching.update_freq_for(run, 3, scaled=99) == derived * 2  # grown back: as chosen
+
+
 def test_a_preset_without_a_recipe_is_left_as_it_is():
     run = Run("r", ["c0"], "tiny", [], "d")
     assert batching.apply(run, [Host(name="c0", address="10.0.0.1", vars={})]) is None
