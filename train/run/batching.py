@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from ..cluster import Host
 from ..plan import batch as batch_model
 from . import presets
+from .comm import Strategy
 from .record import Run
 
 VOCAB = 32000  # the joint dictionary the presets are meant for (the memory model's logits)
@@ -47,8 +48,15 @@ def cap(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = N
             return run.max_tokens_cap, "the GPUs' memory as probed at the start"
         return preset_max, "the preset's: GPU memory not probed yet"
     name, gib = min(known.items(), key=lambda kv: kv[1])
-    largest = batch_model.largest_max_tokens(options, VOCAB, gib, run.precision)
-    return largest, f"what {name}'s {gib:.0f} GiB GPU holds (memory model, margin {batch_model.MARGIN:.2f}x)"
+    extra = comm_extra_per_param(run)
+    largest = batch_model.largest_max_tokens(options, VOCAB, gib, run.precision, extra_per_param=extra)
+    beside = f", {run.comm}'s {extra} B a parameter" if extra else ""
+    return largest, f"what {name}'s {gib:.0f} GiB GPU holds (memory model, margin {batch_model.MARGIN:.2f}x{beside})"
+
+
+def comm_extra_per_param(run: Run) -> int:
+    """GPU bytes a parameter the run's --comm keeps beyond sync's (local SGD's copies)."""
+    return Strategy.parse(run.comm).extra_bytes_per_param(presets.resolve(run.preset, run.overrides).options)
 
 
 def derive(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> batch_model.Batch:

@@ -130,3 +130,22 @@ def test_fab_predict_takes_the_update_freq_the_recipe_needs():
     assert derived_update_freq(two, presets.resolve(BASE).options) == 4  # 32,768 / (4,096 x 2)
     assert derived_update_freq(gpu_hosts(2, 8), presets.resolve(BIG).options) == 8  # 458,752 / (3,584 x 16)
     assert derived_update_freq(two, presets.resolve("tiny").options) == 1
+
+
+def test_local_sgd_s_copies_of_the_model_are_counted_against_the_gpu():
+    """Big on a 16 GB V100 at a batch that fits sync: with --comm local-sgd and outer momentum (BMUF's
+    three more fp32 copies and tandem's flat one: 16 B a parameter, 3.3 GiB) it does not, and
+    preflight says so naming the strategy; the derived batch for that run is smaller."""
+    v100 = [{"name": "Tesla V100-SXM2-16GB", "memory_mib": 16160}]
+    sync = Run("r", ["g0"], BIG, [], "d", precision="fp16")
+    fitting = batching.cap(sync, gpu_hosts(1, 1), {"g0": 15.8})[0]
+    sync.max_tokens = fitting
+    assert memory_problem(sync, "g0", v100) is None
+    bmuf = Run("r", ["g0"], BIG, ["block_momentum=0.875"], "d", precision="fp16", comm="local-sgd:16",
+               max_tokens=fitting)
+    said = memory_problem(bmuf, "g0", v100)
+    assert said and said.startswith("g0:") and "--comm local-sgd:16 keeps 16 B a parameter" in said, said
+    smaller, why = batching.cap(bmuf, gpu_hosts(1, 1), {"g0": 15.8})
+    assert smaller < fitting and "local-sgd:16's 16 B a parameter" in why
+    bmuf.max_tokens = smaller
+    assert memory_problem(bmuf, "g0", v100) is None
