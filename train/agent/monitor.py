@@ -191,6 +191,13 @@ def sample(nic: str, previous: tuple[float, int, int] | None, gpus) -> tuple[dic
     return record, (now, sent, recv)
 
 
+def read_pid_file(path: Path | None) -> str | None:
+    try:
+        return path.read_text().strip() or None if path else None
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
@@ -208,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the other hosts' cluster addresses, comma-separated: a peer silent for "
                              "--peer-lost-after seconds ends this host's ranks")
     parser.add_argument("--peer-lost-after", type=float, default=45.0)
+    parser.add_argument("--pid-file", type=Path,
+                        help="the run's train.pid: once a restart writes another pid there, the new world has "
+                             "its own monitor and this one ends (it would judge the new world by the old peers)")
     args = parser.parse_args(argv)
     nics = psutil.net_io_counters(pernic=True)
     if not args.nic:  # never a guess (eth0): the figures would be another NIC's, or none
@@ -225,8 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     peers = PeerWatch([p for p in args.peers.split(",") if p], args.peer_lost_after, log_path=args.log)
     previous = None
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    generation = None  # the pid the training command wrote, as first read
     with open(args.out, "a", encoding="utf-8") as out:
         while True:
+            written = read_pid_file(args.pid_file)
+            generation = generation or written
+            if generation and written and written != generation:
+                return 0
             pids = save_dir_pids(args.watch)
             alive = bool(pids)
             seen = seen or alive

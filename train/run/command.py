@@ -267,7 +267,7 @@ def monitor_command(launch: Launch, preset: Preset | None = None) -> list[str]:
     heartbeat = int((preset.options if preset else {}).get("heartbeat_timeout") or COMMON["heartbeat_timeout"])
     return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.monitor",
             "--out", f"{launch.log_dir}/samples.jsonl", *nic, "--watch", launch.save_dir,
-            "--frozen-after", str(heartbeat + 15), "--log", launch.log_path, *peers]
+            "--frozen-after", str(heartbeat + 15), "--log", launch.log_path, "--pid-file", launch.pid_file, *peers]
 
 
 def launches(

@@ -90,3 +90,19 @@ def test_a_peer_that_never_answered_ends_nothing():
 
 def test_a_host_that_refuses_the_port_is_up():
     assert monitor.tcp_answers("127.0.0.1", port=1, timeout_s=2)  # refused: the host is up
+
+
+def test_a_monitor_ends_once_a_restart_wrote_another_pid(tmp_path, spawn):
+    """An elastic restart starts a new world (its own monitor, the survivors as peers) in the same
+    save dir: the old monitor must not judge it by the old peers."""
+    save_dir = str(tmp_path / "checkpoints")
+    rank = spawn([sys.executable, "-c", "import time; time.sleep(30)", "--save-dir", save_dir])
+    pid_file = tmp_path / "train.pid"
+    pid_file.write_text("1111\n")
+    argv = ["--out", str(tmp_path / "s.jsonl"), "--nic", "lo", "--watch", save_dir, "--interval", "0.2",
+            "--pid-file", str(pid_file)]
+    import threading
+    threading.Timer(1.0, lambda: pid_file.write_text("2222\n")).start()
+    started = time.monotonic()
+    assert monitor.main(argv) == 0
+    assert time.monotonic() - started < 10 and rank.poll() is None  # ended itself, touched nothing
