@@ -101,9 +101,10 @@ class FrozenWatch:
                 log.write(line + "\n")
 
 
-def tcp_answers(address: str, port: int = 22, timeout_s: float = 3.0) -> bool:
+def tcp_answers(address: str, port: int = 22, timeout_s: float = 5.0) -> bool:
     """Whether `address` answers at all: a connection accepted or refused (the host is up either
-    way); a timeout or an unreachable route is no answer."""
+    way); a timeout or an unreachable route is no answer. 5 s: a SYN dropped by a saturated slow
+    link's queue is sent again at 1 s and 3 s (and a peer is judged lost only after 45 s of these)."""
     try:
         with socket.create_connection((address, port), timeout=timeout_s):
             return True
