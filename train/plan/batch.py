@@ -34,10 +34,11 @@ RESERVED_GIB = 1.0  # other processes, NCCL's buffers: what a batch may not coun
 GIB = 2**30
 
 
-def static_gib(params: int, precision: str = "fp16", optimizer: str = "adam") -> float:
-    """Weights, gradients and optimizer state."""
+def static_gib(params: int, precision: str = "fp16", optimizer: str = "adam", extra_per_param: int = 0) -> float:
+    """Weights, gradients and optimizer state; `extra_per_param`: what the communication strategy
+    keeps beside them (local SGD's flat fp32 copy and BMUF's outer state: comm.Strategy)."""
     key = (precision, optimizer if optimizer in ("adam", "sgd") else "adam")
-    return params * BYTES_PER_PARAM[key] / GIB
+    return params * (BYTES_PER_PARAM[key] + extra_per_param) / GIB
 
 
 def bytes_per_token(options: Mapping[str, object], vocab: int) -> float:
@@ -48,23 +49,26 @@ def bytes_per_token(options: Mapping[str, object], vocab: int) -> float:
     return BYTES_PER_TOKEN_VOCAB * vocab + BYTES_PER_TOKEN_WIDTH * layers * width
 
 
-def peak_gib(options: Mapping[str, object], vocab: int, max_tokens: int, precision: str = "fp16") -> float:
+def peak_gib(options: Mapping[str, object], vocab: int, max_tokens: int, precision: str = "fp16",
+             extra_per_param: int = 0) -> float:
     """Predicted peak GPU memory of one rank training with `max_tokens` (no margin)."""
     params = preset_params(options, vocab)
-    return static_gib(params, precision, str(options.get("optimizer", "adam"))) + \
+    return static_gib(params, precision, str(options.get("optimizer", "adam")), extra_per_param) + \
         max_tokens * bytes_per_token(options, vocab) / GIB
 
 
-def fits(options: Mapping[str, object], vocab: int, max_tokens: int, gpu_gib: float, precision: str = "fp16") -> bool:
-    return peak_gib(options, vocab, max_tokens, precision) * MARGIN <= gpu_gib - RESERVED_GIB
+def fits(options: Mapping[str, object], vocab: int, max_tokens: int, gpu_gib: float, precision: str = "fp16",
+         extra_per_param: int = 0) -> bool:
+    return peak_gib(options, vocab, max_tokens, precision, extra_per_param) * MARGIN <= gpu_gib - RESERVED_GIB
 
 
 def largest_max_tokens(options: Mapping[str, object], vocab: int, gpu_gib: float, precision: str = "fp16",
-                       multiple: int = 256) -> int:
+                       multiple: int = 256, extra_per_param: int = 0) -> int:
     """The largest max_tokens (a multiple of `multiple`) predicted to fit `gpu_gib` with the margin;
     0 when not even the model fits."""
     params = preset_params(options, vocab)
-    room = (gpu_gib - RESERVED_GIB) / MARGIN - static_gib(params, precision, str(options.get("optimizer", "adam")))
+    room = (gpu_gib - RESERVED_GIB) / MARGIN - static_gib(params, precision, str(options.get("optimizer", "adam")),
+                                                          extra_per_param)
     if room <= 0:
         return 0
     return int(room * GIB / bytes_per_token(options, vocab)) // multiple * multiple

@@ -243,7 +243,8 @@ class RankEnd:
 # what a rank logs when it ends because another one went away (gloo, NCCL, fairseq's heartbeat)
 PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|Killing job for not making progress|Broken pipe"
                        r"|NCCL communicator was aborted|Watchdog caught collective operation timeout"
-                       r"|Socket Timeout|ECONNRESET|remote process exited or there was a network error", re.I)
+                       r"|Socket Timeout|ECONNRESET|remote process exited or there was a network error"
+                       r"|tandem watchdog: peer \S+ has not answered", re.I)
 # torchrun's report of a failed worker, from its own error line to the end: it repeats what
 # the state column says, and its "[0]:" header would pass for the last thing the rank said
 TORCHRUN_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
@@ -252,6 +253,7 @@ TORCHRUN_REPORT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 # the line a Python traceback ends with (fairseq's, the rank's own), not torchrun's ChildFailedError
 EXCEPTION = re.compile(r"^(?:\[\d+\]:\s*)?((?!torch\.distributed\.elastic)[A-Za-z_][\w.]*(?:Error|Exception)\b:?.*)$")
 FROZEN = re.compile(r"tandem watchdog: process \d+ of the run was stopped \(frozen\) for (\d+) s")
+PEER_SILENT = re.compile(r"tandem watchdog: peer (\S+) has not answered on the cluster network for (\d+) s")
 
 
 def rank_end(lines: list[str]) -> RankEnd | None:
@@ -259,6 +261,10 @@ def rank_end(lines: list[str]) -> RankEnd | None:
     text = "\n".join(lines)
     block = text.rsplit("Root Cause (first observed failure):", 1)
     if len(block) < 2:
+        silent = next((m for line in lines[-20:] if (m := PEER_SILENT.search(line))), None)
+        if silent:  # the watchdog's SIGTERM: torchrun shuts its workers down without a report
+            return RankEnd(None, f"ended by tandem's watchdog: peer {silent.group(1)} silent {silent.group(2)} s",
+                           "", peer_gone=True)
         return None
     before, body = block
     rank = re.search(r"^\s*rank\s*:\s*(\d+)", body, re.M)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from ..cluster import Host
 from ..plan import batch as batch_model
 from . import presets
+from .comm import Strategy
 from .record import Run
 
 VOCAB = 32000  # the joint dictionary the presets are meant for (the memory model's logits)
@@ -47,8 +48,15 @@ def cap(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = N
             return run.max_tokens_cap, "the GPUs' memory as probed at the start"
         return preset_max, "the preset's: GPU memory not probed yet"
     name, gib = min(known.items(), key=lambda kv: kv[1])
-    largest = batch_model.largest_max_tokens(options, VOCAB, gib, run.precision)
-    return largest, f"what {name}'s {gib:.0f} GiB GPU holds (memory model, margin {batch_model.MARGIN:.2f}x)"
+    extra = comm_extra_per_param(run)
+    largest = batch_model.largest_max_tokens(options, VOCAB, gib, run.precision, extra_per_param=extra)
+    beside = f", {run.comm}'s {extra} B a parameter" if extra else ""
+    return largest, f"what {name}'s {gib:.0f} GiB GPU holds (memory model, margin {batch_model.MARGIN:.2f}x{beside})"
+
+
+def comm_extra_per_param(run: Run) -> int:
+    """GPU bytes a parameter the run's --comm keeps beyond sync's (local SGD's copies)."""
+    return Strategy.parse(run.comm).extra_bytes_per_param(presets.resolve(run.preset, run.overrides).options)
 
 
 def derive(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> batch_model.Batch:
@@ -73,8 +81,9 @@ def apply(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None =
 
 def update_freq_for(run: Run, ranks: int, scaled: int) -> int:
     """The update_freq of a new world of `ranks` ranks (elastic restart, grow-back): re-derived where
-    the run has a target, with the max_tokens cap found at its start (max_tokens set again too), else
-    `scaled` (the old ranks x update_freq kept, as before)."""
+    the run has a target, with the max_tokens cap found at its start (max_tokens set again too), then
+    times `--comm auto`'s extra accumulation (run.update_freq_scale), else `scaled` (the old ranks x
+    update_freq kept, as before)."""
     if not target(run) or run.update_freq_given:
         return scaled
     options = presets.resolve(run.preset, run.overrides).options
@@ -82,4 +91,12 @@ def update_freq_for(run: Run, ranks: int, scaled: int) -> int:
     given = int(options["max_tokens"]) if presets.overridden(run.overrides, "max_tokens") else None
     b = batch_model.derive(target(run), ranks, limit, max_tokens=given)
     run.max_tokens = None if given else b.max_tokens
-    return b.update_freq
+    return b.update_freq * max(1, run.update_freq_scale)
+
+
+def choose_update_freq(run: Run, chosen: int) -> None:
+    """`--comm auto` chose `chosen` (the derived update_freq, or 2x / 4x it on a slow link): set it,
+    and remember the factor for every later world (update_freq_for)."""
+    derived = max(1, run.update_freq)
+    run.update_freq_scale = max(1, chosen // derived) if chosen % derived == 0 else 1
+    run.update_freq = chosen

@@ -83,6 +83,7 @@ class Launch:
     pid_path: str | None = None  # default: beside the log, <log stem>.pid
     env_file: str = ENV_FILE
     cpu_ranks: int = 1  # ranks on a CPU host (the inventory's cpu_ranks); a GPU host runs one per GPU
+    peers: tuple[str, ...] = ()  # the other hosts' cluster addresses: the watchdog's PeerWatch asks them
 
     def __post_init__(self) -> None:
         if self.nnodes < 1:
@@ -250,6 +251,11 @@ def training_command(preset: Preset, launch: Launch) -> str:
     )
 
 
+# A peer silent this long has vanished (train.agent.monitor.PeerWatch): under the 60 s a lost host
+# must be noticed in, whatever the heartbeat a slow link's collectives need
+PEER_LOST_AFTER_S = 45
+
+
 def monitor_command(launch: Launch, preset: Preset | None = None) -> list[str]:
     """The sampler beside the training (train/agent/monitor.py): NIC, CPU, memory, GPUs to
     samples.jsonl every 2 s; it ends by itself when the run's processes are gone. Without the
@@ -257,10 +263,11 @@ def monitor_command(launch: Launch, preset: Preset | None = None) -> list[str]:
     host's watchdog it kills a rank left stopped (frozen) 15 s beyond the heartbeat that ends its
     peers."""
     nic = ["--nic", launch.nic] if launch.nic else []
+    peers = ["--peers", ",".join(launch.peers), "--peer-lost-after", str(PEER_LOST_AFTER_S)] if launch.peers else []
     heartbeat = int((preset.options if preset else {}).get("heartbeat_timeout") or COMMON["heartbeat_timeout"])
     return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.monitor",
             "--out", f"{launch.log_dir}/samples.jsonl", *nic, "--watch", launch.save_dir,
-            "--frozen-after", str(heartbeat + 15), "--log", launch.log_path]
+            "--frozen-after", str(heartbeat + 15), "--log", launch.log_path, "--pid-file", launch.pid_file, *peers]
 
 
 def launches(
@@ -308,6 +315,7 @@ def launches(
             comm=comm,
             omp_threads=int(h["threads"]) if h.get("threads") else None,  # type: ignore[arg-type]
             cpu_ranks=int(h.get("ranks", 1) or 1),  # type: ignore[arg-type]
+            peers=tuple(str(o["address"]) for o in hosts if o is not h),
         )
         for i, h in enumerate(hosts)
     ]

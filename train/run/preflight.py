@@ -15,6 +15,8 @@ from ..agent.probe import agent_digest, versions_differ
 from ..cluster import TOP, ClusterError, Host, HostResult, run_all
 from ..plan import batch as batch_model
 from . import batching, disk
+from .comm import Strategy
+from .params import preset_params
 from .record import Run
 from .remote import agent_command, venv_of
 
@@ -120,14 +122,18 @@ def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) ->
         return None
     smallest = min(gpus, key=lambda g: g["memory_mib"])
     gib, max_tokens = smallest["memory_mib"] / 1024, int(options["max_tokens"])  # type: ignore[call-overload]
-    if batch_model.fits(options, vocab, max_tokens, gib, run.precision):
+    extra = Strategy.parse(run.comm).extra_bytes_per_param(options)
+    if batch_model.fits(options, vocab, max_tokens, gib, run.precision, extra):
         return None
-    peak = batch_model.peak_gib(options, vocab, max_tokens, run.precision)
-    largest = batch_model.largest_max_tokens(options, vocab, gib, run.precision)
-    return (f"{host}: max_tokens {max_tokens:,} is predicted to need {peak:.1f} GiB of GPU memory "
+    peak = batch_model.peak_gib(options, vocab, max_tokens, run.precision, extra)
+    largest = batch_model.largest_max_tokens(options, vocab, gib, run.precision, extra_per_param=extra)
+    comm = (f" (--comm {run.comm} keeps {extra} B a parameter beside the model: "
+            f"{preset_params(options, vocab) * extra / 2**30:.1f} GiB of it)" if extra else "")
+    fix = (f"lower max_tokens to {largest:,} or less (`--set max_tokens=`), or leave it to tandem (the preset's "
+           "tokens per update, derived for the GPUs)" if largest else "the model alone does not fit")
+    return (f"{host}: max_tokens {max_tokens:,} is predicted to need {peak:.1f} GiB of GPU memory{comm} "
             f"({peak * batch_model.MARGIN:.1f} with the model's {batch_model.MARGIN:.2f}x margin), and its "
-            f"{smallest['name']} has {gib:.1f} GiB: lower max_tokens to {largest:,} or less (`--set max_tokens=`), "
-            "or leave it to tandem (the preset's tokens per update, derived for the GPUs)")
+            f"{smallest['name']} has {gib:.1f} GiB: {fix}")
 
 
 def check(run: Run, hosts: list[Host], answers: dict[str, dict],

@@ -89,6 +89,8 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     verdict = network_check(run, hosts, request.accept_slow_network, console,
                             auto=request.comm == "auto" and not resuming)
     run.link_mbps = verdict.link_mbps if verdict else None
+    if request.comm == "auto" and not resuming and (short := gpu_memory_after_choice(run, hosts, answers)):
+        raise ClusterError("preflight failed after --comm auto's choice, nothing started:\n  " + "\n  ".join(short))
     cost = verdict.cost_line() if verdict else None
     if resuming:
         shared = checkpoints.share_checkpoint(run, [*current, *joining])  # the newest: a joiner's is stale
@@ -111,6 +113,14 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
         follow_to_the_end(run, hosts, request, known, console)
+
+
+def gpu_memory_after_choice(run: Run, hosts: list[Host], answers: dict[str, dict]) -> list[str]:
+    """The GPU memory check again once --comm auto chose (local SGD keeps copies of the model beside
+    it: the batch that fitted sync may not fit it)."""
+    found = (preflight.memory_problem(run, h.name, answers.get(h.name, {}).get("gpus") or []) for h in hosts
+             if h.gpus > 0)
+    return [problem for problem in found if problem]
 
 
 def backup_policy(request: TrainRequest) -> checkpoints.BackupPolicy:
@@ -220,7 +230,8 @@ def network_check(run: Run, hosts: list[Host], accept: bool, console,
     if verdict is None:
         return None
     if auto and verdict.choice:
-        run.comm, run.update_freq = verdict.choice.comm, verdict.choice.update_freq
+        run.comm = verdict.choice.comm
+        batching.choose_update_freq(run, verdict.choice.update_freq)
         console.print(f"[green]--comm auto[/] chose {verdict.choice.flag()}")
     text = "\n  ".join(verdict.lines)
     fewer = verdict.fewer_hosts_faster

@@ -62,3 +62,47 @@ Root Cause (first observed failure):
   exitcode  : -9 (pid: 123)
   error_file: <N/A>
   traceback : Signal 9 (SIGKILL) received by PID 123"""
+
+
+def test_a_peer_silent_45_s_ends_this_hosts_ranks_and_says_why(tmp_path, spawn):
+    """The peer answers, then stops: judged lost once silent `after_s` (not before, and not while
+    it answers however long a collective takes); this host's ranks end, the cause in train.log."""
+    said = {"10.0.0.2": True}
+    watch = monitor.PeerWatch(["10.0.0.2"], after_s=45, every_s=5, answers=lambda peer: said[peer],
+                              log_path=tmp_path / "train.log")
+    assert watch.check(now=0.0) is None  # answers: armed
+    said["10.0.0.2"] = False
+    assert watch.check(now=10.0) is None and watch.check(now=50.0) is None
+    assert watch.check(now=55.0) == "10.0.0.2"
+    rank = spawn([sys.executable, "-c", "import time; time.sleep(60)"])
+    watch.end_ranks([rank.pid], "10.0.0.2")  # psutil reaps it: gone is what counts
+    assert not psutil.pid_exists(rank.pid) or psutil.Process(rank.pid).status() == psutil.STATUS_ZOMBIE
+    line = (tmp_path / "train.log").read_text().strip()
+    end = logparse.rank_end([line])
+    assert end.how == "ended by tandem's watchdog: peer 10.0.0.2 silent 45 s" and end.peer_gone
+
+
+def test_a_peer_that_never_answered_ends_nothing():
+    """A firewall dropping the probe from the start is not a lost host."""
+    watch = monitor.PeerWatch(["10.0.0.2"], after_s=45, every_s=5, answers=lambda peer: False)
+    assert all(watch.check(now=float(t)) is None for t in range(0, 600, 5))
+
+
+def test_a_host_that_refuses_the_port_is_up():
+    assert monitor.tcp_answers("127.0.0.1", port=1, timeout_s=2)  # refused: the host is up
+
+
+def test_a_monitor_ends_once_a_restart_wrote_another_pid(tmp_path, spawn):
+    """An elastic restart starts a new world (its own monitor, the survivors as peers) in the same
+    save dir: the old monitor must not judge it by the old peers."""
+    save_dir = str(tmp_path / "checkpoints")
+    rank = spawn([sys.executable, "-c", "import time; time.sleep(30)", "--save-dir", save_dir])
+    pid_file = tmp_path / "train.pid"
+    pid_file.write_text("1111\n")
+    argv = ["--out", str(tmp_path / "s.jsonl"), "--nic", "lo", "--watch", save_dir, "--interval", "0.2",
+            "--pid-file", str(pid_file)]
+    import threading
+    threading.Timer(1.0, lambda: pid_file.write_text("2222\n")).start()
+    started = time.monotonic()
+    assert monitor.main(argv) == 0
+    assert time.monotonic() - started < 10 and rank.poll() is None  # ended itself, touched nothing

@@ -66,6 +66,24 @@ def test_a_restart_on_fewer_ranks_keeps_the_tokens_per_update():
     assert abs(after / before - 1) < 0.05 and run.update_freq != 99
 
 
+def test_auto_s_extra_accumulation_lasts_through_a_restart_and_a_grow_back():
+    """--comm auto chose the recipe's update_freq x 2 on a slow link: the run on 2 hosts after losing
+    one, and on 3 again, keep twice the recipe's tokens per update (as the choice predicted), not
+    the recipe's own batch at the full all-reduce cost."""
+    run = Run("r", ["c0", "c1", "c2"], BASE, [], "d")
+    cpu = [Host(name=f"c{i}", address=f"10.0.0.{i + 1}", vars={}) for i in range(3)]
+    derived = batching.apply(run, cpu).update_freq
+    batching.choose_update_freq(run, derived * 2)
+    assert run.update_freq == derived * 2 and run.update_freq_scale == 2
+    after_loss = batching.update_freq_for(run, 2, scaled=99)
+    plain = Run("r", ["c0", "c1", "c2"], BASE, [], "d")
+    batching.apply(plain, cpu)
+    assert after_loss == 2 * batching.update_freq_for(plain, 2, scaled=99)
+    tokens = run.resolved_preset().options["max_tokens"] * after_loss * 2
+    assert abs(tokens / (2 * presets.PRESETS[BASE]["tokens_per_update"]) - 1) <= 0.05
+    assert batching.update_freq_for(run, 3, scaled=99) == derived * 2  # grown back: as chosen
+
+
 def test_a_preset_without_a_recipe_is_left_as_it_is():
     run = Run("r", ["c0"], "tiny", [], "d")
     assert batching.apply(run, [Host(name="c0", address="10.0.0.1", vars={})]) is None
@@ -112,3 +130,22 @@ def test_fab_predict_takes_the_update_freq_the_recipe_needs():
     assert derived_update_freq(two, presets.resolve(BASE).options) == 4  # 32,768 / (4,096 x 2)
     assert derived_update_freq(gpu_hosts(2, 8), presets.resolve(BIG).options) == 8  # 458,752 / (3,584 x 16)
     assert derived_update_freq(two, presets.resolve("tiny").options) == 1
+
+
+def test_local_sgd_s_copies_of_the_model_are_counted_against_the_gpu():
+    """Big on a 16 GB V100 at a batch that fits sync: with --comm local-sgd and outer momentum (BMUF's
+    three more fp32 copies and tandem's flat one: 16 B a parameter, 3.3 GiB) it does not, and
+    preflight says so naming the strategy; the derived batch for that run is smaller."""
+    v100 = [{"name": "Tesla V100-SXM2-16GB", "memory_mib": 16160}]
+    sync = Run("r", ["g0"], BIG, [], "d", precision="fp16")
+    fitting = batching.cap(sync, gpu_hosts(1, 1), {"g0": 15.8})[0]
+    sync.max_tokens = fitting
+    assert memory_problem(sync, "g0", v100) is None
+    bmuf = Run("r", ["g0"], BIG, ["block_momentum=0.875"], "d", precision="fp16", comm="local-sgd:16",
+               max_tokens=fitting)
+    said = memory_problem(bmuf, "g0", v100)
+    assert said and said.startswith("g0:") and "--comm local-sgd:16 keeps 16 B a parameter" in said, said
+    smaller, why = batching.cap(bmuf, gpu_hosts(1, 1), {"g0": 15.8})
+    assert smaller < fitting and "local-sgd:16's 16 B a parameter" in why
+    bmuf.max_tokens = smaller
+    assert memory_problem(bmuf, "g0", v100) is None
