@@ -60,6 +60,11 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
                                                                    "max_tokens=10240", "no_save=true"]),
     "big-bf16-10k": ("transformer_vaswani_wmt_en_de_big", "bf16", ["max_update=300", "log_interval=10",
                                                                    "max_tokens=10240", "no_save=true"]),
+    # the presets' old batches, for the memory model's rows (benchmarks/README.md, "The memory model")
+    "base-fp16-4k": ("transformer_wmt_en_de", "fp16", ["max_update=300", "log_interval=10", "max_tokens=4096",
+                                                        "no_save=true"]),
+    "big-fp16-3.5k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10",
+                                                                    "max_tokens=3584", "no_save=true"]),
     # past the memory model's fit on an 80 GB GPU: refused before it starts, naming the predicted peak
     "big-fp16-40k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=100", "log_interval=10",
                                                                    "max_tokens=40960", "no_save=true"]),
