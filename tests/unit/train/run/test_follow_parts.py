@@ -24,3 +24,24 @@ def test_the_survivors_of_a_dead_rank_are_stopped_after_the_grace(monkeypatch):
     assert stopped == [["v100a", "v100b"]] and said == ["[red]rank on v100b stopped; stopping the others[/]"]
     guard.reset()
     assert not guard.stopped_the_rest(HOSTS, states)  # a new membership gets its own grace
+
+
+def test_a_vanished_host_is_given_up_within_a_minute_however_long_one_collective_may_take(monkeypatch):
+    """The collective timeout grows with the bytes and the link (base on 16 ranks at 10 Mbit/s: over
+    ten minutes); the controller's watch of each host does not wait for it: a host that stops
+    answering is given up after the guard's grace, and only the hosts that answer are stopped."""
+    from train.run import presets
+    assert presets.resolve("transformer_wmt_en_de", ranks=16, link_mbps=10).options["heartbeat_timeout"] > 600
+    clock = [1000.0]
+    monkeypatch.setattr(follow.time, "monotonic", lambda: clock[0])
+    stopped = []
+    monkeypatch.setattr(launch, "stop", lambda run, hosts: stopped.append([h.name for h in hosts]))
+    guard = follow.DeadRankGuard(RUN, say=lambda text: None)  # follow()'s default grace
+    states = [HostState("v100a", True, True, None, []), HostState("v100b", False, False, None, [], error="timed out")]
+    vanished, fired = clock[0], None
+    while fired is None and clock[0] - vanished < 600:
+        clock[0] += 2 + 15  # a poll: its sleep, then the state query that waits out the silent host
+        if guard.stopped_the_rest(HOSTS, states):
+            fired = clock[0] - vanished
+    assert fired is not None and fired <= 60, fired
+    assert stopped == [["v100a"]]
