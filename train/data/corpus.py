@@ -78,6 +78,11 @@ def wmt16_sources(mirror: str | None = None) -> dict[str, download.Source]:
 WMT16_SOURCES = wmt16_sources()
 
 
+def current_sources() -> dict[str, download.Source]:
+    mirror = os.environ.get("TANDEM_WMT16_MIRROR")
+    return wmt16_sources(mirror) if mirror else WMT16_SOURCES
+
+
 class DataError(RuntimeError):
     pass
 
@@ -144,11 +149,12 @@ def _clean_chunk(job: tuple[list[str], list[str], bool]) -> tuple[str, str, int]
 
 def ordered_map(fn: Callable, jobs: Iterable, workers: int) -> Iterator:
     """fn over jobs on `workers` processes, results in order, at most 2 × workers jobs in flight
-    (Pool.imap reads its whole input ahead: the corpus would end up in memory)."""
+    (Pool.imap reads its whole input ahead: the corpus would end up in memory). Forked, not spawned:
+    a spawned worker re-runs the caller's script when it has no __main__ guard."""
     if workers <= 1:
         yield from map(fn, jobs)
         return
-    with multiprocessing.get_context("forkserver").Pool(workers) as pool:
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
         pending: deque = deque()
         for job in jobs:
             pending.append(pool.apply_async(fn, (job,)))
@@ -200,7 +206,7 @@ def raw_from_directory(source: Path) -> dict[str, list[dict[str, Path]]]:
 def download_wmt16(downloads: Path, quiet: bool = False, report: Silent | None = None) -> dict[str, Path]:
     """Every WMT16 archive, fetched (resumed, checked) unless already there: {name: archive}."""
     archives = {}
-    for name, source in WMT16_SOURCES.items():
+    for name, source in current_sources().items():
         archives[name] = download.fetch(source.url, downloads / Path(source.url).name, source.sha256, quiet=quiet,
                                         report=report)
         if source.sha256 is None:
@@ -212,7 +218,7 @@ def extract_wmt16(archives: dict[str, Path], out: Path, report: Silent) -> dict:
     """The archives' members, flat in `out`; the SGML test sets as text, one segment a line."""
     report.start("extract", total=len(archives), unit="archives")
     for name, archive in archives.items():
-        download.extract(archive, WMT16_SOURCES[name].members, out)
+        download.extract(archive, current_sources()[name].members, out)
         report.advance(1)
     for split, members in WMT16_DEV.items():
         for lang, member in members.items():
@@ -334,12 +340,13 @@ def binarize(sub_dir: Path, bin_dir: Path, workers: int | None = None, report: S
     report.finish()
 
 
-def write_manifest(bin_dir: Path) -> Path:
+def write_manifest(bin_dir: Path, report: Silent | None = None) -> Path:
     """sha256sum-compatible list of every file, each hashed as a stream: hosts check their copy
     with `sha256sum -c`."""
     lines = []
     for path in sorted(p for p in bin_dir.rglob("*") if p.is_file() and p.name != "MANIFEST.sha256"):
         lines.append(f"{download.sha256_of(path)}  {path.relative_to(bin_dir)}\n")
+        (report or Silent()).advance(path.stat().st_size)
     manifest = bin_dir / "MANIFEST.sha256"
     manifest.write_text("".join(lines))
     return manifest
@@ -465,7 +472,7 @@ def _binarize(name, root, bin_dir, raw, lines, spm_info, pieces, vocab_size, wor
     figures = {k: v for k, v in corpus.as_dict().items() if k != "bin_dir"}
     (bin_dir / "corpus.json").write_text(json.dumps(figures, indent=2))
     report.start("manifest", total=sum(p.stat().st_size for p in bin_dir.iterdir()), unit="bytes")
-    write_manifest(bin_dir)
+    write_manifest(bin_dir, report)
     report.finish()
     return figures
 
