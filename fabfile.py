@@ -13,6 +13,7 @@ from fabric import task
 from train.data.prepare import prepare_data as prepare
 from train.run import launch, presets, session
 from train.run import status as run_status
+from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
 from train.run.record import Run
 from train.run.remote import venv_of
@@ -129,7 +130,9 @@ def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     """Translate the test set with the best checkpoint on the first host and print SacreBLEU."""
     the_run = Run.load(run)
     bleu = evaluate_run(the_run, hosts, checkpoint, console)
-    console.print(f"[bold]SacreBLEU {bleu:.2f}[/] ({the_run.run_id}, {checkpoint}, {the_run.dataset} test set)")
+    signature = parse_signature((the_run.local_dir / "bleu.json").read_text())
+    console.print(f"[bold]SacreBLEU {bleu:.2f}[/] ({the_run.run_id}, {checkpoint}, {the_run.dataset} test set; "
+                  f"detokenized output against the raw reference)\n  signature: {signature or 'none given'}")
 
 
 # ---- benchmarks (benchmarks/*.py, the cost model train/plan/predict.py; issue 5) ----

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-SEGMENT = re.compile(r"<seg[^>]*>(.*)</seg>")
+SEGMENT = re.compile(r"<seg.*?>(.*)</seg>.*?")
 
 
 class SgmlError(ValueError):
@@ -21,7 +21,7 @@ def segments(path: Path) -> list[str]:
     found = []
     with open(path, encoding="utf-8") as f:
         for line in f:
-            match = SEGMENT.search(line)
+            match = SEGMENT.match(line) if line.startswith("<seg ") else None
             if match:
                 found.append(re.sub(r"\s+", " ", match.group(1)).strip())
     if not found:
