@@ -59,6 +59,7 @@ test: test-setup lint  ## everything, the lab included, but the speed targets (m
 
 bench-targets: test-setup  ## the benchmarks' targets on the lab, the step-time sweeps and the all_reduce bandwidth included (~17 min)
 	@.venv/bin/pytest tests/bench -v
+	@.venv/bin/pytest tests/training -m sweep -v
 
 help:
 	@grep -E '^[a-z-]+:.*##' Makefile | sed 's/:.*## /\t/'

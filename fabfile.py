@@ -46,12 +46,14 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     "dataset": "dataset on /data/tandem/datasets (default synthetic)",
     "run": "run id (default: the latest run, resumed from its last checkpoint)",
     "new": "start a new run even if the latest can be resumed",
-    "update_freq": "gradient accumulation: updates every K batches (divides traffic per sample by K)",
+    "update_freq": "gradient accumulation: updates every K batches (divides traffic per sample by K); default: "
+                   "derived with max_tokens from the preset's tokens per update and the GPUs' memory",
     "precision": "fp32, fp16 or bf16 (the last two on GPUs); default fp16 on GPU hosts, fp32 on CPU hosts",
     "port": "rendezvous port on the first host (default 29500)",
     "dry_run": "print every host's command and check them, start nothing",
     "detach": "start and return without following",
-    "accept_slow_network": "start even when the network would take most of each step (see fab predict)",
+    "accept_slow_network": "start even when the network would take most of each step, or fewer hosts would "
+                           "train faster (see fab predict)",
     "elastic": "when a host is lost, go on from the last checkpoint on the hosts left (default; --no-elastic stops)",
     "comm": "how ranks share updates: sync (default), fp16 (compressed gradients), local-sgd:H (average every H "
             "updates), auto (the least invasive that reaches 90% on the measured link; see fab predict)",
@@ -59,13 +61,14 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
               "training, else resume on them; --hosts naming hosts it lost does the same",
 })
 @cluster_task
-def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=1,
+def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
           comm=None, rejoin=False):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume."""
     request = session.TrainRequest(
         preset=preset, overrides=tuple(presets.parse_overrides(set)), dataset=dataset, run_id=run, new=new,
-        update_freq=int(update_freq), precision=precision, port=int(port), dry_run=dry_run, detach=detach,
+        update_freq=int(update_freq) if update_freq is not None else None, precision=precision, port=int(port),
+        dry_run=dry_run, detach=detach,
         accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin)
     session.train(request, hosts, known_hosts(c), console)
 
@@ -192,7 +195,8 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "link": "measure (iperf3 now), bench (latest fab bench-net) or Mbit/s (default measure)",
     "compute_s": "compute-only s/update (default: the latest fab bench-step of the same model)",
     "precision": "fp32, fp16 or bf16 (bytes per gradient element; default as fab train: fp16 on GPU hosts)",
-    "update_freq": "gradient accumulation K",
+    "update_freq": "gradient accumulation K (default: the preset's tokens per update over its max_tokens and the "
+                   "ranks)",
     "max_update": "updates of the whole run (default: the preset's)",
     "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
                "bench-step's fit for pytorch_ddp)",
@@ -201,8 +205,9 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
 })
 @cluster_task
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
-            precision=None, update_freq=1, max_update=None, overlap=None, json=False, comm="sync"):
-    """Predict s/update, the run's hours, network-bound or not, the update-freq for 90% (exit 3 if network-bound)."""
+            precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync"):
+    """Predict s/update, hours and dollars of every host subset x --comm, the verdict (exit 3 if network-bound
+    or fewer hosts would be faster)."""
     import json as json_module
 
     from train.plan import predict as plan
@@ -214,7 +219,9 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
         print(json_module.dumps(verdict.as_dict(), indent=1, default=str))
     else:
         console.print("\n".join(verdict.lines), markup=False)
-    if verdict.network_bound:
+        if verdict.comparison is not None:
+            console.print(verdict.comparison.table())
+    if verdict.network_bound or verdict.fewer_hosts_faster:
         sys.exit(3)
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 import psutil
 
 from train.agent import profile, stop
+from train.plan import batch as batch_model
+from train.plan import mfu
 from train.report import logparse
 from train.run import command, presets
 
@@ -51,13 +53,18 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
                                                                    "max_tokens=20480", "no_save=true"]),
     "base-fp16-16k": ("transformer_wmt_en_de", "fp16", ["max_update=300", "log_interval=10", "max_tokens=16384",
                                                          "no_save=true"]),
-    "big-fp16": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10", "no_save=true"]),
+    # the recipe's 458,752 tokens per update: on one H100 ~15 batches an update (log every 2 updates)
+    "big-fp16": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=60", "log_interval=2", "no_save=true"]),
     "big-bf16": ("transformer_vaswani_wmt_en_de_big", "bf16", ["max_update=300", "log_interval=10", "no_save=true"]),
     "big-fp16-10k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10",
                                                                    "max_tokens=10240", "no_save=true"]),
     "big-bf16-10k": ("transformer_vaswani_wmt_en_de_big", "bf16", ["max_update=300", "log_interval=10",
                                                                    "max_tokens=10240", "no_save=true"]),
+    # past the memory model's fit on an 80 GB GPU: refused before it starts, naming the predicted peak
+    "big-fp16-40k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=100", "log_interval=10",
+                                                                   "max_tokens=40960", "no_save=true"]),
 }
+VOCAB = 32000  # the memory model's and MFU's vocabulary where the data's is not read
 
 # Runs with torch's cuDNN attention left on, as fairseq-train alone would run (see
 # train.agent.fairseq_train.attention_without_cudnn), to compare side by side.
@@ -68,6 +75,26 @@ def cluster_nic() -> str:
     """The first NIC that is not loopback (the monitor samples it)."""
     names = [n for n in psutil.net_if_addrs() if n != "lo"]
     return names[0] if names else "lo"
+
+
+def gpu_model() -> tuple[str, float]:
+    """The first GPU's name as NVML gives it (MFU's peak) and its memory in MiB."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True)
+    name, mib = out.stdout.splitlines()[0].rsplit(",", 1)
+    return name.strip(), float(mib)
+
+
+def batch_for(preset: presets.Preset, overrides: list[str], precision: str, gpus: int,
+              gpu_mib: float) -> batch_model.Batch:
+    """What `fab train` derives on this machine (train.run.batching): the preset's tokens per update,
+    max_tokens the GPU holds. A run that sets max_tokens measures one batch an update, as the figures
+    recorded before the derivation existed (benchmarks/README.md)."""
+    options = preset.options
+    cap = batch_model.largest_max_tokens(options, VOCAB, gpu_mib / 1024, precision)
+    given = int(options["max_tokens"]) if presets.overridden(overrides, "max_tokens") else None
+    target = int(options["tokens_per_update"]) if options.get("tokens_per_update") and not given else None
+    return batch_model.derive(target, gpus, cap, max_tokens=given, why=f"{gpu_mib / 1024:.0f} GiB")
 
 
 def gpu_count() -> int:
@@ -158,11 +185,25 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
             profile_window: tuple[int, int] | None = None, out: Path | None = None) -> dict:
     preset_name, precision, overrides = RUNS[name]
     preset = presets.resolve(preset_name, overrides)
+    gpu_name, gpu_mib = gpu_model()
+    derived = batch_for(preset, overrides, precision, gpus, gpu_mib)
+    preset.options["max_tokens"] = derived.max_tokens
+    peak = batch_model.peak_gib(preset.options, VOCAB, derived.max_tokens, precision)
+    said = {"run": name, "preset": preset_name, "precision": precision, "overrides": overrides, "gpus": gpus,
+            "gpu_name": gpu_name, "gpu_mib": gpu_mib, "max_tokens": derived.max_tokens,
+            "update_freq": derived.update_freq, "batch": derived.line(), "predicted_peak_gib": round(peak, 2)}
+    print(f"== {name}: {derived.line()}; predicted peak {peak:.1f} GiB", flush=True)
+    if not batch_model.fits(preset.options, VOCAB, derived.max_tokens, gpu_mib / 1024, precision):
+        said["refused"] = (f"max_tokens {derived.max_tokens:,} is predicted to need {peak:.1f} GiB "
+                           f"({peak * batch_model.MARGIN:.1f} with the margin); "
+                           f"{gpu_name} has {gpu_mib / 1024:.1f} GiB")
+        print(json.dumps(said), flush=True)
+        return said
     run_dir = work / name
     shutil.rmtree(run_dir, ignore_errors=True)
     (launch,) = command.launches(name, [{"address": "127.0.0.1", "gpus": gpus, "nic": cluster_nic()}],
                                  master_port=29500, data_dir=str(data), run_dir=str(run_dir), venv=venv,
-                                 precision=precision)
+                                 precision=precision, update_freq=derived.update_freq)
     line = command.training_command(preset, launch)
     env = dict(os.environ)
     spy = None
@@ -189,8 +230,10 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
     log_text = Path(launch.log_path).read_text(errors="replace")
     samples_path = run_dir / "samples.jsonl"
     samples = [json.loads(x) for x in samples_path.read_text().splitlines()] if samples_path.exists() else []
-    result = {"run": name, "preset": preset_name, "precision": precision, "overrides": overrides,
-              "gpus": gpus, "wall_s": round(seconds, 1), "command": line, **figures(log_text, samples)}
+    result = {**said, "wall_s": round(seconds, 1), "command": line, **figures(log_text, samples)}
+    result["mfu"] = mfu.of_run(preset.options, VOCAB, result.get("wps"), gpus, gpu_name)
+    if result.get("gpu_mem_peak_mb"):
+        result["peak_vs_model"] = round(result["gpu_mem_peak_mb"] / 1024 / peak - 1, 3)
     print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)
     return result
 
@@ -213,7 +256,7 @@ def report_for(result: dict, work: Path, data: Path, out: Path) -> Path:
                              capture_output=True, text=True)
     (local / "checkpoints.txt").write_text(listing.stdout)
     run = {"run_id": name, "hosts": ["gpu0"], "preset": result["preset"], "overrides": result["overrides"],
-           "dataset": data.name, "precision": result["precision"]}
+           "dataset": data.name, "precision": result["precision"], "gpu_name": result.get("gpu_name")}
     (local / "run.json").write_text(json.dumps(run))
     index, lines = page.build_report(local, None)
     print("\n".join(lines), flush=True)
@@ -251,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # the figures above still count
                 result["report_error"] = repr(e)
         (a.out / "gpu.json").write_text(json.dumps(results, indent=1))
-    return 0 if all("error" not in r and r.get("finished") for r in results) else 1
+    return 0 if all("error" not in r and (r.get("finished") or r.get("refused")) for r in results) else 1
 
 
 if __name__ == "__main__":

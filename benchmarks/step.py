@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 
 from train.cluster import ClusterError, Host, connect, run_each, world_size
 from train.plan import link, measurements, model, predict
+from train.plan import mfu as flops
 from train.plan.predict import dataset_vocab
 from train.report import logparse
 from train.run import launch, preflight, presets
@@ -153,7 +154,7 @@ def _error_cell(p: dict, f) -> str:
 
 def table(points: list[dict]) -> str:
     head = (f"{'rate':>8} {'link(Mbit/s)':>12} {'allreduce(Mbit/s)':>17} {'s/update':>9} {'predicted':>9} "
-            f"{'error':>6} {'wps':>8} {'tx/update(MB)':>13} {'model(MB)':>9} {'net share':>9}")
+            f"{'error':>6} {'wps':>8} {'tx/update(MB)':>13} {'model(MB)':>9} {'net share':>9} {'MFU':>6}")
     lines = [head]
     for p in points:
         def f(key, fmt, scale=1.0, p=p):
@@ -164,7 +165,7 @@ def table(points: list[dict]) -> str:
                      f"{f('predicted_s', '.3f'):>9} {_error_cell(p, f):>6} "
                      f"{f('wps', '.0f'):>8} "
                      f"{f('tx_per_update', '.2f', 1e-6):>13} {f('model_tx_bytes', '.2f', 1e-6):>9} "
-                     f"{f('network_share', '.0%'):>9}")
+                     f"{f('network_share', '.0%'):>9} {f('mfu', '.1%'):>6}")
     return "\n".join(lines)
 
 
@@ -394,14 +395,20 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
                      overrides=[*overrides, "max_update=1000000", *BENCH_OVERRIDES, *steady_state(strategy)],
                      dataset=dataset,
                      master_port=port, precision=precision, comm=str(strategy))
-    started = False
+    started, gpu_name = False, None
     follower = None
     with signals_raise():
         try:
             links, effective = measure_links(hosts, rates, params * strategy.bytes_per_element(precision), ranks,
                                              port, say)
             link.apply_caps(hosts, "none")
-            problems = preflight.check(run, hosts, preflight.probe(run, hosts))
+            # the run trains under every cap: its heartbeat and collective timeout outlast an update's
+            # all-reduce at the slowest (a base step at 10 Mbit/s outlasted the old 45 s)
+            run.link_mbps = min((m for m in links.values() if m), default=None)
+            run.ranks_per_host = hosts[0].ranks
+            answers = preflight.probe(run, hosts)
+            gpu_name = next((g["name"] for g in answers[hosts[0].name].get("gpus") or []), None)
+            problems = preflight.check(run, hosts, answers)
             if problems:
                 raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
             started = True
@@ -417,7 +424,8 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
               "precision": precision, "gradient_bytes": params * strategy.bytes_per_element(precision),
               "comm": str(strategy),
               "ddp_backend": strategy.ddp_backend(model.ddp_backend(options, cpu=bool(cpu_only))),
-              "updates": updates, "cycles": cycles, "skip": skip, "segments": segments}
+              "updates": updates, "cycles": cycles, "skip": skip, "segments": segments,
+              "gpus": sum(h.gpus for h in hosts), "gpu_name": gpu_name}
     return finish(report, launch.read_log(hosts[0], run, lines=100000), rates, links, effective)
 
 
@@ -427,9 +435,13 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
     comm = report.get("comm", "sync")
     average = statistics.mean if Strategy.parse(comm).syncs_every > 1 else statistics.median
     points = summarize(rates, report["segments"], per_update(log.records), links, average)
+    options = presets.resolve(report["preset"], report.get("overrides") or []).options
     for p in points:
         p["devices"] = log.devices
         p["allreduce_mbps"] = effective.get(p["rate"])
+        # MFU where the hosts have GPUs of a known peak (train.plan.mfu); CPU hosts: absent
+        p["mfu"] = flops.of_run(options, int(report.get("vocab") or 32000), p.get("wps"), int(report.get("gpus") or 0),
+                                report.get("gpu_name")) if report.get("gpus") else None
     backend = report.get("ddp_backend", "legacy_ddp")
     compute_s, compute_from, overlap = with_predictions(points, report["params"], report["ranks"], report["n_hosts"],
                                                         backend=backend, precision=report["precision"], comm=comm)

@@ -85,7 +85,7 @@ def data_ready(provisioned) -> Provisioned:
     return provisioned
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_by_two(request, tmp_path_factory) -> Provisioned:
     """2 hosts x 2 ranks (the inventory's cpu_ranks: 2, train_threads over all four ranks), provisioned
     (verify's all_reduce over every rank included) with the synthetic dataset prepared.
@@ -94,13 +94,15 @@ def two_by_two(request, tmp_path_factory) -> Provisioned:
     those two variables (what a user edits to run several ranks a host): cpu_ranks changes nothing
     on the hosts, so provisioning it again is the cheap second run (changed=0) plus verify's
     all_reduce, measured again for the new ranks. A second lab and its first provisioning would add
-    ~3.5 minutes to a suite that must stay under 40. LAB_RANKS_PREFIX (and LAB_RANKS_SUBNET, default
+    ~3.5 minutes to a suite that must stay under 40; and once for the session (the modules that use it
+    share it: ~50 s each). LAB_RANKS_PREFIX (and LAB_RANKS_SUBNET, default
     10.84.0.0/24) brings up a lab of its own instead (`lab up --ranks 2`), provisioned from scratch,
-    and takes it down after the module."""
+    and takes it down after the session."""
     if os.environ.get("LAB_RANKS_PREFIX"):
         yield from _own_two_by_two(tmp_path_factory)
         return
-    session: Provisioned = request.getfixturevalue("data_ready")
+    session: Provisioned = request.getfixturevalue("provisioned")
+    assert "identical on every host" in fab(session, "prepare-data").stdout
     cfg = LabConfig(hosts=session.cfg.hosts, subnet=session.cfg.subnet, prefix=session.cfg.prefix,
                     cluster_net=session.cfg.cluster_net, ranks=2)
     inventory = session.inventory.with_name(session.inventory.stem + "-2x2.yml")

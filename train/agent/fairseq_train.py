@@ -12,7 +12,9 @@
   (benchmarks.step) with this.
 
 - local SGD's outer state (fairseq's BMUF) is saved in checkpoints (below), and its first updates
-  can be synchronous (TANDEM_LOCAL_SGD_SYNC_UPDATES, below).
+  can be synchronous (TANDEM_LOCAL_SGD_SYNC_UPDATES, below), on the true (unscaled) gradients;
+  under fp16 its ranks agree on a loss-scale overflow and skip it together, and the fp16 model
+  holds the average after a sync (what a checkpoint saves, validation runs) (below).
 - a checkpoint resumes on another number of ranks (an elastic restart, a host grown back): the
   data iterator's place in the epoch is kept as a share of the epoch, not as a count of one
   rank's batches (below).
@@ -164,6 +166,17 @@ def local_sgd_state_in_checkpoints() -> None:
 
     FairseqBMUF.state_dict, FairseqBMUF.load_state_dict = with_outer_state, load_outer_state
     FairseqBMUF._avg_grad_from_all_gpus = _average_in_one_all_reduce
+    reset = FairseqBMUF._reset_local_data
+
+    def outer_state_only_with_momentum(self) -> None:
+        """BMUF's last synced model, its momentum and its delta: three fp32 copies of the model
+        (Transformer big: 2.5 GB a GPU) that only the outer momentum reads. A plain average
+        (block_momentum 0, tandem's default) keeps none of them."""
+        if self.block_momentum != 0:
+            return reset(self)
+        self.global_params, self.smoothed_grads, self.grads = [], [], []
+
+    FairseqBMUF._reset_local_data = outer_state_only_with_momentum
     FairseqBMUF._tandem_state = True
 
 
@@ -171,7 +184,7 @@ def _average_in_one_all_reduce(self) -> None:
     """BMUF's sync, as fairseq's (the deltas, or the parameters without block momentum, averaged
     over the ranks) in one all-reduce of one flat buffer instead of one per tensor: a Transformer
     has a hundred or more, each a round trip, which on the lab cost seconds per sync."""
-    _average([p.data if self.block_momentum == 0 else g for p, g in zip(self.params, self.grads, strict=True)])
+    _average([p.data for p in self.params] if self.block_momentum == 0 else self.grads)
 
 
 def local_sgd_synchronous_start() -> None:
@@ -180,8 +193,10 @@ def local_sgd_synchronous_start() -> None:
     rank takes the same step with the same Adam state; BMUF's own syncs every H updates then
     average identical models. After those updates each rank steps alone between syncs. (fairseq's
     BMUF `warmup_iterations` is not that: its ranks train alone until then, and rank 0's model is
-    broadcast at its end.) The gradients are those the optimizer is about to use: scaled and
-    clipped, and under fp16 the fp32 master copy's."""
+    broadcast at its end.) The gradients averaged are the true ones: under fp16 FP16Optimizer
+    applies the loss scale and 1/sample size lazily (its `_multiply_factor`, its own on each rank),
+    so the master gradients are unscaled first; averaging the scaled ones had each rank then divide
+    by its own factor, and the ranks' steps and Adam states differed."""
     until = int(os.environ.get("TANDEM_LOCAL_SGD_SYNC_UPDATES") or 0)
     if until <= 0:
         return
@@ -193,11 +208,152 @@ def local_sgd_synchronous_start() -> None:
 
     def step_after_averaging(self, closure=None):
         if self.get_num_updates() < until and self.world_size > 1:
+            inner = self._optimizer
+            if hasattr(inner, "_sync_fp16_grads_to_fp32"):  # FP16Optimizer (fp16, bf16)
+                inner._sync_fp16_grads_to_fp32()
+            if hasattr(inner, "_unscale_grads"):  # the pending scale applied: the factor is 1 now
+                inner._unscale_grads()
             _average([p.grad for p in self.params if p.grad is not None])
         return step(self, closure)
 
     FairseqBMUF.step = step_after_averaging
     FairseqBMUF._tandem_sync_start = True
+
+
+def local_sgd_agrees_on_overflow() -> None:
+    """Under fp16 each rank's loss scaler checks its own gradients for an overflow (in
+    clip_grad_norm) and the trainer skips the update where it finds one. Sync training all-reduces
+    the gradients first, so all ranks see the same; local SGD does not: one rank skipped, its
+    update count fell behind, and at the next sync, validation or max_update the ranks issued
+    different collectives (a hang until the timeout, then a healthy host dropped). The ranks now
+    all-reduce the overflow flag (one element) before stepping: one overflow skips the update on
+    every rank, and every scaler lowers its scale alike. Only where a scaler exists (fp32 and bf16
+    have none: no overflow to agree on) or a test injects one (TANDEM_TEST_OVERFLOW, below)."""
+    from fairseq.optim.bmuf import FairseqBMUF
+
+    if getattr(FairseqBMUF, "_tandem_overflow", False):
+        return
+    clip = FairseqBMUF.clip_grad_norm
+    injected = _injected_overflows()
+
+    def clip_agreeing_on_overflow(self, max_norm, aggregate_norm_fn=None):
+        scaler = getattr(self._optimizer, "scaler", None)
+        overflow, norm = None, None
+        try:
+            if injected(self.get_num_updates()):
+                raise OverflowError("injected by TANDEM_TEST_OVERFLOW")
+            norm = clip(self, max_norm, aggregate_norm_fn)
+        except OverflowError as error:
+            overflow = error
+        agree = self.world_size > 1 and (scaler is not None or injected.active)  # the same on every rank
+        if agree and _any_rank(overflow is not None, next(iter(self.params)).device) and overflow is None:
+            overflow = OverflowError("another rank's gradients overflowed")
+            if scaler is not None:
+                try:  # the scale lowered as on the rank that overflowed
+                    scaler.check_overflow(float("inf"))
+                except OverflowError as error:
+                    overflow = OverflowError(f"another rank's gradients overflowed; {error}")
+        if overflow is not None:
+            raise overflow
+        return norm
+
+    FairseqBMUF.clip_grad_norm = clip_agreeing_on_overflow
+    FairseqBMUF._tandem_overflow = True
+
+
+def _any_rank(flag: bool, device) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return bool(mine.item() > 0)
+
+
+def _injected_overflows():
+    """Test-only: TANDEM_TEST_OVERFLOW=RANK:UPDATE[:UPDATE...] has that rank's loss scaler report
+    an overflow once at each of those updates (fp16 cannot run on the lab's CPU hosts, its scaler's
+    OverflowError can). The trainer's overflow branch puts a 0 on the GPU (`.cuda()`), which a CPU
+    host lacks: there it stays on the CPU."""
+    spec = os.environ.get("TANDEM_TEST_OVERFLOW", "")
+    rank, _, updates = spec.partition(":")
+    pending = {int(u) for u in updates.split(":") if u}
+
+    def fires(update: int) -> bool:
+        import torch.distributed as dist
+
+        if update in pending and dist.get_rank() == int(rank):
+            pending.discard(update)
+            return True
+        return False
+
+    fires.active = bool(spec)  # type: ignore[attr-defined]
+    if spec:
+        import torch
+
+        if not torch.cuda.is_available():
+            torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    return fires
+
+
+def local_sgd_saves_the_average() -> None:
+    """BMUF averages the fp32 master parameters after FP16Optimizer's step has already copied them
+    to the fp16 model: at a sync update the model (what the checkpoint saves and validation runs)
+    held each rank's own un-averaged weights until the next step, and a resume lost the average.
+    The fp16/bf16 model is refreshed from the averaged master right after the sync."""
+    from fairseq.optim.bmuf import FairseqBMUF
+
+    if getattr(FairseqBMUF, "_tandem_refresh", False):
+        return
+    block_sync = FairseqBMUF._block_sync
+
+    def sync_then_refresh(self):
+        block_sync(self)
+        if hasattr(self._optimizer, "_sync_fp32_params_to_fp16"):
+            self._optimizer._sync_fp32_params_to_fp16()
+
+    FairseqBMUF._block_sync = sync_then_refresh
+    FairseqBMUF._tandem_refresh = True
+
+
+def weights_digest(state: dict) -> str:
+    """A digest of a model's state_dict (as fp32): equal on two ranks, or in a checkpoint, when the
+    weights are."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        digest.update(key.encode())
+        digest.update(state[key].detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def weights_logged_at_syncs() -> None:
+    """Test-only: TANDEM_TEST_WEIGHTS_LOG=DIR has every rank append {update, digest} of its model
+    to DIR/rank<R>.jsonl after each update that ends the synchronous start or is a sync, so a test
+    compares the ranks' weights (and a checkpoint's) there."""
+    out = os.environ.get("TANDEM_TEST_WEIGHTS_LOG")
+    if not out:
+        return
+    import json
+
+    import torch.distributed as dist
+    from fairseq.trainer import Trainer
+
+    until = int(os.environ.get("TANDEM_LOCAL_SGD_SYNC_UPDATES") or 0)
+    train_step = Trainer.train_step
+
+    def step_and_log(self, *args, **kwargs):
+        before = self.get_num_updates()
+        result = train_step(self, *args, **kwargs)
+        n, every = self.get_num_updates(), self.cfg.bmuf.global_sync_iter
+        if n != before and (n == until or n % every == 0):
+            os.makedirs(out, exist_ok=True)
+            with open(f"{out}/rank{dist.get_rank()}.jsonl", "a") as log:
+                log.write(json.dumps({"update": n, "digest": weights_digest(self.get_model().state_dict())}) + "\n")
+        return result
+
+    Trainer.train_step = step_and_log
 
 
 def _average(tensors) -> None:
@@ -280,6 +436,9 @@ def main() -> None:
     heartbeat_kills()
     local_sgd_state_in_checkpoints()
     local_sgd_synchronous_start()
+    local_sgd_agrees_on_overflow()
+    local_sgd_saves_the_average()
+    weights_logged_at_syncs()
     iterator_position_across_world_sizes()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile

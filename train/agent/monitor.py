@@ -41,12 +41,18 @@ def gpu_reader():
     if not handles:
         return None
 
+    def name(handle) -> str:  # the MFU table's key (train.plan.mfu); bytes from older pynvml
+        raw = pynvml.nvmlDeviceGetName(handle)
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    names = [name(h) for h in handles]
+
     def read() -> list[dict]:
         out = []
         for index, handle in enumerate(handles):
             util = pynvml.nvmlDeviceGetUtilizationRates(handle)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            out.append({"index": index, "util_percent": float(util.gpu),
+            out.append({"index": index, "name": names[index], "util_percent": float(util.gpu),
                         "mem_used_mb": mem.used / 2**20, "mem_total_mb": mem.total / 2**20})
         return out
 

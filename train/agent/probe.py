@@ -121,10 +121,34 @@ def port_free(port: int) -> tuple[bool, str | None]:
         s.close()
 
 
+def gpus() -> list[dict]:
+    """Each GPU's name (as NVML reports it: the MFU table's key) and memory: the batch tandem derives
+    fits the smallest (train.plan.batch). NVML, not torch.cuda: the probe runs beside a training run
+    and must not initialise CUDA on its GPUs."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            out.append({"name": name.decode() if isinstance(name, bytes) else str(name),
+                        "memory_mib": pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20})
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def probe(data: str | None = None, port: int | None = None, run: str | None = None,
           packages: bool = False, cache: str | None = None) -> dict:
     out = cached_versions(cache) if cache else versions()
     out["agent"] = agent_digest()
+    if out.get("cuda_devices"):
+        try:
+            out["gpus"] = gpus()
+        except Exception as err:  # reported, not raised: preflight names the host
+            out["gpu_error"] = repr(err)
     if packages:
         from train.agent.pins import installed
 

@@ -244,6 +244,14 @@ def predict(
     )
 
 
+def local_sgd_period(every_update_s: float, compute_s: float, target: float, max_period: int) -> int:
+    """The smallest H (2..max_period) whose averaging every H updates keeps `target` of the compute
+    speed: C / (C + comm/H) ≥ target, so H ≥ comm × target / ((1 − target) × C)."""
+    if compute_s <= 0:
+        return max_period
+    return min(max_period, max(2, math.ceil(every_update_s * target / ((1 - target) * compute_s) - 1e-9)))
+
+
 @dataclass(frozen=True)
 class Choice:
     """What `--comm auto` picked, with the prediction that decided it and the ones it passed over."""
@@ -279,13 +287,15 @@ class Choice:
 
 
 def choose(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, *, overlaps: Mapping[str, float],
-           max_update_freq: int = 4, max_period: int = 1000, target: float = 0.9, **kwargs: object) -> Choice:
+           max_update_freq: int = 4, max_period: int = 1000, target: float = 0.9, update_freq: int = 1,
+           **kwargs: object) -> Choice:
     """The least invasive strategy predicted to reach `target` scaling efficiency: sync as the run
-    would run it; fp16 compression; --update-freq up to `max_update_freq` (the effective batch
-    grows with it); local SGD with the smallest H that reaches it (at most `max_period`).
-    `overlaps`: the overlap each strategy gets ({"sync": ..., "fp16": ...})."""
-    def at(comm: str, update_freq: int = 1) -> Prediction:
-        return predict(params, ranks, link_bytes_per_s, compute_s, comm=comm, update_freq=update_freq,
+    would run it (at its `update_freq`: the one derived from the preset's tokens per update,
+    train.plan.batch); fp16 compression; the update_freq up to `max_update_freq` times larger (the
+    effective batch grows with it); local SGD with the smallest H that reaches it (at most
+    `max_period`). `overlaps`: the overlap each strategy gets ({"sync": ..., "fp16": ...})."""
+    def at(comm: str, k: int = update_freq) -> Prediction:
+        return predict(params, ranks, link_bytes_per_s, compute_s, comm=comm, update_freq=k,
                        overlap=overlaps.get(comm.split(":")[0], 0.0), **kwargs)  # type: ignore[arg-type]
 
     tried = [at("sync")]
@@ -293,14 +303,12 @@ def choose(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, *
         tried.append(at("fp16"))
     k = 2
     while tried[-1].efficiency < target and k <= max_update_freq:
-        tried.append(at("sync", k))
+        tried.append(at("sync", update_freq * k))
         k *= 2
     if tried[-1].efficiency < target:
         every_update = at("local-sgd:2").comm_s * 2  # the deltas' all-reduce, were it every update
-        # smallest H with C / (C + comm/H) ≥ target: H ≥ comm × target / ((1 − target) × C)
-        h = max(2, math.ceil(every_update * target / ((1 - target) * compute_s) - 1e-9)) if compute_s > 0 \
-            else max_period
-        tried.append(at(f"local-sgd:{min(h, max_period)}"))
+        h = local_sgd_period(every_update, compute_s * update_freq, target, max_period)
+        tried.append(at(f"local-sgd:{h}"))
     good = [p for p in tried if p.efficiency >= target]
     pick = good[0] if good else max(tried, key=lambda p: p.efficiency)
     return Choice(pick, tried, bool(good), target)

@@ -16,6 +16,10 @@ Without a compute figure the share cannot be known: then the check falls back to
 link against the inventory's `network_expected_mbps` (below `network_min_ratio`, 0.9 by
 default, is a capped port, the field reports' 100 Mb/s case) and says how to measure compute.
 `fab train` refuses to start in either case unless `--accept-slow-network`.
+
+With a compute figure, every host subset × `--comm` is priced too (train.plan.compare: hours, and
+dollars from the inventory's `hourly_usd`); `fab train` also refuses, under the same flag, a run
+that fewer hosts would train the same updates faster, naming that run.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from train.run.command import default_precision
 from train.run.params import preset_params
 from train.run.record import DATA_ROOT
 
-from . import link, measurements, model
+from . import batch, compare, link, measurements, model, price
 
 
 @dataclass
@@ -52,6 +56,22 @@ class Verdict:
     port_mbps: float | None = None  # iperf3's figure, for the capped-port check (default: link_mbps)
     choice: model.Choice | None = None  # what `--comm auto` picked, or would pick for a network-bound run
     comm: str = "sync"
+    comparison: compare.Comparison | None = None  # every host subset × strategy (needs the compute figure)
+
+    @property
+    def fewer_hosts_faster(self) -> compare.Option | None:
+        """A run on fewer hosts that trains the same updates faster than this one (compare.Comparison)."""
+        return self.comparison.fewer_hosts_faster if self.comparison else None
+
+    def cost_line(self) -> str | None:
+        """The run as asked: its predicted hours and, when every host has a price, dollars."""
+        if self.comparison is None or self.comparison.asked.hours is None:
+            return None
+        asked = self.comparison.asked
+        cost = (f", {price.dollars(asked.dollars)} at {price.dollars(asked.usd_per_hour)}/h"
+                if asked.dollars is not None else
+                f" (no {price.PRICE_VAR} for {', '.join(self.comparison.unpriced)}: dollars left out)")
+        return f"predicted {model.duration(asked.hours * 3600)}{cost}"
 
     @property
     def slow_link(self) -> bool:
@@ -73,6 +93,7 @@ class Verdict:
                                               "reached": self.choice.reached,
                                               "efficiency": self.choice.prediction.efficiency} if self.choice else None,
                 "prediction": self.prediction.as_dict() if self.prediction else None,
+                "comparison": self.comparison.as_dict() if self.comparison else None,
                 "at_expected": self.at_expected.as_dict() if self.at_expected else None}
 
 
@@ -148,7 +169,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
            compute_source: str, port_mbps: float | None = None, precision: str = "fp32", update_freq: int = 1,
            max_update: int | None = None, overlap: float = 0.0, overlap_source: str = "given",
            comm: str = "sync", overlaps: dict[str, float] | None = None,
-           overlap_sources: dict[str, str] | None = None, sync_updates: int = 0) -> Verdict:
+           overlap_sources: dict[str, str] | None = None, sync_updates: int = 0,
+           tokens_per_batch: int | None = None) -> Verdict:
     """Pure: figures in, verdict and the lines explaining it out. `comm`: a strategy, or `auto`
     (model.choose, with `overlaps` per strategy); a network-bound sync run is told which `--comm`
     would reach 90%. `sync_updates`: local SGD's synchronous start (train.run.comm.sync_start)."""
@@ -160,7 +182,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     overlaps = dict(overlaps or {"sync": overlap, "fp16": overlap})
     if comm == "auto" and compute_s is not None:
         v.choice = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                hosts=len(hosts), precision=precision, max_update=max_update,
+                                hosts=len(hosts), precision=precision, max_update=max_update, update_freq=update_freq,
                                 sync_updates=sync_updates)
         comm, update_freq = v.choice.comm, v.choice.update_freq
     elif comm == "auto":
@@ -185,7 +207,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines += model.explain(v.prediction).splitlines()
         if v.prediction.efficiency < 0.9 and not v.choice:
             better = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
-                                  hosts=len(hosts), precision=precision, max_update=max_update,
+                                  hosts=len(hosts), precision=precision, max_update=max_update, update_freq=update_freq,
                                   sync_updates=sync_updates)
             if better.comm != comm or better.update_freq != update_freq:
                 v.choice = better
@@ -200,6 +222,12 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
             hours = v.at_expected.run_hours
             v.lines.append(f"at the expected {v.expected_mbps:.0f} Mbit/s: {v.at_expected.step_s:.2f} s/update"
                            + (f", {model.duration(hours * 3600)}" if hours is not None else ""))
+        v.comparison = compare.compare(hosts, params, link_mbps=link_mbps, compute_s=compute_s, precision=precision,
+                                       overlaps=overlaps, comm=comm, update_freq=update_freq, max_update=max_update,
+                                       tokens_per_batch=tokens_per_batch, sync_updates=sync_updates)
+        if cost := v.cost_line():
+            v.lines.append(cost)
+        v.lines += v.comparison.verdict()
     else:
         v.comm_only = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), 1e-9, **kw)
         v.lines.append(f"all-reduce alone: {v.comm_only.comm_s:.2f} s per update "
@@ -209,6 +237,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
         v.lines.append(f"the link (iperf3) is {port / v.expected_mbps:.0%} of the expected "
                        f"{v.expected_mbps:.0f} Mbit/s (a capped port?)")
     v.lines.append("verdict: NETWORK-BOUND" if v.network_bound else "verdict: the network is not the bottleneck")
+    if fewer := v.fewer_hosts_faster:
+        v.lines.append(f"verdict: FEWER HOSTS ARE FASTER: {fewer.flags()}")
     return v
 
 
@@ -255,10 +285,27 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
         overlap, overlap_source = measured["sync"]
     else:
         overlaps, sources, overlap_source = {"sync": overlap, "fp16": overlap}, {}, "given"
-    return assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
-                  compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
-                  overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
-                  overlap_sources=sources, sync_updates=sync_start(options))
+    verdict = assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
+                     compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
+                     overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
+                     overlap_sources=sources, sync_updates=sync_start(options),
+                     tokens_per_batch=int(options["max_tokens"]) if options.get("max_tokens") else None)
+    verdict.lines += slow_link_lines(params, ranks, mbps, options, verdict.choice.comm if verdict.choice and
+                                     comm == "auto" else comm)
+    return verdict
+
+
+def slow_link_lines(params: int, ranks: int, link_mbps: float, options: dict, comm: str) -> list[str]:
+    """The collective timeout the run gets on this link (presets.failure_timeout_s) and, for local
+    SGD, the GPU memory it needs beyond sync's."""
+    timeout = presets.failure_timeout_s(options, ranks=ranks, link_mbps=link_mbps)
+    lines = [f"collective timeout (heartbeat, process group): {timeout} s for a "
+             f"{params * presets.FP32_BYTES / 1e6:.0f} MB all-reduce over {ranks} ranks at {link_mbps:.0f} Mbit/s"]
+    extra = Strategy.parse(comm).extra_bytes_per_param(options) if comm != "auto" else 0
+    if extra:
+        lines.append(f"{comm} needs {params * extra / 1e9:.2f} GB more memory per GPU than sync "
+                     f"({extra} B a parameter)")
+    return lines
 
 
 def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:
@@ -271,14 +318,27 @@ def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:
                        comm=comm if comm is not None else run.comm)
 
 
+def derived_update_freq(hosts: list[Host], options: dict) -> int:
+    """The update_freq that brings the preset's max_tokens to its tokens per update on `hosts` (1
+    without a recipe): fewer all-reduces per token, so the network's share of an update falls."""
+    target, max_tokens = options.get("tokens_per_update"), options.get("max_tokens")
+    if not target or not max_tokens:
+        return 1
+    return batch.derive(int(target), world_size(hosts), int(max_tokens), max_tokens=int(max_tokens)).update_freq
+
+
 def for_options(hosts: list[Host], preset: str = "tiny", set_text: str | None = None, dataset: str = "synthetic",
                 link_source: str = "measure", compute_s: float | str | None = None, precision: str | None = None,
-                update_freq: int | str = 1, max_update: int | str | None = None,
+                update_freq: int | str | None = None, max_update: int | str | None = None,
                 overlap: float | str | None = None, comm: str = "sync") -> Verdict:
     """`fab predict`: the verdict from the task's option values as given (`set_text`: --set's
     `key=value,...`; numbers may come as text). `precision` None: as `fab train` picks it (fp16
-    on GPU hosts, fp32 where any host has none)."""
-    return predict_for(hosts, preset, presets.parse_overrides(set_text), dataset, str(link_source),
+    on GPU hosts, fp32 where any host has none). `update_freq` None: the preset's tokens per update
+    over its max_tokens (the batch bench-step measures C at) and the ranks (train.plan.batch)."""
+    overrides = presets.parse_overrides(set_text)
+    if update_freq is None:
+        update_freq = derived_update_freq(hosts, presets.resolve(preset, overrides).options)
+    return predict_for(hosts, preset, overrides, dataset, str(link_source),
                        compute_s=float(compute_s) if compute_s is not None else None,
                        precision=precision or default_precision([h.gpus for h in hosts]),
                        update_freq=int(update_freq), max_update=int(max_update) if max_update else None,

@@ -35,6 +35,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.plan import mfu as flops
 from train.report.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
 from train.run import presets
 
@@ -42,6 +43,10 @@ from train.run import presets
 # definition `fab predict` uses (train.plan.model.Prediction.network_bound).
 NETWORK_BOUND_SHARE = 0.50
 GPU_FULL_PERCENT = 90.0  # mean utilization at or above this: fully used
+# MFU below this with NVML busy: the kernels wait (an all-reduce on a slow link counts as busy to NVML).
+# fairseq's Transformers on one H100 at their best measured batch: base 11%, big 21% (benchmarks/README.md);
+# the field report's run, 15x slower behind a 100 Mb/s port, would be near 1%.
+MFU_LOW = 0.10
 PLATEAU_FRACTION = 0.01  # a loss change smaller than 1 % over the last part: not improving
 
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
@@ -467,14 +472,35 @@ def answer_gpus(data: RunData, ivs: list[Interval]) -> Answer:
         return Answer("gpus", q, text, {"absent_hosts": absent}, "absent")
     overall = sum(means.values()) / len(means)
     low = [k for k, m in means.items() if m < GPU_FULL_PERCENT]
-    verdict = "full" if not low else "underused"
+    name, used = run_mfu(data, ivs, len(means))
+    waiting = not low and used is not None and used < MFU_LOW
+    verdict = "waiting" if waiting else "full" if not low and (used is None or used >= MFU_LOW) else "underused"
     each = ", ".join(f"{k} {m:.0f} %" for k, m in sorted(means.items()))
-    text = (f"{'yes' if verdict == 'full' else 'no'}: mean utilization while training {overall:.0f} % "
-            f"({each}; full means ≥ {GPU_FULL_PERCENT:.0f} %).")
+    mfu_said = (f"MFU {used:.1%} of {len(means)} × {name}'s {flops.peak_tflops(name):g} TFLOP/s dense fp16/bf16"
+                if used is not None else f"MFU: peak unknown ({name or 'GPU not named'})")
+    if waiting:
+        text = (f"no: NVML says busy ({overall:.0f} % mean, {each}) but MFU is {used:.1%} (low means < "
+                f"{MFU_LOW:.0%}): the kernels wait, most likely on the network (NVML counts a kernel waiting "
+                f"in an all-reduce as busy); {mfu_said}.")
+    else:
+        text = (f"{'yes' if verdict == 'full' else 'no'}: mean utilization while training {overall:.0f} % "
+                f"({each}; full means ≥ {GPU_FULL_PERCENT:.0f} % and MFU ≥ {MFU_LOW:.0%}); {mfu_said}.")
     if absent:
         text += f" No GPU on {', '.join(absent)} (absent, not 0 %)."
     return Answer("gpus", q, text, {"mean_util_percent": overall, "per_gpu": means, "peak_mem_mb": mem,
-                                    "absent_hosts": absent}, verdict)
+                                    "absent_hosts": absent, "mfu": used, "gpu_name": name}, verdict)
+
+
+def run_mfu(data: RunData, ivs: list[Interval], gpus: int) -> tuple[str | None, float | None]:
+    """The GPU's name (run.json's, from the probe; else the monitor's samples) and the run's MFU at its
+    median logged words/s (train.plan.mfu); None where the name or its peak is unknown."""
+    name = data.run.get("gpu_name") or next((g.get("name") for samples in data.samples.values() for s in samples
+                                            for g in s.get("gpus") or [] if g.get("name")), None)
+    wps = [iv.wps for iv in ivs if iv.wps]
+    vocab = (data.corpus or {}).get("vocab_size") or 32000
+    if not wps or not data.options:
+        return name, None
+    return name, flops.of_run(data.options, int(vocab), statistics.median(wps), gpus, name)
 
 
 def nic_usage(data: RunData, ivs: list[Interval]) -> dict[str, dict]:
@@ -553,6 +579,11 @@ def verdict_line(network: Answer, gpus: Answer) -> str:
     util = gpus.numbers.get("mean_util_percent")
     if util is not None:
         gpu = f"GPUs idle {100 - util:.0f}%" if gpus.verdict == "underused" else f"GPUs busy {util:.0f}%"
+        used = gpus.numbers.get("mfu")
+        if used is not None:
+            gpu += f" · MFU {used:.0%}" + (" (waiting)" if gpus.verdict == "waiting" else "")
+        elif "mfu" in gpus.numbers:
+            gpu += " · MFU: peak unknown"
     else:
         gpu = "no GPU (absent, not 0%)" if gpus.verdict == "absent" else "GPUs not measured"
     joint = "while" if network.verdict == "network-bound" and util is not None else "·"
@@ -681,6 +712,29 @@ class Analysis:
             for a in self.answers]}
 
 
+def answer_cost(data: RunData) -> Answer | None:
+    """What the run has cost and what the idle cluster costs, from cost.json (train.run.idle, written
+    by `fab report` with the inventory's prices); None when it was not collected."""
+    figures = _json(data.run_dir / "cost.json")
+    if figures is None:
+        return None
+    q = "What has the run cost so far, and what does the cluster cost now?"
+    hours, usd = figures.get("billed_hours") or 0.0, figures.get("run_usd")
+    n = len(figures.get("hosts", []))
+    if usd is not None:
+        text = f"${usd:,.2f}: {n} host(s) × {hours:.2f} h since the run started (restarts and gaps included)."
+    else:
+        text = (f"unknown: no hourly_usd in the inventory for {', '.join(figures.get('unpriced', []))} "
+                f"({hours:.2f} h since the run started).")
+    idle = figures.get("idle_s")
+    if idle is not None:
+        rate = figures.get("usd_per_hour")
+        text += (f" The cluster has been idle {format_eta(idle)} since the last log line, at "
+                 + (f"${rate:,.2f}/h" if rate is not None else "an unknown price")
+                 + f"; tandem stops no VM: stop them at the provider ({figures.get('stop_hint')}).")
+    return Answer("cost", q, text, figures, "idle" if idle is not None else "running")
+
+
 def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
     """Every answer for a loaded run; `link_mbps` is the inventory's expected link (a measured
     bench-net link wins over it)."""
@@ -690,6 +744,8 @@ def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
         answers.insert(1, hosts)
     if bleu := answer_bleu(data):
         answers.append(bleu)
+    if cost := answer_cost(data):
+        answers.append(cost)
     answers += [answer_gpus(data, ivs), answer_network(data, ivs, link_mbps), answer_lr(data),
                 answer_corpus(data), answer_checkpoints(data)]
     return Analysis(data, ivs, answers)

@@ -1,17 +1,19 @@
 """Bringing a run's files from every host to the controller, for the report.
 
 reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl (from the run's hosts and those it lost,
-where reachable), checkpoints.txt (rank 0's
-checkpoint directory, `ls -l --time-style=+%s`), corpus.json (the dataset's figures) and
-bench/*.json (the latest benchmark results on this controller).
+where reachable), checkpoints.txt (rank 0's checkpoint directory, `ls -l --time-style=+%s`), corpus.json
+(the dataset's figures), cost.json (train.run.idle: the run's cost so far, the idle cluster's)
+and bench/*.json (the latest benchmark results on this controller).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from ..cluster import Host, get_whole, on_each
+from ..run import idle, launch
 from ..run.record import REPORTS, Run
 
 
@@ -61,6 +63,8 @@ def report(run: Run, hosts: list[Host], link_mbps: float | None, console) -> Pat
         problems = collect(run, hosts)
     for name, problem in problems.items():
         console.print(f"[yellow]{name}: {problem}[/]")
+    running = any(s.running for s in launch.states(run, run.hosts_of(hosts)))
+    (run.local_dir / "cost.json").write_text(json.dumps(idle.cost(run, hosts, running).as_dict(), indent=1) + "\n")
     expected = link_mbps or hosts[0].vars.get("network_expected_mbps")
     with console.status("plots and answers"):
         page, lines = build_report(run.local_dir, float(expected) if expected else None)

@@ -31,7 +31,7 @@ from train.report.logparse import format_eta
 BADGES = {
     "improving": "good", "plateau": "warn", "worse": "bad",
     "no": "good", "widening": "warn", "overfitting": "bad",
-    "full": "good", "underused": "warn", "absent": "",
+    "full": "good", "underused": "warn", "absent": "", "waiting": "bad",
     "not": "good", "bursts": "warn", "network-bound": "bad",
     "unknown": "", "finished": "good", "reached": "good", "not finished": "warn",
     "changed": "warn",

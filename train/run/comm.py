@@ -29,6 +29,7 @@ remembers the concrete choice, so a resumed run keeps it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -36,6 +37,30 @@ KINDS = ("sync", "fp16", "local-sgd")
 OUTER_STEP_OPTIONS = ("block_momentum", "block_lr")  # local SGD's own (--set), dropped for the others
 SYNC_UPDATES_OPTION = "local_sgd_sync_updates"  # tandem's own (--set), never passed to fairseq
 DEFAULT_PERIOD = 16
+
+
+# A collective's time limit over its transfer time on the measured link: a link measured once by
+# iperf3 varies, and NCCL's ring shares it with whatever else the host sends.
+TRANSFER_MARGIN = 2.0
+
+
+def allreduce_bytes_per_host(payload_bytes: float, ranks: int) -> float:
+    """What each host sends (and receives) in a ring all-reduce of `payload_bytes` over `ranks`:
+    2 (n − 1) / n of the payload. Transformer base's fp32 model (242 MB) on 16 ranks: 454 MB."""
+    return 2 * (ranks - 1) / ranks * payload_bytes if ranks > 1 else 0.0
+
+
+def transfer_s(bytes_per_host: float, link_mbps: float) -> float:
+    """Seconds to move `bytes_per_host` over a link of `link_mbps` Mbit/s."""
+    return bytes_per_host * 8 / (link_mbps * 1e6)
+
+
+def collective_timeout_s(bytes_per_host: float, link_mbps: float | None, margin: float = TRANSFER_MARGIN) -> int:
+    """A time limit for one collective that moves `bytes_per_host` over the measured link, with
+    `margin`; 0 when the link is unknown (the caller keeps its floor)."""
+    if not link_mbps or link_mbps <= 0 or bytes_per_host <= 0:
+        return 0
+    return math.ceil(margin * transfer_s(bytes_per_host, link_mbps))
 
 
 class CommError(ValueError):
@@ -99,6 +124,16 @@ class Strategy:
         if self.kind == "fp16":
             return 2
         return 4 if precision == "fp32" else 2
+
+    def extra_bytes_per_param(self, options: Mapping[str, object]) -> int:
+        """GPU memory a rank needs beyond sync's, per parameter: local SGD's sync concatenates
+        the fp32 parameters into one flat buffer (4 B); with outer momentum (`block_momentum`)
+        BMUF also keeps the last synced model, the momentum and the delta (3 × 4 B; a plain
+        average keeps none: train.agent.fairseq_train). Transformer big: 0.84 GB, 3.3 GB with momentum."""
+        if self.kind != "local-sgd":
+            return 0
+        momentum = float(options.get(OUTER_STEP_OPTIONS[0], 0) or 0)  # type: ignore[arg-type]
+        return 4 + (12 if momentum else 0)
 
     @property
     def overlaps(self) -> bool:

@@ -48,7 +48,7 @@ from pathlib import PurePosixPath
 # NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
 from train.hostpaths import ENV_FILE
 from train.run.comm import OUTER_STEP_OPTIONS, SYNC_UPDATES_OPTION, Strategy
-from train.run.presets import COMMON, Preset, Value, to_args
+from train.run.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
@@ -144,7 +144,8 @@ def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
     args = [launch.data_dir, "--save-dir", launch.save_dir]
     strategy = Strategy.parse(launch.comm)
     options = {k: v for k, v in preset.options.items()  # fairseq knows BMUF's options only under --use-bmuf
-               if (strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS) and k != SYNC_UPDATES_OPTION}
+               if (strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS)
+               and k != SYNC_UPDATES_OPTION and k not in TANDEM_OPTIONS}
     args += to_args(_fill(options, launch))
     if launch.update_freq > 1:
         args += ["--update-freq", str(launch.update_freq)]
@@ -176,12 +177,16 @@ def environment(launch: Launch, preset: Preset | None = None) -> dict[str, str]:
     """The variables set for the training processes. On GPU hosts a rank whose peer vanished must
     not wait in NCCL for its 10-minute default: the process group times out with fairseq's
     heartbeat (train.agent.fairseq_train sets it from TANDEM_PG_TIMEOUT_S), and NCCL's watchdog
-    then tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) instead of leaving it blocked."""
+    then tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) instead of leaving it blocked.
+    The heartbeat is sized to the largest collective on the measured link (presets.failure_timeout_s)."""
     env = dict(ENV_ALWAYS)
     if not launch.cpu:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-        if preset and preset.options.get("heartbeat_timeout"):
-            env["TANDEM_PG_TIMEOUT_S"] = str(preset.options["heartbeat_timeout"])
+    # local SGD (BMUF) runs without fairseq's distributed wrapper, so without its heartbeat: on CPU
+    # hosts too only the process group's timeout ends a rank whose peer vanished (gloo's: 30 min)
+    if (not launch.cpu or Strategy.parse(launch.comm).kind == "local-sgd") and preset \
+            and preset.options.get("heartbeat_timeout"):
+        env["TANDEM_PG_TIMEOUT_S"] = str(preset.options["heartbeat_timeout"])
     if launch.nic:
         env["GLOO_SOCKET_IFNAME"] = launch.nic
         env["NCCL_SOCKET_IFNAME"] = launch.nic

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from ..cluster import Host, world_size
-from . import checkpoints, launch, record
+from . import batching, checkpoints, launch, record
 
 
 def lost_hosts(states: list[launch.HostState]) -> list[str]:
@@ -63,7 +63,8 @@ def continue_without(run: record.Run, hosts: list[Host], states: list[launch.Hos
     if copy is None:
         say(f"{', '.join(lost)} lost at update {at:,}; no checkpoint to continue from")
         return None
-    update_freq = scaled_update_freq(run.update_freq, world_size(hosts), world_size(survivors))
+    scaled = scaled_update_freq(run.update_freq, world_size(hosts), world_size(survivors))
+    update_freq = batching.update_freq_for(run, world_size(survivors), scaled)  # the recipe's batch, re-derived
     resumed = checkpoints.checkpoint_update(copy)
     if not run.members:
         run.members.append({"hosts": [h.name for h in hosts], "from_update": 0, "why": "start",

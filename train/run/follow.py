@@ -15,8 +15,9 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
 from ..cluster import Host
+from ..plan import mfu
 from ..watch.compact import HostLines, ProgressWithHosts
-from . import launch
+from . import batching, launch
 from .checkpoints import Backup
 from .elastic import continue_without
 from .launch import HostState
@@ -54,6 +55,7 @@ class ProgressView:
     def __init__(self, run: Run, hosts: list[Host], console):
         self.run, self.console = run, console
         self.hosts_below = HostLines(run, hosts, run.link_mbps)  # `fab watch`'s per-host line
+        self.gpus = sum(h.gpus for h in hosts)
         self.plain, self._said, self._said_at = not console.is_terminal, "", 0.0
         self.bar = ProgressWithHosts(self.hosts_below, TextColumn(f"[bold]{run.run_id}"), BarColumn(),
                                      MofNCompleteColumn(), TextColumn("{task.fields[info]}"), console=console,
@@ -70,14 +72,23 @@ class ProgressView:
 
     def follow(self, hosts: list[Host]) -> None:
         self.hosts_below.follow(hosts)
+        self.gpus = sum(h.gpus for h in hosts)
+
+    def mfu(self, wps: float | None) -> str:
+        """`MFU 21%` of the run's GPUs (train.plan.mfu); `MFU: peak unknown (NAME)`; on CPU hosts nothing."""
+        if not self.gpus or not wps:
+            return ""
+        value = mfu.of_run(self.run.resolved_preset().options, batching.VOCAB, wps, self.gpus, self.run.gpu_name)
+        return mfu.mfu_text(value, self.run.gpu_name)
 
     def show(self, rank0: HostState) -> None:
         self.hosts_below.refresh()
         if not rank0.progress:
             return
         p = rank0.progress
-        self.bar.update(self.task, completed=p.update, info=describe(p))
-        line = f"{self.run.run_id} {p.update}/{self.run.max_update or '?'} · {describe(p)}"
+        info = describe(p, self.mfu(p.wps))
+        self.bar.update(self.task, completed=p.update, info=info)
+        line = f"{self.run.run_id} {p.update}/{self.run.max_update or '?'} · {info}"
         if self.plain and line != self._said and (time.monotonic() - self._said_at > 10 or not rank0.running):
             self.console.print(line, markup=False, soft_wrap=True)
             for host_line in self.hosts_below.lines:  # what the bar would show below it

@@ -13,6 +13,7 @@ import json
 from ..agent import pins
 from ..agent.probe import agent_digest, versions_differ
 from ..cluster import TOP, ClusterError, Host, HostResult, run_all
+from ..plan import batch as batch_model
 from .record import Run
 from .remote import agent_command, venv_of
 
@@ -108,6 +109,26 @@ def layout_problems(hosts: list[Host], reference: str | None = None) -> list[str
     return problems
 
 
+def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) -> str | None:
+    """Why the run's max_tokens would not fit `host`'s smallest GPU (the memory model with its
+    margin, train.plan.batch), or None."""
+    if not gpus:
+        return None
+    options = run.resolved_preset().options
+    if not options.get("max_tokens"):
+        return None
+    smallest = min(gpus, key=lambda g: g["memory_mib"])
+    gib, max_tokens = smallest["memory_mib"] / 1024, int(options["max_tokens"])  # type: ignore[call-overload]
+    if batch_model.fits(options, vocab, max_tokens, gib, run.precision):
+        return None
+    peak = batch_model.peak_gib(options, vocab, max_tokens, run.precision)
+    largest = batch_model.largest_max_tokens(options, vocab, gib, run.precision)
+    return (f"{host}: max_tokens {max_tokens:,} is predicted to need {peak:.1f} GiB of GPU memory "
+            f"({peak * batch_model.MARGIN:.1f} with the model's {batch_model.MARGIN:.2f}x margin), and its "
+            f"{smallest['name']} has {gib:.1f} GiB: lower max_tokens to {largest:,} or less (`--set max_tokens=`), "
+            "or leave it to tandem (the preset's tokens per update, derived for the GPUs)")
+
+
 def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: float = 1.0,
           pins_wanted: dict[str, str] | None = None, agent: str | None = None,
           reference: str | None = None) -> list[str]:
@@ -133,6 +154,8 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict], min_free_gb: fl
             continue
         if a.get("cuda_devices", 0) != host.gpus and host.gpus > 0:
             problems.append(f"{host.name}: expected {host.gpus} GPUs, torch sees {a.get('cuda_devices')}")
+        if host.gpus > 0 and (too_big := memory_problem(run, host.name, a.get("gpus") or [])):
+            problems.append(too_big)
         if a.get("data") is None:
             problems.append(f"{host.name}: no dataset at {run.data_dir}: run `fab prepare-data`")
         elif a["data"] != answers[first].get("data"):

@@ -14,10 +14,13 @@ Presets:
   machine: 300 updates in ≈3 min (0.35–0.5 s/update), BLEU 0 untrained → 0.4 at 100
   updates → 50 at 200 → 74 at 300 (→ 92 at 600).
 - `transformer_wmt_en_de`: Transformer base (Vaswani et al. 2017), ≈61M parameters
-  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates, 4096 tokens per GPU.
+  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates; 32,768 tokens per update (RECIPES).
 - `transformer_vaswani_wmt_en_de_big`: Transformer big as in fairseq's "Scaling NMT"
-  recipe (Ott et al. 2018): lr 5e-4, dropout 0.3, 3584 tokens per GPU; their 8-GPU run
-  used `--update-freq 16` to simulate 128 GPUs.
+  recipe (Ott et al. 2018): lr 5e-4, dropout 0.3; 458,752 tokens per update, as their 8-GPU run
+  (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs).
+
+max_tokens is the batch of a CPU host (and the cap where GPU memory is not known yet); on GPUs
+`fab train` derives max_tokens and update_freq from tokens_per_update (train.run.batching).
 
 Every preset: Adam (0.9, 0.98), inverse-sqrt schedule with linear warmup, label-smoothed
 cross entropy (0.1), shared embeddings (joint dictionary), the 5 best checkpoints by
@@ -39,6 +42,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .comm import allreduce_bytes_per_host, collective_timeout_s
 from .params import preset_params
 
 Value = bool | int | float | str | None
@@ -98,6 +102,7 @@ PRESETS: dict[str, dict[str, Value]] = {
         "lr": 0.0007,
         "warmup_updates": 4000,
         "max_tokens": 4096,
+        "tokens_per_update": 32768,  # RECIPES: Vaswani et al. 2017 as fairseq runs it, 8 GPUs x 4,096
         "max_update": 100000,
         # ≤ ~10 min of training a resume redoes: 4,000 × 0.122 s = 8 min (train.run.interval.REFERENCE)
         "save_interval_updates": 4000,
@@ -111,6 +116,7 @@ PRESETS: dict[str, dict[str, Value]] = {
         "lr": 0.0005,
         "warmup_updates": 4000,
         "max_tokens": 3584,
+        "tokens_per_update": 458752,  # RECIPES: Ott et al. 2018, 8 GPUs x 3,584 x update-freq 16
         "max_update": 300000,
         # 3,000 × 0.148 s = 7 min on the reference hardware (train.run.interval.REFERENCE)
         "save_interval_updates": 3000,
@@ -173,7 +179,23 @@ EXTRA_OPTIONS: dict[str, type] = {
     "block_lr": float,
     "local_sgd_sync_updates": int,  # tandem's own: local SGD's synchronous start (train.run.comm)
     "report_accuracy": bool,
+    "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
 }
+
+# The batch each preset's recipe trains with, in max_tokens units (padded tokens of the longer side:
+# what fairseq's --max-tokens counts), and where it comes from. tandem derives max_tokens and
+# update_freq for the cluster at hand from it (train.plan.batch), so that 2 hosts x 1 V100 and
+# 2 hosts x 8 H100 train with the same batch. tiny has none: the lab's demo keeps max_tokens per rank
+# (`--set tokens_per_update=N` gives it one).
+RECIPES: dict[str, str] = {
+    "transformer_wmt_en_de": "Vaswani et al. 2017 (base): ~25k source + 25k target tokens a batch; fairseq's "
+                             "recipe, 8 GPUs x 4,096 max_tokens = 32,768",
+    "transformer_vaswani_wmt_en_de_big": "Ott et al. 2018 \"Scaling NMT\": 8 GPUs x 3,584 max_tokens x update-freq 16 "
+                                         "= 458,752 (~400k target tokens after padding)",
+}
+
+# Options tandem reads itself and never passes to fairseq.
+TANDEM_OPTIONS = {"tokens_per_update"}
 
 # Option names the launcher owns; overriding them would break the command's consistency.
 RESERVED = {
@@ -288,19 +310,38 @@ CHECKPOINT_COPIES = 4
 SLOW_DISK_BYTES_PER_S = 100e6  # a cloud VM's standard persistent disk
 
 
-def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000) -> int:
+# What a resume broadcasts from rank 0 beside the weights: Adam's two fp32 moments per parameter.
+ADAM_STATE_BYTES_PER_PARAM = 8
+FP32_BYTES = 4  # an all-reduce of the model: sync's gradients, local SGD's parameters (fp32 master)
+
+
+def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000, ranks: int = 1,
+                      link_mbps: float | None = None) -> int:
     """Seconds a rank may wait for a peer before it, and so the run, ends: fairseq's heartbeat and
-    the process group's timeout. While rank 0 saves a checkpoint the other ranks wait in the next
-    all-reduce, so the timeout outlasts the slowest save (4 copies on a 100 MB/s disk, 1.2× for
-    safety); below that, the preset's heartbeat (45 s). Transformer big (~210M parameters, 2.9 GB
-    a checkpoint): 141 s; base and tiny: 45 s."""
-    save_s = preset_params(options, vocab) * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
-    return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s))
+    the process group's timeout (NCCL's watchdog ends a collective at it). It outlasts
+    - the slowest checkpoint save (the other ranks wait in the next all-reduce meanwhile: 4 copies
+      on a 100 MB/s disk, 1.2× for safety; Transformer big, 2.9 GB a checkpoint: 141 s);
+    - on `ranks` ranks over a link measured at `link_mbps`, the largest collective, with margin
+      (comm.collective_timeout_s): an all-reduce of the whole fp32 model (every sync update, local
+      SGD's every sync) and a resume's broadcast of Adam's state. Base on 16 ranks sends 454 MB a
+      host per all-reduce: at 81 Mbit/s that is the old 45 s, now 90 s; at 10 Mbit/s 727 s;
+    and at least the preset's heartbeat (45 s)."""
+    params = preset_params(options, vocab)
+    save_s = params * CHECKPOINT_BYTES_PER_PARAM * CHECKPOINT_COPIES / SLOW_DISK_BYTES_PER_S
+    sync = collective_timeout_s(allreduce_bytes_per_host(params * FP32_BYTES, ranks), link_mbps)
+    resume = collective_timeout_s(params * ADAM_STATE_BYTES_PER_PARAM, link_mbps) if ranks > 1 else 0
+    return max(int(COMMON["heartbeat_timeout"]), math.ceil(1.2 * save_s), sync, resume)
 
 
-def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:
+def overridden(overrides: Iterable[str], key: str) -> bool:
+    """Whether `overrides` (key=value) set `key`."""
+    return any(parse_override(text)[0] == key for text in overrides)
+
+
+def resolve(name: str, overrides: Iterable[str] = (), *, ranks: int = 1, link_mbps: float | None = None) -> Preset:
     """The preset `name` with `key=value` overrides applied, each type-checked. The heartbeat is
-    scaled to the model (failure_timeout_s) unless an override sets it."""
+    scaled to the model, the ranks and the measured link (failure_timeout_s) unless an override
+    sets it."""
     if name not in PRESETS:
         close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -312,7 +353,7 @@ def resolve(name: str, overrides: Iterable[str] = ()) -> Preset:
         options[key] = parse_value(key, raw, option_type(PRESETS[name], key))
         given.add(key)
     if "heartbeat_timeout" not in given:
-        options["heartbeat_timeout"] = failure_timeout_s(options)
+        options["heartbeat_timeout"] = failure_timeout_s(options, ranks=ranks, link_mbps=link_mbps)
     return Preset(name, options)
 
 

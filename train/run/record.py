@@ -32,6 +32,10 @@ class Run:
     dataset: str
     master_port: int = 29500
     update_freq: int = 1
+    update_freq_given: bool = False  # the user's --update-freq: kept; else derived (train.run.batching)
+    max_tokens: int | None = None  # derived from the preset's tokens per update (train.run.batching)
+    max_tokens_cap: int | None = None  # the largest max_tokens the GPUs hold (memory model), as derived
+    gpu_name: str | None = None  # rank 0's GPU as NVML names it (the probe): MFU's peak (train.plan.mfu)
     precision: str = "fp32"
     comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
     link_mbps: float | None = None  # the cluster link as measured when the run started
@@ -61,7 +65,13 @@ class Run:
         return chosen
 
     def resolved_preset(self) -> presets.Preset:
-        return presets.resolve(self.preset, self.overrides)
+        """The preset with the user's overrides, and max_tokens as derived for the cluster unless the
+        user set it; the heartbeat and collective timeouts sized to the bytes over the measured link."""
+        preset = presets.resolve(self.preset, self.overrides, ranks=len(self.hosts) * self.ranks_per_host,
+                                 link_mbps=self.link_mbps)
+        if self.max_tokens and not presets.overridden(self.overrides, "max_tokens"):
+            preset.options["max_tokens"] = self.max_tokens
+        return preset
 
     @property
     def max_update(self) -> int | None:

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..cluster import ClusterError, Host, connect
 from ..report import logparse
-from . import checkpoints, launch
+from . import batching, checkpoints, launch
 from . import preflight as host_checks
 from .elastic import scaled_update_freq
 from .record import Run
@@ -93,8 +93,9 @@ def membership_after(run: Run, joining: Sequence[str], ranks_per_host: int = 1) 
     """The hosts (rank order) and update-freq of `run` once `joining` are back; every host runs
     `ranks_per_host` ranks (train.run.preflight refuses hosts that differ)."""
     names = grown_hosts(run.members, run.hosts, joining)
-    return names, grown_update_freq(run.members, run.update_freq, len(run.hosts) * ranks_per_host,
-                                    len(names) * ranks_per_host, ranks_per_host)
+    scaled = grown_update_freq(run.members, run.update_freq, len(run.hosts) * ranks_per_host,
+                               len(names) * ranks_per_host, ranks_per_host)
+    return names, batching.update_freq_for(run, len(names) * ranks_per_host, scaled)  # the recipe's batch
 
 
 def due(progress: logparse.Progress | None, since: int | None) -> bool:
@@ -179,7 +180,7 @@ def grow(run: Run, current: Sequence[Host], joining: Sequence[Host], say: Callab
     except ClusterError as err:  # a host of the run is the one gone now: train.run.elastic's turn
         say(f"could not stop the run to grow back to {', '.join(h.name for h in joining)}: {err}")
         return list(current)
-    before = (list(run.hosts), run.update_freq, len(run.members))
+    before = (list(run.hosts), run.update_freq, len(run.members), run.max_tokens)
     try:
         copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from the current rank 0
         said = record(run, [h.name for h in joining], checkpoints.checkpoint_update(copy) if copy else 0,
@@ -189,6 +190,7 @@ def grow(run: Run, current: Sequence[Host], joining: Sequence[Host], say: Callab
         launch.start(run, hosts)
     except ClusterError as err:
         run.hosts, run.update_freq, run.members[:] = before[0], before[1], run.members[:before[2]]
+        run.max_tokens = before[3]
         run.save()
         checkpoints.share_checkpoint(run, list(current))
         launch.start(run, list(current))

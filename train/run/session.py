@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..cluster import ClusterError, Host, placement, select
 from ..plan import predict
 from ..plan.link import PeerUnreachable
-from . import checkpoints, command, interval, launch, preflight, presets
+from . import batching, checkpoints, command, interval, launch, preflight, presets
 from . import rejoin as rejoining
 from .comm import CommError, Strategy
 from .follow import follow
@@ -33,7 +33,7 @@ class TrainRequest:
     dataset: str = "synthetic"
     run_id: str | None = None
     new: bool = False
-    update_freq: int = 1
+    update_freq: int | None = None  # None: derived from the preset's tokens per update (train.run.batching)
     precision: str | None = None  # None: fp16 on GPU hosts, fp32 on CPU hosts
     port: int = 29500
     dry_run: bool = False
@@ -66,19 +66,28 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         console.print(f"{run.run_id} goes on with --comm {run.comm} (chosen when it started)")
     if layout := preflight.layout_problems(hosts):  # before any command is built: it assumes equal hosts
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(layout))
+    derived = batching.apply(run, hosts) if not resuming else None  # GPU memory comes with the probe
     commands = launch.host_commands(run, hosts)
     if request.dry_run:
         for host in hosts:
             console.print(f"[bold]{host.name}[/]: {commands[host.name]}")
         console.print(f"{launch.batch(run, hosts)}; ranks {placement(hosts)}")
+        if derived:
+            console.print(f"batch derived: {derived.line()}", markup=False)
         return
     with console.status("preflight: versions, data, GPUs, disk, port on every host"):
-        problems = preflight.check(run, hosts, preflight.probe(run, hosts))
+        answers = preflight.probe(run, hosts)
+        run.gpu_name = next((g["name"] for g in answers.get(hosts[0].name, {}).get("gpus") or []), run.gpu_name)
+        if not resuming:
+            derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
+        problems = preflight.check(run, hosts, answers)
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
-    run.link_mbps = network_check(run, hosts, request.accept_slow_network, console,
-                                  auto=request.comm == "auto" and not resuming)
+    verdict = network_check(run, hosts, request.accept_slow_network, console,
+                            auto=request.comm == "auto" and not resuming)
+    run.link_mbps = verdict.link_mbps if verdict else None
+    cost = verdict.cost_line() if verdict else None
     if resuming:
         copy = checkpoints.share_checkpoint(run, [*current, *joining])  # from its rank 0: a joiner's is stale
         if copy is not None:
@@ -93,7 +102,9 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     every, step = interval.save_interval(run), interval.measured_step(run, hosts, resuming)
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
                   f"({run.preset}; {launch.batch(run, hosts)}; {interval.start_phrase(every, step)}; "
-                  f"logs {run.remote_dir}/train.log on each)")
+                  + (f"{cost}; " if cost else "") + f"logs {run.remote_dir}/train.log on each)")
+    if derived:
+        console.print(f"batch derived: {derived.line()}", markup=False)
     if over := interval.over_bound(every, step):
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
@@ -130,7 +141,8 @@ def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[
         return existing, True
     run = Run(run_id=request.run_id or new_run_id(), hosts=[h.name for h in hosts], preset=request.preset,
               overrides=list(request.overrides), dataset=request.dataset, master_port=int(request.port),
-              update_freq=int(request.update_freq), precision=precision)
+              update_freq=int(request.update_freq or 1), update_freq_given=request.update_freq is not None,
+              precision=precision)
     _check_overrides(run)  # unknown or mistyped overrides now, not on the hosts
     return run, False
 
@@ -180,10 +192,11 @@ def set_comm(run: Run, comm: str, resuming: bool, console) -> None:
     run.comm = chosen
 
 
-def network_check(run: Run, hosts: list[Host], accept: bool, console, auto: bool = False) -> float | None:
-    """The cost model on the measured link (train.plan.predict): refuse a network-bound run unless
-    accepted; with `auto`, pick the communication strategy from it (model.choose) and say why.
-    Returns the link's measured Mbit/s (None when it was not measured)."""
+def network_check(run: Run, hosts: list[Host], accept: bool, console,
+                  auto: bool = False) -> predict.Verdict | None:
+    """The cost model on the measured link (train.plan.predict): refuse a network-bound run, or one
+    that fewer hosts would train faster, unless accepted; with `auto`, pick the communication
+    strategy from it (model.choose) and say why. Returns the verdict (None when nothing was measured)."""
     try:
         with console.status("measuring the link (iperf3) and predicting the step time"):
             verdict = predict.for_run(run, hosts, comm="auto" if auto else None)
@@ -200,12 +213,21 @@ def network_check(run: Run, hosts: list[Host], accept: bool, console, auto: bool
         run.comm, run.update_freq = verdict.choice.comm, verdict.choice.update_freq
         console.print(f"[green]--comm auto[/] chose {verdict.choice.flag()}")
     text = "\n  ".join(verdict.lines)
+    fewer = verdict.fewer_hosts_faster
+    if fewer is not None and not accept:
+        n = len(fewer.hosts)
+        raise ClusterError(f"{n} host{'s' if n > 1 else ''} would train the same updates faster than "
+                           f"{len(hosts)} on this link, nothing started:\n  {text}\n"
+                           f"run `fab train {fewer.flags()}` instead ({fewer.speed()} against "
+                           f"{verdict.comparison.asked.speed()}), fix the link, or pass --accept-slow-network "
+                           "to train on every host anyway")
     if verdict.network_bound and not accept:
         better = (f"\n{verdict.choice.flag()} would reach {verdict.choice.prediction.efficiency:.0%} "
                   "(or --comm auto)" if verdict.choice and not auto else "")
         raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}{better}\n"
                            "fix the link, choose a --comm strategy, or pass --accept-slow-network to train anyway")
-    console.print("[yellow]network-bound, accepted (--accept-slow-network):[/]" if verdict.network_bound
+    slow = verdict.network_bound or fewer is not None
+    console.print("[yellow]network-bound or fewer hosts faster, accepted (--accept-slow-network):[/]" if slow
                   else "[green]✓[/] network check:")
     console.print("  " + text, markup=False)
-    return verdict.link_mbps
+    return verdict

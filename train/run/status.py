@@ -7,13 +7,13 @@ from rich.table import Table
 
 from ..cluster import Host, run_all
 from ..report import logparse
-from . import launch
+from . import idle, launch
 from .launch import HostState
 from .record import Run
 
 
-def describe(p: logparse.Progress | None) -> str:
-    """Rank 0's progress in a few words: loss, s/update, words/s, ETA."""
+def describe(p: logparse.Progress | None, mfu: str = "") -> str:
+    """Rank 0's progress in a few words: loss, s/update, words/s (and `mfu`, train.plan.mfu), ETA."""
     if p is None:
         return "starting"
     parts = []
@@ -22,7 +22,7 @@ def describe(p: logparse.Progress | None) -> str:
     if p.seconds_per_update is not None:
         parts.append(f"{p.seconds_per_update:.2f} s/upd")
     if p.wps is not None:
-        parts.append(f"{p.wps:,.0f} wps")
+        parts.append(f"{p.wps:,.0f} wps" + (f" · {mfu}" if mfu else ""))
     parts.append(f"ETA {logparse.format_eta(p.eta_seconds)}")
     return " · ".join(parts)
 
@@ -106,6 +106,8 @@ def show(run: Run, hosts: list[Host], console) -> bool:
             console.print(f"[red]{s.name} {s.describe(finished)}[/]; its last log lines:")
             for line in s.tail:
                 console.print(f"  {line}")
+    for line in idle.cost(run, hosts, running=any(s.running for s in states)).lines():
+        console.print(line, markup=False)
     return all(s.reachable for s in states)
 
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from train.run import command, presets
+from train.run import comm, command, presets
+from train.run.record import Run
 
 WAIT_FOR_A_PEER = """
 import torch.distributed as dist
@@ -58,3 +59,43 @@ def test_the_heartbeat_outlasts_a_big_models_checkpoint_save():
     assert big > 100
     assert presets.resolve("transformer_vaswani_wmt_en_de_big", ["heartbeat_timeout=60"]).options[
         "heartbeat_timeout"] == 60  # the user's word wins
+
+
+def test_the_timeout_outlasts_the_largest_collective_on_the_measured_link():
+    """The issue's figures: Transformer base's fp32 model is 242 MB; on 16 ranks a ring all-reduce
+    sends 454 MB per host, which at 81 Mbit/s takes the old 45 s timeout whole: NCCL's watchdog
+    killed the first sync. The timeout now follows the bytes and the link, with margin."""
+    model = 60.5e6 * presets.FP32_BYTES
+    assert round(comm.allreduce_bytes_per_host(model, 16) / 1e6) == 454
+    assert round(comm.transfer_s(comm.allreduce_bytes_per_host(model, 16), 81)) == 45
+    assert round(comm.transfer_s(comm.allreduce_bytes_per_host(model, 2), 43)) == 45  # 2 ranks: ~43 Mbit/s
+    base, big = (presets.PRESETS[n] for n in ("transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big"))
+    sync_s = comm.transfer_s(comm.allreduce_bytes_per_host(model, 16), 81)
+    assert presets.failure_timeout_s(base, ranks=16, link_mbps=81) >= 1.5 * sync_s
+    at_10mbit = presets.failure_timeout_s(base, ranks=16, link_mbps=10)
+    assert at_10mbit > 1.5 * comm.transfer_s(comm.allreduce_bytes_per_host(model, 16), 10) > 500
+    # a resume broadcasts Adam's state (two fp32 moments; big: ~1.7 GB) from rank 0
+    assert presets.failure_timeout_s(big, ranks=2, link_mbps=43) > 1.5 * 209e6 * 8 * 8 / 43e6
+    # unmeasured link or one rank: the heartbeat and the checkpoint save as before
+    assert presets.failure_timeout_s(base) == presets.failure_timeout_s(base, ranks=16) == 45
+    assert presets.failure_timeout_s(base, ranks=1, link_mbps=10) == 45
+
+
+def test_a_run_sizes_its_heartbeat_to_its_ranks_and_measured_link():
+    run = Run("r1", ["a", "b"], "transformer_wmt_en_de", [], "d", link_mbps=10, ranks_per_host=8)
+    options = run.resolved_preset().options
+    assert options["heartbeat_timeout"] == presets.failure_timeout_s(options, ranks=16, link_mbps=10) > 500
+    env = command.environment(launch(2), run.resolved_preset())
+    assert env["TANDEM_PG_TIMEOUT_S"] == str(options["heartbeat_timeout"])
+    run.overrides = ["heartbeat_timeout=60"]
+    assert run.resolved_preset().options["heartbeat_timeout"] == 60
+
+
+def test_local_sgd_on_cpu_hosts_gets_the_timeout_its_missing_heartbeat_gave():
+    """fairseq installs its heartbeat in the distributed wrapper, which BMUF runs without: a CPU
+    rank of a local-SGD run whose peer vanished waited in gloo for 30 minutes."""
+    (cpu,) = command.launches("r1", [{"address": "10.0.0.1", "gpus": 0}], master_port=29500, data_dir="/d",
+                              run_dir="/r", venv="/v", comm="local-sgd:16")
+    tiny = presets.resolve("tiny")
+    assert command.environment(cpu, tiny)["TANDEM_PG_TIMEOUT_S"] == str(tiny.options["heartbeat_timeout"])
+    assert "TANDEM_PG_TIMEOUT_S" not in command.environment(launch(0), tiny)  # sync: fairseq's heartbeat

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -114,3 +115,20 @@ def test_local_sgd_starts_synchronous_until_the_learning_rates_warmup_ends():
         "tiny", ["local_sgd_sync_updates=250"])))
     with pytest.raises(CommError, match="local_sgd_sync_updates"):
         _argv("local-sgd:16", preset=resolve("tiny", ["local_sgd_sync_updates=-3"]))
+
+
+def test_local_sgd_states_the_gpu_memory_it_needs_beyond_sync():
+    """BMUF kept three more fp32 copies of the model (+ the flat sync buffer): ~3.4 GB on a GPU for
+    Transformer big. A plain average (tandem's default) keeps only the flat buffer."""
+    from train.plan.predict import slow_link_lines
+    from train.run import presets
+
+    big = presets.resolve("transformer_vaswani_wmt_en_de_big").options
+    params = 209e6
+    local = Strategy.parse("local-sgd:16")
+    assert local.extra_bytes_per_param(big) * params / 1e9 < 1
+    assert local.extra_bytes_per_param({**big, "block_momentum": 0.5}) * params / 1e9 > 3.3
+    assert Strategy.parse("sync").extra_bytes_per_param(big) == 0
+    lines = slow_link_lines(int(params), 16, 10, big, "local-sgd:16")
+    assert "0.84 GB more memory per GPU" in lines[-1]
+    assert re.search(r"collective timeout .*: \d{4} s for a 836 MB all-reduce over 16 ranks at 10 Mbit/s", lines[0])

@@ -1,0 +1,85 @@
+"""A run's batch for the hosts it trains on: the preset's tokens per update (presets.RECIPES) as
+max_tokens x update_freq x ranks (train.plan.batch.derive), max_tokens capped by the GPUs' memory
+(the probe's figures and the memory model) or, on CPU hosts, the preset's max_tokens.
+
+`fab train` derives it for a new run (the start line and --dry-run say how), again once the probe
+has each GPU's memory, and for every new world: an elastic restart on the hosts left, a grow-back,
+so the tokens per update stay the recipe's. The user's `--set max_tokens=` or `--update-freq` win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..cluster import Host
+from ..plan import batch as batch_model
+from . import presets
+from .record import Run
+
+VOCAB = 32000  # the joint dictionary the presets are meant for (the memory model's logits)
+
+
+def target(run: Run) -> int | None:
+    """The run's tokens per update: the preset's, or `--set tokens_per_update=`."""
+    value = presets.resolve(run.preset, run.overrides).options.get("tokens_per_update")
+    return int(value) if value else None
+
+
+def gpu_gib_of(answers: Mapping[str, dict] | None, hosts: Sequence[Host]) -> dict[str, float]:
+    """Each GPU host's smallest GPU memory (GiB) as its probe reported it."""
+    out: dict[str, float] = {}
+    for host in hosts:
+        gpus = (answers or {}).get(host.name, {}).get("gpus") or []
+        if host.gpus > 0 and gpus:
+            out[host.name] = min(g["memory_mib"] for g in gpus) / 1024
+    return out
+
+
+def cap(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> tuple[int, str]:
+    """The largest max_tokens the run may use on `hosts`, and why."""
+    options = presets.resolve(run.preset, run.overrides).options
+    preset_max = int(options.get("max_tokens") or 0) or 4096
+    if not hosts or hosts[0].gpus == 0:
+        return preset_max, "CPU hosts keep the preset's"
+    known = {h.name: gib for h, gib in ((h, (gpu_gib or {}).get(h.name)) for h in hosts) if gib}
+    if not known:
+        if run.max_tokens_cap:
+            return run.max_tokens_cap, "the GPUs' memory as probed at the start"
+        return preset_max, "the preset's: GPU memory not probed yet"
+    name, gib = min(known.items(), key=lambda kv: kv[1])
+    largest = batch_model.largest_max_tokens(options, VOCAB, gib, run.precision)
+    return largest, f"what {name}'s {gib:.0f} GiB GPU holds (memory model, margin {batch_model.MARGIN:.2f}x)"
+
+
+def derive(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> batch_model.Batch:
+    """The run's batch on `hosts`; the user's max_tokens / --update-freq win."""
+    options = presets.resolve(run.preset, run.overrides).options
+    limit, why = cap(run, hosts, gpu_gib)
+    ranks = sum(h.ranks for h in hosts)
+    given = int(options["max_tokens"]) if presets.overridden(run.overrides, "max_tokens") else None
+    return batch_model.derive(target(run), ranks, limit, max_tokens=given,
+                              update_freq=run.update_freq if run.update_freq_given else None, why=why)
+
+
+def apply(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> batch_model.Batch | None:
+    """Derive and set the run's max_tokens and update_freq (a run without a target: unchanged)."""
+    if not target(run):
+        return None
+    b = derive(run, hosts, gpu_gib)
+    run.update_freq, run.max_tokens_cap = b.update_freq, b.cap
+    run.max_tokens = None if presets.overridden(run.overrides, "max_tokens") else b.max_tokens
+    return b
+
+
+def update_freq_for(run: Run, ranks: int, scaled: int) -> int:
+    """The update_freq of a new world of `ranks` ranks (elastic restart, grow-back): re-derived where
+    the run has a target, with the max_tokens cap found at its start (max_tokens set again too), else
+    `scaled` (the old ranks x update_freq kept, as before)."""
+    if not target(run) or run.update_freq_given:
+        return scaled
+    options = presets.resolve(run.preset, run.overrides).options
+    limit = run.max_tokens_cap or int(options.get("max_tokens") or 4096)
+    given = int(options["max_tokens"]) if presets.overridden(run.overrides, "max_tokens") else None
+    b = batch_model.derive(target(run), ranks, limit, max_tokens=given)
+    run.max_tokens = None if given else b.max_tokens
+    return b.update_freq
