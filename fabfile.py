@@ -29,14 +29,14 @@ def info(c, hosts):
 
 @task(help={
     "name": "dataset name on the hosts (/data/tandem/datasets/NAME); default: synthetic, sample or wmt16",
-    "source": "a directory with {train,valid,test}.{en,de} instead of the synthetic corpus",
+    "source": "a directory here with {train,valid,test}.{en,de}: uploaded once, to rank 0's host",
     "wmt16": "download the WMT16 en-de corpora (resumable, checksummed)",
     "vocab_size": "joint sentencepiece vocabulary size (default 32000; the synthetic corpus uses 1000)",
     "lines": "synthetic corpus: training pairs (default 20000)",
 })
 @cluster_task
 def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None, lines=20000):
-    """Prepare a corpus (clean, joint subwords, fairseq-preprocess) and put it on /data of every host."""
+    """Prepare a corpus (clean, joint subwords, fairseq-preprocess) on rank 0's host, then copy it host to host."""
     prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=int(lines))
 
 

@@ -3,7 +3,7 @@
     python -m benchmarks.prepare_data --pairs 4560000 [--dir /var/tmp/tandem-prepare-bench] [--bind 127.0.0.1]
 
 Builds the mirror once (benchmarks/wmt16_mirror.py; kept in DIR/www), serves it, and runs the stage
-runner (`python -m train.data --wmt16`) as a child whose whole process tree (clean's workers,
+runner (`python -m train.agent.data --wmt16`) as a child whose whole process tree (clean's workers,
 fairseq-preprocess's) is sampled for resident memory every 0.2 s: the peak per stage is the largest
 sum over the tree, the figure a machine's memory has to hold. Prints one table and a JSON line.
 """
@@ -46,7 +46,7 @@ def run(pairs: int, where: Path, bind: str = "127.0.0.1", vocab_size: int = 3200
         shutil.rmtree(work, ignore_errors=True)
     httpd, url = wmt16_mirror.serve(www, bind)
     stage, peaks, seconds, since = "start", {}, {}, time.monotonic()
-    command = [sys.executable, "-m", "train.data", str(work), "wmt16", "--wmt16", "--vocab-size", str(vocab_size)]
+    command = [sys.executable, "-m", "train.agent.data", str(work), "wmt16", "--wmt16", "--vocab-size", str(vocab_size)]
     env = {**os.environ, "TANDEM_WMT16_MIRROR": url}
     started = time.monotonic()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)

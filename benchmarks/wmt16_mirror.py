@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from train.data import corpus, synthetic
+from train.agent.data import corpus, synthetic
 
 # How WMT16 en-de's 4.56M training pairs divide between its corpora, and where each archive keeps them
 TRAIN_SHARE = {"europarl": 1_920_209, "commoncrawl": 2_399_123, "news-commentary": 242_770}

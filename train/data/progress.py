@@ -1,73 +1,14 @@
-"""Progress of prepare-data's stages: counts and ETA, from the machine doing the work.
-
-A stage runner reports through a `Progress`. `Lines` prints one machine-readable line per
-update (at most one a second per stage), so that a controller that runs the pipeline on a host
-over ssh can draw it (`render`); `Bars` draws it here with rich; `Silent` says nothing.
-"""
+"""prepare-data's progress on the controller: the `@@tandem-progress` lines of the host doing the
+work (train/agent/data/progress.py), drawn as one rich bar per stage with count, rate and ETA."""
 
 from __future__ import annotations
 
-import json
-import sys
-import time
 from collections.abc import Iterable
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-PREFIX = "@@tandem-progress "
-
-
-class Silent:
-    """The interface: a stage starts (with its total when known), advances, finishes."""
-
-    def start(self, stage: str, total: int | None = None, unit: str = "lines", done: int = 0) -> None:
-        pass
-
-    def advance(self, n: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class Lines(Silent):
-    """`@@tandem-progress {"stage": ..., "done": N, "total": T, "unit": ..., "state": ...}` lines."""
-
-    def __init__(self, out=None, every_s: float = 1.0):
-        self.out, self.every_s = out or sys.stdout, every_s
-        self.stage, self.total, self.unit, self.done, self.said = "", None, "lines", 0, 0.0
-
-    def start(self, stage, total=None, unit="lines", done=0):
-        self.stage, self.total, self.unit, self.done = stage, total, unit, done
-        self._say("run")
-
-    def advance(self, n):
-        self.done += n
-        if time.monotonic() - self.said >= self.every_s:
-            self._say("run")
-
-    def finish(self):
-        self._say("done")
-
-    def _say(self, state: str) -> None:
-        event = {"stage": self.stage, "done": self.done, "total": self.total, "unit": self.unit, "state": state}
-        self.out.write(PREFIX + json.dumps(event) + "\n")
-        self.out.flush()
-        self.said = time.monotonic()
-
-
-def parse(line: str) -> dict | None:
-    """The event a progress line carries; None for any other line."""
-    if not line.startswith(PREFIX):
-        return None
-    try:
-        return json.loads(line[len(PREFIX):])
-    except ValueError:
-        return None
+from ..agent.data.progress import PREFIX, Lines, Silent, parse  # noqa: F401 - the one definition
 
 
 class Bars(Silent):

@@ -16,7 +16,8 @@ import pytest
 from rich.console import Console
 
 from benchmarks import wmt16_mirror
-from train.data import corpus, progress, sgml
+from train.agent.data import corpus, progress, sgml
+from train.data import progress as bars
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,8 @@ def mirror(tmp_path_factory):
 
 
 def runner(work: Path, url: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "train.data", str(work), "wmt16", "--wmt16", "--vocab-size", "400"],
+    return subprocess.Popen([sys.executable, "-m", "train.agent.data", str(work), "wmt16", "--wmt16",
+                             "--vocab-size", "400"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TANDEM_WMT16_MIRROR": url})
 
@@ -108,7 +110,7 @@ def test_progress_lines_are_drawn_per_stage_with_counts(tmp_path):
     report.advance(1_000_000)
     report.finish()
     screen = io.StringIO()
-    other = progress.render(["fairseq says hello\n", *lines.getvalue().splitlines(keepends=True)],
+    other = bars.render(["fairseq says hello\n", *lines.getvalue().splitlines(keepends=True)],
                             Console(file=screen, width=120, force_terminal=False))
     assert other == ["fairseq says hello"]
     assert "clean" in screen.getvalue() and "1000000/1000000" in screen.getvalue()

@@ -1,4 +1,4 @@
-"""Downloading corpora: resumable, checksummed, with a progress bar.
+"""Downloading corpora: resumable, checksummed, with progress (`report`).
 
 `fetch(url, dest, sha256)` keeps a `.part` file and continues it with an HTTP Range
 request after an interruption; the finished file is checked against its SHA-256 before
@@ -13,8 +13,6 @@ import tarfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
 from . import progress as progress_
 
@@ -40,10 +38,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(url: str, dest: Path, sha256: str | None = None, quiet: bool = False, timeout: float = 60,
+def fetch(url: str, dest: Path, sha256: str | None = None, timeout: float = 60,
           report: progress_.Silent | None = None) -> Path:
     """Download `url` to `dest` (resuming a partial download), verify, and return `dest`.
-    `report`: progress as stage 'download NAME' in bytes (else a rich bar unless quiet)."""
+    `report`: progress as stage 'download NAME' in bytes."""
+    report = report or progress_.Silent()
     if dest.exists() and (sha256 is None or sha256_of(dest) == sha256):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -66,21 +65,13 @@ def fetch(url: str, dest: Path, sha256: str | None = None, quiet: bool = False, 
                 have = 0  # the server ignored Range: start over
             length = response.headers.get("Content-Length")
             total = have + int(length) if length else None
-            if report is not None:
-                report.start(f"download {dest.name}", total=total, unit="bytes", done=have)
-                with open(part, "ab" if resumed else "wb") as out:
-                    for block in iter(lambda: response.read(CHUNK), b""):
-                        out.write(block)
-                        report.advance(len(block))
-                report.finish()
-            else:
-                with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                              TransferSpeedColumn(), TimeRemainingColumn(), disable=quiet) as bar:
-                    task = bar.add_task(dest.name + (" (resumed)" if resumed else ""), total=total, completed=have)
-                    with open(part, "ab" if resumed else "wb") as out:
-                        for block in iter(lambda: response.read(CHUNK), b""):
-                            out.write(block)
-                            bar.advance(task, len(block))
+            report.start(f"download {dest.name}" + (" (resumed)" if resumed else ""), total=total, unit="bytes",
+                         done=have)
+            with open(part, "ab" if resumed else "wb") as out:
+                for block in iter(lambda: response.read(CHUNK), b""):
+                    out.write(block)
+                    report.advance(len(block))
+            report.finish()
     got = sha256_of(part)
     if sha256 is not None and got != sha256:
         part.unlink()

@@ -10,7 +10,7 @@ changes nothing does nothing. Sources:
   test set every published en-de figure is on), downloaded resumably with checksums;
   $TANDEM_WMT16_MIRROR replaces the servers (the lab's rehearsal mirror);
 - a local directory with {train,valid,test}.{en,de} (`--source DIR`);
-- the synthetic corpus (`train/data/synthetic.py`): the lab's and the demo's default.
+- the synthetic corpus (`synthetic.py`): the lab's and the demo's default.
 """
 
 from __future__ import annotations
@@ -203,14 +203,14 @@ def raw_from_directory(source: Path) -> dict[str, list[dict[str, Path]]]:
     return {split: [pair] for split, pair in files.items()}
 
 
-def download_wmt16(downloads: Path, quiet: bool = False, report: Silent | None = None) -> dict[str, Path]:
+def download_wmt16(downloads: Path, report: Silent | None = None) -> dict[str, Path]:
     """Every WMT16 archive, fetched (resumed, checked) unless already there: {name: archive}."""
     archives = {}
     for name, source in current_sources().items():
-        archives[name] = download.fetch(source.url, downloads / Path(source.url).name, source.sha256, quiet=quiet,
+        archives[name] = download.fetch(source.url, downloads / Path(source.url).name, source.sha256,
                                         report=report)
         if source.sha256 is None:
-            print(f"{name}: sha256 {download.sha256_of(archives[name])} (pin it in train/data/corpus.py)")
+            print(f"{name}: sha256 {download.sha256_of(archives[name])} (pin it in train/agent/data/corpus.py)")
     return archives
 
 
@@ -364,12 +364,12 @@ def check_disk(path: Path, need: int, host: str | None = None) -> None:
     if free < need:
         raise DataError(f"{host or socket.gethostname()}: not enough disk to prepare in {path}: needs "
                         f"{need / 1e9:.2f} GB, {free / 1e9:.2f} GB free; free some space or use another "
-                        "directory ($TANDEM_CACHE)")
+                        "directory")
 
 
 def prepare(name: str, work: Path, source: Path | None = None, wmt16: bool = False,
-            vocab_size: int = 32000, synthetic_train: int = 20000, quiet: bool = False,
-            report: Silent | None = None) -> Corpus:
+            vocab_size: int = 32000, synthetic_train: int = 20000, report: Silent | None = None,
+            host: str | None = None) -> Corpus:
     """Run the pipeline into work/<name>/bin; returns what it made. Each stage is resumable (see
     `stages`): an interrupted or failed run leaves the stages it finished, and the next run goes
     on from there; a run with the same inputs does nothing. A run that fails before finishing
@@ -382,7 +382,8 @@ def prepare(name: str, work: Path, source: Path | None = None, wmt16: bool = Fal
         fcntl.flock(lock, fcntl.LOCK_EX)
         had_stages = root.exists() and Stages(root).any_finished()
         try:
-            return _build(name, root, work, source, wmt16, vocab_size, synthetic_train, report or Silent())
+            return _build(name, root, work, source, wmt16, vocab_size, synthetic_train, report or Silent(),
+                          host)
         except BaseException:
             if not had_stages and not (root.exists() and Stages(root).any_finished()):
                 shutil.rmtree(root, ignore_errors=True)
@@ -392,7 +393,7 @@ def prepare(name: str, work: Path, source: Path | None = None, wmt16: bool = Fal
 
 
 def _build(name: str, root: Path, work: Path, source: Path | None, wmt16: bool, vocab_size: int,
-           synthetic_train: int, report: Silent) -> Corpus:
+           synthetic_train: int, report: Silent, host: str | None = None) -> Corpus:
     root.mkdir(parents=True, exist_ok=True)
     stages = Stages(root)
     workers = cores()
@@ -400,7 +401,7 @@ def _build(name: str, root: Path, work: Path, source: Path | None, wmt16: bool, 
         downloads = work / "downloads"
         archives = download_wmt16(downloads, report=report)
         archive_bytes = sum(p.stat().st_size for p in archives.values())
-        check_disk(root, disk_needed(archive_bytes * 3))  # text ≈ 3 × gzip
+        check_disk(root, disk_needed(archive_bytes * 3), host)  # text ≈ 3 × gzip
         raw_key = key_of("wmt16", [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in archives.values()])
         stages.run("raw", raw_key, lambda out: extract_wmt16(archives, out, report))
         raw = raw_from_extracted(root / "raw")
@@ -415,7 +416,7 @@ def _build(name: str, root: Path, work: Path, source: Path | None, wmt16: bool, 
 
     text_key = key_of(raw_key, "clean-1")
     if stages.finished("text", text_key) is None:
-        check_disk(root, disk_needed(raw_bytes))
+        check_disk(root, disk_needed(raw_bytes), host)
     lines = stages.run("text", text_key, lambda out: _clean(raw, out, report, workers))
     if lines["train"] == 0:
         raise DataError(f"{name}: no training pairs left after cleaning")
