@@ -106,6 +106,9 @@ def prepare_data(hosts: list[Host], console, name: str | None = None, source: st
     console.print(f"[green]✓[/] {name} on {rank0.name}: {prepared['train_lines']:,} training pairs, "
                   f"{prepared['train_mb']} MB of text, vocabulary {prepared['vocab_size']}"
                   + ("" if result["published"] else " (unchanged)"))
+    built = result["built"]
+    console.print(f"stages built now: {', '.join(built) or 'none'}; already done: "
+                  f"{', '.join(s for s in result['stages'] if s not in built) or 'none'}")
     if prepared.get("vocab_note"):
         console.print(f"[yellow]note:[/] {prepared['vocab_note']}")
     if peers:

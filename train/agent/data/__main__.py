@@ -31,6 +31,11 @@ def manifest_sum(directory: Path) -> str | None:
     return hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.exists() else None
 
 
+def markers(root: Path) -> dict[str, int]:
+    """{stage: its marker's modification time}: which stages a run built, which it found done."""
+    return {p.name[1:-len(".done")]: p.stat().st_mtime_ns for p in sorted(root.glob(".*.done"))}
+
+
 def publish(bin_dir: Path, dest: Path) -> bool:
     """`bin_dir` at `dest`, whole: training never sees half a dataset. False: it was there already."""
     if dest.exists() and manifest_sum(dest) == manifest_sum(bin_dir):
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mirror:
         os.environ["TANDEM_WMT16_MIRROR"] = args.mirror
     report = progress.Lines() if args.progress == "lines" else progress.Silent()
+    before = markers(args.work / args.name)
     try:
         prepared = corpus.prepare(args.name, args.work, source=args.source, wmt16=args.wmt16,
                                   vocab_size=args.vocab_size, synthetic_train=args.lines, report=report,
@@ -72,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         report.close()
+    after = markers(args.work / args.name)
     result = {"corpus": prepared.as_dict(), "stages": Stages(args.work / args.name).timings(),
+              "built": [stage for stage, stamp in after.items() if before.get(stage) != stamp],
               "manifest": manifest_sum(Path(prepared.bin_dir)), "published": published,
               "bytes": sum(f.stat().st_size for f in Path(prepared.bin_dir).rglob("*") if f.is_file())}
     print(RESULT + json.dumps(result), flush=True)
