@@ -50,6 +50,10 @@ def manifests(hosts: list[Host], name: str) -> dict[str, str]:
     return {h.name: (got[h.name].stdout.split() or [""])[0] if got[h.name].ok else "" for h in hosts}
 
 
+def size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
 def check_receivers_disk(hosts: list[Host], need: int) -> None:
     """Refuse before copying when a receiver has less than `need` bytes free where datasets go."""
     free = run_all(hosts, f"mkdir -p {DATA_ROOT} && df -PB1 {DATA_ROOT} | awk 'NR==2 {{print $4}}'", timeout=60)
@@ -59,8 +63,8 @@ def check_receivers_disk(hosts: list[Host], need: int) -> None:
         if not result.ok or not result.stdout.strip().isdigit():
             problems.append(f"{host.name}: could not read the free space of {DATA_ROOT}: {result.why()}")
         elif int(result.stdout) < need:
-            problems.append(f"{host.name}: not enough disk for the dataset in {DATA_ROOT}: needs {need / 1e9:.2f} GB, "
-                            f"{int(result.stdout) / 1e9:.2f} GB free")
+            problems.append(f"{host.name}: not enough disk for the dataset in {DATA_ROOT}: needs {size(need)}, "
+                            f"{size(int(result.stdout))} free")
     if problems:
         raise ClusterError("dataset not copied:\n  " + "\n  ".join(problems))
 

@@ -46,18 +46,20 @@ class _LiveLines:
 
     def __init__(self, bars: progress.Bars, console):
         self.bars, self.console, self.pending, self.result, self.received = bars, console, "", None, 0
+        self.said: list[str] = []  # the lines that are not progress (an error's explanation)
 
     def write(self, text: str) -> None:
         self.received += len(text.encode())
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
-        for line in lines:
+        for line in (line.rstrip("\r") for line in lines):  # a pty ends lines with \r\n
             event = progress.parse(line)
             if event is not None:
                 self.bars.show(event)
             elif line.startswith(RESULT):
                 self.result = json.loads(line[len(RESULT):])
             elif line.strip():
+                self.said.append(line)
                 self.console.print(line, markup=False, highlight=False)
 
     def flush(self) -> None:
@@ -65,17 +67,20 @@ class _LiveLines:
 
 
 def run_on_host(host: Host, args: list[str], console) -> tuple[dict, int]:
-    """The stage runner on `host`, its progress drawn live. Returns its result and the bytes it sent us."""
+    """The stage runner on `host`, its progress drawn live. Returns its result and the bytes it sent us.
+    On a pty: Ctrl-C here reaches the runner there (Fabric sends it), which stops where it is, leaving
+    the stages it finished for the next run."""
     command = shlex.join([f"{venv_of(host)}/bin/python", "-m", "train.agent.data", *args])
     bars = progress.Bars(console, host.name)
     live = _LiveLines(bars, console)
     try:
         with connect(host) as conn:
-            done = conn.run(command, out_stream=live, hide="stderr", warn=True, in_stream=False, pty=False)
+            done = conn.run(command, out_stream=live, warn=True, pty=True)
     finally:
         bars.close()
     if done.exited != 0 or live.result is None:
-        raise ClusterError(f"{host.name}: preparing the dataset failed: {done.stderr.strip()[-1500:]}")
+        said = "\n".join(live.said[-20:])
+        raise ClusterError(f"{host.name}: preparing the dataset failed (exit {done.exited}): {said[-1500:]}")
     return live.result, live.received + len(command)
 
 
@@ -106,9 +111,10 @@ def prepare_data(hosts: list[Host], console, name: str | None = None, source: st
     console.print(f"[green]✓[/] {name} on {rank0.name}: {prepared['train_lines']:,} training pairs, "
                   f"{prepared['train_mb']} MB of text, vocabulary {prepared['vocab_size']}"
                   + ("" if result["published"] else " (unchanged)"))
-    built = result["built"]
+    order = ["raw", "text", "spm", "subwords", "bin"]
+    built = sorted(result["built"], key=order.index)
     console.print(f"stages built now: {', '.join(built) or 'none'}; already done: "
-                  f"{', '.join(s for s in result['stages'] if s not in built) or 'none'}")
+                  f"{', '.join(s for s in order if s in result['stages'] and s not in built) or 'none'}")
     if prepared.get("vocab_note"):
         console.print(f"[yellow]note:[/] {prepared['vocab_note']}")
     if peers:
@@ -124,5 +130,5 @@ def prepare_data(hosts: list[Host], console, name: str | None = None, source: st
     sums = distribute.check_copies(hosts, name)
     console.print(f"[green]✓[/] identical on every host ({', '.join(sums)}): manifest "
                   f"{next(iter(sums.values()))[:12]}, at {DATA_ROOT}/{name}")
-    console.print(f"through the controller: {controller_bytes / 1e6:.2f} MB of the runner's output and uploads "
+    console.print(f"through the controller: {controller_bytes / 1e3:.0f} kB of the runner's output and uploads "
                   f"(the dataset: {result['bytes'] / 1e6:.1f} MB, copied host to host)")
