@@ -126,3 +126,31 @@ def test_wmt16_from_a_mirror_on_the_labs_bridge_downloaded_by_rank0s_host(provis
         httpd.server_close()
         forget(cfg, name)
         ssh(cfg, "v100a", "rm -rf /data/tandem/prepare/downloads")
+
+
+def test_a_corpus_on_the_controller_is_uploaded_once_to_rank0s_host_then_spread(provisioned, tmp_path):
+    cfg, name = provisioned.cfg, "lab-source"
+    forget(cfg, name)
+    source = tmp_path / name
+    source.mkdir()
+    sample = wmt16_mirror.SAMPLE  # the shared WMT en-de sample
+    for split, lines in (("train", 4000), ("valid", 300), ("test", 300)):
+        for lang in ("en", "de"):
+            text = (sample / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
+            start = {"train": 0, "valid": 4000, "test": 4300}[split]
+            (source / f"{split}.{lang}").write_text("".join(text[start:start + lines]), encoding="utf-8")
+    uploaded = sum(p.stat().st_size for p in source.iterdir())
+    try:
+        before = bridge_bytes(cfg)
+        out = fab(provisioned, "prepare-data", "--source", str(source), "--vocab-size", "2000").stdout
+        through = bridge_bytes(cfg) - before
+        print(out)
+        print(f"corpus {uploaded / 1e6:.2f} MB; through the controller's side of the bridge {through / 1e6:.2f} MB")
+        assert "identical on every host (v100a, v100b)" in out
+        dataset = int(ssh(cfg, "v100b", f"du -sb {DATA}/{name}").stdout.split()[0])
+        # the corpus once, to v100a, plus commands and progress: not the dataset to each host
+        assert through < uploaded * 1.2 + 200_000, (through, uploaded, dataset)
+        assert ssh(cfg, "v100b", f"test -e /data/tandem/sources/{name}").returncode != 0  # only rank 0's host has it
+    finally:
+        forget(cfg, name)
+        ssh(cfg, "v100a", f"rm -rf /data/tandem/sources/{name}")
