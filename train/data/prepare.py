@@ -18,6 +18,7 @@ import re
 import shlex
 from pathlib import Path
 
+from ..agent.data import corpus
 from ..agent.data.__main__ import RESULT
 from ..cluster import ClusterError, Host, connect
 from ..run.record import DATA_ROOT
@@ -94,6 +95,10 @@ def prepare_data(hosts: list[Host], console, name: str | None = None, source: st
     controller_bytes = 0
     args = [WORK, name, "--vocab-size", str(vocab), "--publish", f"{DATA_ROOT}/{name}", "--host", rank0.name]
     if source:
+        try:  # a broken corpus is refused here, in one line naming the file, before anything is uploaded
+            corpus.check_raw(corpus.raw_from_directory(Path(source).expanduser()))
+        except corpus.DataError as err:
+            raise ClusterError(str(err)) from None
         remote_source = f"{SOURCES}/{name}"
         with console.status(f"uploading {source} to {rank0.name} (once; the other hosts get it from there)"):
             controller_bytes += distribute.upload_source(Path(source).expanduser(), rank0, remote_source + "/")
