@@ -13,6 +13,7 @@ from fabric import task
 from train.data.prepare import prepare_data as prepare
 from train.run import checkpoints, launch, presets, session
 from train.run import status as run_status
+from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
 from train.run.record import Run
 from train.run.remote import venv_of
@@ -28,14 +29,14 @@ def info(c, hosts):
 
 @task(help={
     "name": "dataset name on the hosts (/data/tandem/datasets/NAME); default: synthetic, sample or wmt16",
-    "source": "a directory with {train,valid,test}.{en,de} instead of the synthetic corpus",
+    "source": "a directory here with {train,valid,test}.{en,de}: uploaded once, to rank 0's host",
     "wmt16": "download the WMT16 en-de corpora (resumable, checksummed)",
     "vocab_size": "joint sentencepiece vocabulary size (default 32000; the synthetic corpus uses 1000)",
     "lines": "synthetic corpus: training pairs (default 20000)",
 })
 @cluster_task
 def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None, lines=20000):
-    """Prepare a corpus (clean, joint subwords, fairseq-preprocess) and put it on /data of every host."""
+    """Prepare a corpus (clean, joint subwords, fairseq-preprocess) on rank 0's host, then copy it host to host."""
     prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=int(lines))
 
 
@@ -134,7 +135,9 @@ def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     """Translate the test set with the best checkpoint on the first host and print SacreBLEU."""
     the_run = Run.load(run)
     bleu = evaluate_run(the_run, hosts, checkpoint, console)
-    console.print(f"[bold]SacreBLEU {bleu:.2f}[/] ({the_run.run_id}, {checkpoint}, {the_run.dataset} test set)")
+    signature = parse_signature((the_run.local_dir / "bleu.json").read_text())
+    console.print(f"[bold]SacreBLEU {bleu:.2f}[/] ({the_run.run_id}, {checkpoint}, {the_run.dataset} test set; "
+                  f"detokenized output against the raw reference)\n  signature: {signature or 'none given'}")
 
 
 # ---- benchmarks (benchmarks/*.py, the cost model train/plan/predict.py; issue 5) ----

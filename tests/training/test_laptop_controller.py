@@ -99,7 +99,8 @@ def laptop(provisioned, tmp_path_factory):
             end_processes_of(user.uid)
         subprocess.run(["userdel", "--remove", name], capture_output=True)
         for host in cfg.names:
-            ssh(cfg, host, f"rm -rf /data/tandem/datasets/{DATASET}")
+            ssh(cfg, host, f"rm -rf /data/tandem/datasets/{DATASET} /data/tandem/sources/{DATASET} "
+                           f"/data/tandem/prepare/{DATASET}")
         assert subprocess.run(["id", name], capture_output=True).returncode != 0, f"user {name} is still there"
 
 
@@ -128,14 +129,18 @@ def test_a_user_who_is_not_root_sets_up_the_controller_and_asks_every_host(set_u
     assert "v100a" in info.stdout and "v100b" in info.stdout, info.stdout
 
 
-def test_prepare_data_copies_with_the_controllers_rsync_into_a_new_directory_then_predict_reads_it(set_up, provisioned):
-    """/data/tandem/datasets/laptop does not exist: rsync's destination is made on the host first."""
+def test_prepare_data_uploads_a_corpus_with_the_controllers_rsync_into_a_new_directory_then_predict_reads_it(
+        set_up, provisioned):
+    """--source: the user's corpus goes to rank 0's host with their rsync, into /data/tandem/sources/laptop,
+    which does not exist (rsync's destination is made on the host first); the hosts prepare the rest."""
     for host in provisioned.cfg.names:
         assert ssh(provisioned.cfg, host, f"test -e /data/tandem/datasets/{DATASET}").returncode == 1
-    done = fab(set_up, "prepare-data", "--name", DATASET, "--lines", "2000")
+    corpus = set_up.home / DATASET
+    set_up.run(shlex.join([".venv/bin/python", "-m", "train.agent.data.synthetic", str(corpus), "--train", "2000"]))
+    done = fab(set_up, "prepare-data", "--source", str(corpus), "--vocab-size", "1000")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "identical on every host (v100a, v100b)" in done.stdout, done.stdout
-    assert (set_up.home / ".cache/tandem/data").is_dir()  # the user's own cache, not root's
+    assert ssh(provisioned.cfg, "v100a", f"test -s /data/tandem/sources/{DATASET}/train.en").returncode == 0
     predicted = fab(set_up, "predict", "--dataset", DATASET, "--link", "1000", "--compute-s", "0.1")
     assert predicted.returncode in (0, 3), predicted.stdout + predicted.stderr  # 3: network-bound
     assert "s/update" in predicted.stdout, predicted.stdout

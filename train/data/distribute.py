@@ -1,13 +1,16 @@
-"""Putting a prepared dataset on /data of every host, identical (checksums compared)."""
+"""A prepared dataset onto every host, host to host: rank 0's host (which prepared it) copies it to
+the others over the cluster network with the cluster key (roles/common/tasks/cluster_key.yml), the
+receivers' disk checked first; every copy is then checked against its manifest. The controller
+only sends the commands (and, with --source, uploads the corpus once to rank 0's host)."""
 
 from __future__ import annotations
 
 import shlex
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..cluster import ClusterError, Host, run_all
+from ..cluster import TRANSFER_STALL_S, ClusterError, Host, connect, run_all
+from ..run.checkpoints import CLUSTER_KEY
 from ..run.record import DATA_ROOT
 
 
@@ -25,28 +28,88 @@ def rsync_command(src: Path, host: Host, dest: str) -> list[str]:
     """The controller's rsync of `src`'s contents into `dest` on `host`, which it creates first.
     Only options every controller's rsync has: macOS ships rsync 2.6.9 or openrsync, which lack
     GNU rsync's --mkpath; the host's side (`mkdir -p ... && rsync`) runs on Linux."""
-    return ["rsync", "-a", "--delete", "-e", ssh_command(host),
+    return ["rsync", "-a", "--delete", "--stats", "-e", ssh_command(host),
             f"--rsync-path=mkdir -p {shlex.quote(dest)} && rsync", f"{src}/", f"{host.user}@{host.address}:{dest}"]
 
 
-def upload(bin_dir: Path, name: str, hosts: list[Host]) -> dict[str, str]:
-    """rsync the dataset to every host at once, then `sha256sum -c` its manifest there.
-    Returns {host: manifest sha256}; raises naming each host that failed and why."""
+def upload_source(src: Path, host: Host, dest: str) -> int:
+    """A corpus on the controller (--source DIR) to rank 0's host, once (rsync: only what changed).
+    Returns the bytes rsync sent."""
+    if not src.is_dir():
+        raise ClusterError(f"--source {src}: not a directory on this machine")
+    proc = subprocess.run(rsync_command(src, host, dest), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ClusterError(f"{host.name}: uploading {src} to {dest} failed: {proc.stderr.strip()[-500:]}")
+    sent = [line for line in proc.stdout.splitlines() if line.startswith("Total bytes sent:")]
+    return int(sent[0].split(":")[1].replace(",", "").strip()) if sent else 0
+
+
+def manifests(hosts: list[Host], name: str) -> dict[str, str]:
+    """{host: sha256 of its MANIFEST.sha256 of dataset `name`} ('' where it has none)."""
+    got = run_all(hosts, f"sha256sum {DATA_ROOT}/{name}/MANIFEST.sha256 2>/dev/null", timeout=60)
+    return {h.name: (got[h.name].stdout.split() or [""])[0] if got[h.name].ok else "" for h in hosts}
+
+
+def size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_receivers_disk(hosts: list[Host], need: int) -> None:
+    """Refuse before copying when a receiver has less than `need` bytes free where datasets go."""
+    free = run_all(hosts, f"mkdir -p {DATA_ROOT} && df -PB1 {DATA_ROOT} | awk 'NR==2 {{print $4}}'", timeout=60)
+    problems = []
+    for host in hosts:
+        result = free[host.name]
+        if not result.ok or not result.stdout.strip().isdigit():
+            problems.append(f"{host.name}: could not read the free space of {DATA_ROOT}: {result.why()}")
+        elif int(result.stdout) < need:
+            problems.append(f"{host.name}: not enough disk for the dataset in {DATA_ROOT}: needs {size(need)}, "
+                            f"{size(int(result.stdout))} free")
+    if problems:
+        raise ClusterError("dataset not copied:\n  " + "\n  ".join(problems))
+
+
+def spread_command(name: str, peers: list[Host]) -> str:
+    """The shell line, run on rank 0's host, that rsyncs DATA_ROOT/NAME to every peer at once over the
+    cluster network (--delay-updates: the new files take their names together at the end; unchanged
+    files are not sent). It prints `PEER rc` per peer."""
+    src = f"{DATA_ROOT}/{name}/"
+    ssh = (f'"ssh -i {CLUSTER_KEY} -o BatchMode=yes -o ConnectTimeout=10'
+           ' -o ServerAliveInterval=10 -o ServerAliveCountMax=3"')  # the shell expands $HOME
+    pushes = []
+    for peer in peers:
+        target = f"{peer.user}@{peer.cluster_address}:{src}"
+        rsync = (f"rsync -a --delete --delay-updates --timeout={TRANSFER_STALL_S} "
+                 f"--rsync-path={shlex.quote(f'mkdir -p {src} && rsync')}")
+        err = f'"$errs/{peer.name}"'
+        pushes.append(f"{{ {rsync} -e {ssh} {shlex.quote(src)} {shlex.quote(target)} >/dev/null 2>{err}; "
+                      f"echo {peer.name} $? $(tail -c 300 {err} | tr '\\n' ' '); }} &")
+    return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; errs=$(mktemp -d) || exit 4; '
+            + " ".join(pushes) + ' wait; rm -rf "$errs"')
+
+
+def spread(source: Host, peers: list[Host], name: str) -> None:
+    """Copy dataset `name` from `source` to `peers`, host to host. ClusterError naming each that failed."""
+    with connect(source) as conn:
+        result = conn.run(spread_command(name, peers), warn=True, hide=True, in_stream=False)
+    if "no-cluster-key" in result.stdout:
+        raise ClusterError(f"{source.name} has no cluster key ({CLUSTER_KEY}) to copy the dataset to its peers: "
+                           "re-run provisioning (fab provision or ansible-playbook provision.yml)")
+    answers = {line.split(" ", 1)[0]: line for line in result.stdout.splitlines() if line.strip()}
+    failed = [answers.get(p.name, f"{p.name} (no answer)") for p in peers
+              if answers.get(p.name, "").split(" ")[1:2] != ["0"]]
+    if failed:
+        raise ClusterError(f"copying the dataset from {source.name} host to host failed for: " + "; ".join(failed))
+
+
+def check_copies(hosts: list[Host], name: str) -> dict[str, str]:
+    """`sha256sum -c` of the manifest on every host. Returns {host: manifest sha256}; raises naming each
+    host whose copy does not match, and when the hosts hold different datasets."""
     dest = f"{DATA_ROOT}/{name}/"
-
-    def one(host: Host) -> str | None:
-        proc = subprocess.run(rsync_command(bin_dir, host, dest), capture_output=True, text=True)
-        return None if proc.returncode == 0 else proc.stderr.strip()[-500:]
-
-    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        errors = dict(zip([h.name for h in hosts], pool.map(one, hosts), strict=False))
-    problems = [f"{n}: rsync to {dest} failed: {e}" for n, e in errors.items() if e]
     checked = run_all(hosts, f"cd {dest} && sha256sum --quiet -c MANIFEST.sha256 && sha256sum MANIFEST.sha256")
-    sums = {}
+    sums, problems = {}, []
     for host in hosts:
         result = checked[host.name]
-        if errors.get(host.name):
-            continue
         if result.error is not None:
             problems.append(f"{host.name}: unreachable after the copy: {result.error}")
         elif not result.ok:

@@ -411,3 +411,17 @@ def parse_bleu(text: str) -> float:
         if not match:
             raise ValueError(f"no BLEU score in {text[:200]!r}") from None
         return float(match.group(1))
+
+
+def parse_signature(text: str) -> str:
+    """SacreBLEU's signature from its JSON ('nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0'):
+    what a published score must share to compare with this one; '' when the output has none."""
+    import json
+
+    try:
+        data = json.loads(text)
+        if isinstance(data, list):
+            data = data[0]
+        return str(data.get("signature", ""))
+    except (ValueError, AttributeError, IndexError):
+        return ""

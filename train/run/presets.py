@@ -9,7 +9,7 @@ override must parse as the preset value's type (bool options are flags).
     (200, 0.002)
 
 Presets:
-- `tiny`: 64-dim, 2+2 layers, 0.3M parameters; learns the synthetic corpus (train.data.synthetic,
+- `tiny`: 64-dim, 2+2 layers, 0.3M parameters; learns the synthetic corpus (train.agent.data.synthetic,
   1000-piece joint sentencepiece vocabulary) on CPU. Two processes on a shared 2-core
   machine: 300 updates in ≈3 min (0.35–0.5 s/update), BLEU 0 untrained → 0.4 at 100
   updates → 50 at 200 → 74 at 300 (→ 92 at 600).

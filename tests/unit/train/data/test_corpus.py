@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from train.data import corpus, download
+from train.agent.data import corpus, download
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -69,7 +69,7 @@ def test_download_resumes_a_partial_file_and_checks_the_sum(server, tmp_path):
     dest.parent.mkdir()
     whole = (root / "nc.tgz").read_bytes()
     dest.with_name("nc.tgz.part").write_bytes(whole[:100])  # an interrupted download
-    download.fetch(f"{url}/nc.tgz", dest, digest, quiet=True)
+    download.fetch(f"{url}/nc.tgz", dest, digest)
     assert dest.read_bytes() == whole
     assert RangeHandler.requests == ["bytes=100-"]
     files = download.extract(dest, ("nc.en", "nc.de"), tmp_path / "x")
@@ -81,14 +81,14 @@ def test_a_corrupt_download_is_refused_and_not_kept(server, tmp_path):
     make_tarball(root / "nc.tgz", {"nc.en": "x\n"})
     dest = tmp_path / "nc.tgz"
     with pytest.raises(download.DownloadError, match="checksum mismatch"):
-        download.fetch(f"{url}/nc.tgz", dest, "0" * 64, quiet=True)
+        download.fetch(f"{url}/nc.tgz", dest, "0" * 64)
     assert not dest.exists() and not dest.with_name("nc.tgz.part").exists()
 
 
 def test_a_missing_file_names_the_url_and_status(server, tmp_path):
     _, url = server
     with pytest.raises(download.DownloadError, match=r"nope.tgz: HTTP 404"):
-        download.fetch(f"{url}/nope.tgz", tmp_path / "nope.tgz", quiet=True)
+        download.fetch(f"{url}/nope.tgz", tmp_path / "nope.tgz")
 
 
 def test_cleaning_normalizes_and_drops_broken_pairs(tmp_path):
@@ -110,7 +110,7 @@ def test_the_pipeline_turns_real_text_into_fairseq_binaries_with_a_manifest(tmp_
     sample = Path(__file__).resolve().parents[5] / "shared" / "data" / "wmt-en-de-sample"
     if not sample.exists():
         pytest.skip("shared/data/wmt-en-de-sample is not beside the checkout")
-    prepared = corpus.prepare("sample", tmp_path, source=sample, vocab_size=800, quiet=True)
+    prepared = corpus.prepare("sample", tmp_path, source=sample, vocab_size=800)
     assert prepared.train_lines > 9000 and prepared.train_mb > 2
     bin_dir = Path(prepared.bin_dir)
     listed = {line.split()[1] for line in (bin_dir / "MANIFEST.sha256").read_text().splitlines()}
@@ -127,11 +127,11 @@ def test_wmt16_archives_are_fetched_once_and_kept(server, tmp_path, monkeypatch)
         digest = make_tarball(root / f"{name}.tgz", {f"{name}.en": "a house\n", f"{name}.de": "ein Haus\n"})
         sources[name] = download.Source(f"{url}/{name}.tgz", digest, (f"{name}.en", f"{name}.de"))
     monkeypatch.setattr(corpus, "WMT16_SOURCES", sources)
-    archives = corpus.download_wmt16(tmp_path / "downloads", quiet=True)
+    archives = corpus.download_wmt16(tmp_path / "downloads")
     assert {n: p.name for n, p in archives.items()} == {"europarl": "europarl.tgz",
                                                         "news-commentary": "news-commentary.tgz"}
     assert RangeHandler.requests == ["full", "full"]
-    corpus.download_wmt16(tmp_path / "downloads", quiet=True)  # a second prepare-data: nothing fetched again
+    corpus.download_wmt16(tmp_path / "downloads")  # a second prepare-data: nothing fetched again
     assert RangeHandler.requests == ["full", "full"]
 
 
@@ -156,7 +156,7 @@ def test_a_broken_corpus_stops_with_one_line_naming_the_file_and_nothing_is_left
     src = write_pair(tmp_path / "src", en, de)
     work = tmp_path / "cache"
     with pytest.raises(corpus.DataError) as err:
-        corpus.prepare("broken", work, source=src, vocab_size=100, quiet=True)
+        corpus.prepare("broken", work, source=src, vocab_size=100)
     message = str(err.value)
     assert "\n" not in message and says.format(src=src) in message
     assert message.startswith(str(src))
@@ -165,18 +165,17 @@ def test_a_broken_corpus_stops_with_one_line_naming_the_file_and_nothing_is_left
 
 def test_a_failed_preparation_keeps_the_previous_good_one(tmp_path):
     work = tmp_path / "cache"
-    good = corpus.prepare("mine", work, source=write_pair(tmp_path / "good", GOOD_EN, GOOD_DE), vocab_size=60,
-                          quiet=True)
+    good = corpus.prepare("mine", work, source=write_pair(tmp_path / "good", GOOD_EN, GOOD_DE), vocab_size=60)
     manifest = (Path(good.bin_dir) / "MANIFEST.sha256").read_text()
     with pytest.raises(corpus.DataError):
-        corpus.prepare("mine", work, source=write_pair(tmp_path / "bad", GOOD_EN, b""), quiet=True)
+        corpus.prepare("mine", work, source=write_pair(tmp_path / "bad", GOOD_EN, b""))
     assert (Path(good.bin_dir) / "MANIFEST.sha256").read_text() == manifest
     assert sorted(p.name for p in work.iterdir()) == ["mine"]
 
 
 def test_a_vocabulary_smaller_than_asked_is_said_with_why(tmp_path):
     prepared = corpus.prepare("tiny", tmp_path / "cache", source=write_pair(tmp_path / "src", GOOD_EN, GOOD_DE),
-                              vocab_size=32000, quiet=True)
+                              vocab_size=32000)
     assert prepared.vocab_asked == 32000 and prepared.vocab_size < 100
     assert prepared.vocab_note.startswith("vocabulary ") and "of the 32000 asked: 100 training pairs" in \
         prepared.vocab_note and "--vocab-size" in prepared.vocab_note

@@ -1,4 +1,5 @@
-"""A dataset on every host: a copy that does not match its manifest, or a host lost after the copy, is named."""
+"""A dataset on every host: a copy that does not match its manifest, or a host lost after the copy, is named;
+a receiver without the room for it is refused before anything is copied, naming host, need and free."""
 
 from __future__ import annotations
 
@@ -14,15 +15,13 @@ HOSTS = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2"), Host("v100c", "10
 
 
 def copied(monkeypatch, answers: GroupResult) -> None:
-    monkeypatch.setattr(distribute.subprocess, "run",
-                        lambda argv, **kw: subprocess.CompletedProcess(argv, 0, "", ""))  # rsync
-    monkeypatch.setattr(distribute, "run_all", lambda hosts, command: answers)
+    monkeypatch.setattr(distribute, "run_all", lambda hosts, command, **kw: answers)
 
 
 def test_every_host_holds_the_same_dataset(monkeypatch, tmp_path):
     copied(monkeypatch, GroupResult((h.name, HostResult(h.name, stdout="ab12  MANIFEST.sha256\n", exited=0))
                                     for h in HOSTS))
-    assert distribute.upload(tmp_path, "synthetic", HOSTS) == {"v100a": "ab12", "v100b": "ab12", "v100c": "ab12"}
+    assert distribute.check_copies(HOSTS, "synthetic") == {"v100a": "ab12", "v100b": "ab12", "v100c": "ab12"}
 
 
 def test_a_mismatch_and_a_lost_host_are_named(monkeypatch, tmp_path):
@@ -31,7 +30,7 @@ def test_a_mismatch_and_a_lost_host_are_named(monkeypatch, tmp_path):
         "v100b": HostResult("v100b", error=OSError("No route to host")),
         "v100c": HostResult("v100c", stdout="train.en-de.en.bin: FAILED\n", exited=1)}))
     with pytest.raises(ClusterError) as err:
-        distribute.upload(tmp_path, "synthetic", HOSTS)
+        distribute.check_copies(HOSTS, "synthetic")
     assert str(err.value).splitlines() == [
         "dataset not on every host:",
         "  v100b: unreachable after the copy: No route to host",
@@ -61,7 +60,8 @@ def test_the_copy_creates_a_missing_destination_without_rsync_mkpath(tmp_path):
     argv = distribute.rsync_command(src, Host("v100a", "10.0.0.1", key="/k/id_ed25519", known_hosts="/k/kh"),
                                     f"{dest}/")
     assert "--mkpath" not in argv
-    assert [a for a in argv if a.startswith("-") and not a.startswith("--rsync-path=")] == ["-a", "--delete", "-e"]
+    options = [a for a in argv if a.startswith("-") and not a.startswith("--rsync-path=")]
+    assert options == ["-a", "--delete", "--stats", "-e"]
     ssh = tmp_path / "ssh"
     ssh.write_text(FAKE_SSH)
     ssh.chmod(0o755)
@@ -70,3 +70,13 @@ def test_the_copy_creates_a_missing_destination_without_rsync_mkpath(tmp_path):
         done = subprocess.run(argv, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     assert (dest / "dict.en.txt").read_text() == "hallo 3\n" and (dest / "sub" / "x.bin").read_bytes() == b"\0\1"
+
+
+def test_a_receiver_without_room_is_refused_naming_host_need_and_free(monkeypatch):
+    copied(monkeypatch, GroupResult({"v100b": HostResult("v100b", stdout="5000000000\n", exited=0),
+                                     "v100c": HostResult("v100c", stdout="300000000\n", exited=0)}))
+    with pytest.raises(ClusterError) as err:
+        distribute.check_receivers_disk(HOSTS[1:], need=1_200_000_000)
+    assert str(err.value).splitlines() == [
+        "dataset not copied:",
+        "  v100c: not enough disk for the dataset in /data/tandem/datasets: needs 1.20 GB, 0.30 GB free"]

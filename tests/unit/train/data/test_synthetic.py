@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from train.data.synthetic import NOUNS, Phrase, generate_pairs, write_corpus
+from train.agent.data.synthetic import NOUNS, Phrase, generate_pairs, write_corpus
 
 
 def _noun(en: str):

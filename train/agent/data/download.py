@@ -1,4 +1,4 @@
-"""Downloading corpora: resumable, checksummed, with a progress bar.
+"""Downloading corpora: resumable, checksummed, with progress (`report`).
 
 `fetch(url, dest, sha256)` keeps a `.part` file and continues it with an HTTP Range
 request after an interruption; the finished file is checked against its SHA-256 before
@@ -8,12 +8,13 @@ it takes its final name, so a corrupt download never looks like a good one.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tarfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from . import progress as progress_
 
 CHUNK = 1 << 20
 
@@ -37,8 +38,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(url: str, dest: Path, sha256: str | None = None, quiet: bool = False, timeout: float = 60) -> Path:
-    """Download `url` to `dest` (resuming a partial download), verify, and return `dest`."""
+def fetch(url: str, dest: Path, sha256: str | None = None, timeout: float = 60,
+          report: progress_.Silent | None = None) -> Path:
+    """Download `url` to `dest` (resuming a partial download), verify, and return `dest`.
+    `report`: progress as stage 'download NAME' in bytes."""
+    report = report or progress_.Silent()
     if dest.exists() and (sha256 is None or sha256_of(dest) == sha256):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -61,13 +65,13 @@ def fetch(url: str, dest: Path, sha256: str | None = None, quiet: bool = False, 
                 have = 0  # the server ignored Range: start over
             length = response.headers.get("Content-Length")
             total = have + int(length) if length else None
-            with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                          TransferSpeedColumn(), TimeRemainingColumn(), disable=quiet) as bar:
-                task = bar.add_task(dest.name + (" (resumed)" if resumed else ""), total=total, completed=have)
-                with open(part, "ab" if resumed else "wb") as out:
-                    for block in iter(lambda: response.read(CHUNK), b""):
-                        out.write(block)
-                        bar.advance(task, len(block))
+            report.start(f"download {dest.name}" + (" (resumed)" if resumed else ""), total=total, unit="bytes",
+                         done=have)
+            with open(part, "ab" if resumed else "wb") as out:
+                for block in iter(lambda: response.read(CHUNK), b""):
+                    out.write(block)
+                    report.advance(len(block))
+            report.finish()
     got = sha256_of(part)
     if sha256 is not None and got != sha256:
         part.unlink()
@@ -77,7 +81,8 @@ def fetch(url: str, dest: Path, sha256: str | None = None, quiet: bool = False, 
 
 
 def extract(archive: Path, members: tuple[str, ...], dest: Path) -> list[Path]:
-    """Take the named files (matched by their base name) out of a tarball, flat into `dest`."""
+    """Take the named files (matched by their base name) out of a tarball, flat into `dest`,
+    streamed (a member of a GB is never in memory), each under a temporary name until whole."""
     dest.mkdir(parents=True, exist_ok=True)
     wanted = {Path(m).name for m in members}
     found = []
@@ -87,7 +92,10 @@ def extract(archive: Path, members: tuple[str, ...], dest: Path) -> list[Path]:
             if member.isfile() and (not wanted or name in wanted):
                 source = tar.extractfile(member)
                 assert source is not None
-                (dest / name).write_bytes(source.read())
+                partial = dest / f".{name}.partial"
+                with source, open(partial, "wb") as out:
+                    shutil.copyfileobj(source, out, CHUNK)
+                partial.rename(dest / name)
                 found.append(dest / name)
     missing = wanted - {p.name for p in found}
     if missing:

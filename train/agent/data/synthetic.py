@@ -1,6 +1,6 @@
 """A small deterministic synthetic English→German corpus: the demo's default data.
 
-    python -m train.data.synthetic OUT_DIR [--train 20000] [--valid 500] [--test 500] [--seed 1]
+    python -m train.agent.data.synthetic OUT_DIR [--train 20000] [--valid 500] [--test 500] [--seed 1]
 
 writes OUT_DIR/{train,valid,test}.{en,de}, one sentence per line, and prints the sizes.
 
