@@ -12,6 +12,7 @@ import time
 
 import pytest
 from labtools import FAB, TOP, Provisioned, fab, lab_cli, set_links, ssh
+from test_recipe_batch import TARGET, train_and_read
 from test_train import QUICK_HEARTBEAT, RUNS, inner_records, log_of, training_processes, wait_for_update
 
 from lab.config import LabConfig
@@ -29,7 +30,9 @@ SETTINGS = f"max_update={MAX_UPDATE},save_interval_updates=25,max_tokens=1024,{Q
 def three_hosts(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
-    cfg = LabConfig(hosts=3, prefix="tdm3", subnet="10.82.0.0/24")
+    # LAB_THREE_PREFIX / LAB_THREE_SUBNET: another three-host lab (two checkouts testing side by side)
+    cfg = LabConfig(hosts=3, prefix=os.environ.get("LAB_THREE_PREFIX", "tdm3"),
+                    subnet=os.environ.get("LAB_THREE_SUBNET", "10.82.0.0/24"))
     try:
         lab_cli("up", "--hosts", "3", "--subnet", cfg.subnet, prefix=cfg.prefix)
         p = Provisioned(cfg=cfg, inventory=cfg.default_inventory, reports=tmp_path_factory.mktemp("three"))
@@ -177,3 +180,12 @@ def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, 
     print(f"final valid loss at update {MAX_UPDATE}: {disturbed:.3f} (lost and grown back) against "
           f"{reference:.3f} (undisturbed), {disturbed / reference - 1:+.1%}")
     assert abs(disturbed - reference) <= 0.05 * reference
+
+
+def test_three_hosts_train_with_the_recipes_tokens_per_update(three_hosts, undisturbed):
+    """Issue 28's third cluster shape: the recipe's 4,096 tokens per update on 3 ranks is 3 x 1,365
+    max_tokens x update-freq 1 (4,095), and fairseq's logged batch is that, as on 1 and 2 hosts and
+    2 x 2 ranks (tests/training/test_recipe_batch.py)."""
+    wpb = train_and_read(three_hosts, "v100a,v100b,v100c", 1365, 1)
+    print(f"3 hosts: 1365 max_tokens x update-freq 1: fairseq's wpb {wpb:.0f}")
+    assert 0.80 * TARGET <= wpb <= TARGET
