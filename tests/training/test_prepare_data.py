@@ -13,6 +13,7 @@ from pathlib import Path
 from labtools import FAB, TOP, fab, ssh
 
 from benchmarks import wmt16_mirror
+from train.agent.data import synthetic
 
 DATA = "/data/tandem/datasets"
 
@@ -132,13 +133,8 @@ def test_a_corpus_on_the_controller_is_uploaded_once_to_rank0s_host_then_spread(
     cfg, name = provisioned.cfg, "lab-source"
     forget(cfg, name)
     source = tmp_path / name
-    source.mkdir()
-    sample = wmt16_mirror.SAMPLE  # the shared WMT en-de sample
-    for split, lines in (("train", 4000), ("valid", 300), ("test", 300)):
-        for lang in ("en", "de"):
-            text = (sample / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
-            start = {"train": 0, "valid": 4000, "test": 4300}[split]
-            (source / f"{split}.{lang}").write_text("".join(text[start:start + lines]), encoding="utf-8")
+    # a user's corpus directory (generated: a clean clone has nothing beside it to read)
+    synthetic.write_corpus(source, train=4000, valid=300, test=300)
     uploaded = sum(p.stat().st_size for p in source.iterdir())
     try:
         before = bridge_bytes(cfg)
