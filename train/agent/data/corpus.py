@@ -205,8 +205,28 @@ def raw_from_directory(source: Path) -> dict[str, list[dict[str, Path]]]:
     return {split: [pair] for split, pair in files.items()}
 
 
-def download_wmt16(downloads: Path, report: Silent | None = None) -> dict[str, Path]:
-    """Every WMT16 archive, fetched (resumed, checked) unless already there: {name: archive}."""
+def download_need(downloads: Path, sources: dict[str, download.Source]) -> int | None:
+    """Disk the WMT16 preparation takes before its first byte is downloaded: the archives still to
+    come (the servers' sizes, less what a resumable .part already holds), and the text, pieces and
+    binaries made from all of them (text ≈ 3 x gzip). None when a server does not say a size."""
+    total = missing = 0
+    for source in sources.values():
+        dest = downloads / Path(source.url).name
+        size = dest.stat().st_size if dest.exists() else download.remote_size(source.url)
+        if size is None:
+            return None
+        part = dest.with_name(dest.name + ".part")
+        total += size
+        missing += 0 if dest.exists() else max(0, size - (part.stat().st_size if part.exists() else 0))
+    return disk_needed(total * 3, missing)
+
+
+def download_wmt16(downloads: Path, report: Silent | None = None, host: str | None = None) -> dict[str, Path]:
+    """Every WMT16 archive, fetched (resumed, checked) unless already there: {name: archive}. The
+    disk is checked first against what the whole preparation will take (download_need)."""
+    need = download_need(downloads, current_sources())
+    if need is not None:
+        check_disk(downloads, need, host)
     archives = {}
     for name, source in current_sources().items():
         archives[name] = download.fetch(source.url, downloads / Path(source.url).name, source.sha256,
@@ -401,7 +421,7 @@ def _build(name: str, root: Path, work: Path, source: Path | None, wmt16: bool, 
     workers = cores()
     if wmt16:
         downloads = work / "downloads"
-        archives = download_wmt16(downloads, report=report)
+        archives = download_wmt16(downloads, report=report, host=host)
         archive_bytes = sum(p.stat().st_size for p in archives.values())
         check_disk(root, disk_needed(archive_bytes * 3), host)  # text ≈ 3 × gzip
         raw_key = key_of("wmt16", [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in archives.values()])

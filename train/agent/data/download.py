@@ -80,6 +80,16 @@ def fetch(url: str, dest: Path, sha256: str | None = None, timeout: float = 60,
     return dest
 
 
+def remote_size(url: str, timeout: float = 30) -> int | None:
+    """The size the server says `url` has (a HEAD request's Content-Length), None when it says none."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout) as response:
+            length = response.headers.get("Content-Length")
+    except OSError:  # HTTPError included: the download itself will say what is wrong
+        return None
+    return int(length) if length and length.isdigit() else None
+
+
 def extract(archive: Path, members: tuple[str, ...], dest: Path) -> list[Path]:
     """Take the named files (matched by their base name) out of a tarball, flat into `dest`,
     streamed (a member of a GB is never in memory), each under a temporary name until whole."""

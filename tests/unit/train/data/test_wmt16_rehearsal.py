@@ -124,3 +124,18 @@ def test_sgml_segments_are_read_as_sacrebleu_reads_them(tmp_path):
     (tmp_path / "plain.txt").write_text("no tags\n")
     with pytest.raises(sgml.SgmlError, match="plain.txt: no <seg> lines"):
         sgml.segments(tmp_path / "plain.txt")
+
+
+def test_the_disk_is_checked_before_the_first_byte_is_downloaded(mirror, tmp_path, monkeypatch):
+    """The servers' sizes (HEAD) say what the archives and what is made of them will take: a disk
+    without the room is refused before anything is fetched, naming the host."""
+    www, url = mirror
+    monkeypatch.setenv("TANDEM_WMT16_MIRROR", url)
+    archives = sum(p.stat().st_size for p in www.iterdir() if p.is_file())
+    need = corpus.download_need(tmp_path, corpus.current_sources())
+    assert need == corpus.disk_needed(archives * 3, archives)
+    monkeypatch.setattr(corpus, "disk_needed", lambda raw, archived=0: 10**18)  # a disk far too small
+    with pytest.raises(corpus.DataError) as err:
+        corpus.download_wmt16(tmp_path / "downloads", host="rank0-host")
+    assert str(err.value).startswith("rank0-host: not enough disk to prepare in ")
+    assert not list((tmp_path / "downloads").glob("*.tgz*"))  # nothing fetched
