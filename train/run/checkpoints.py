@@ -240,10 +240,11 @@ DEFAULT_BACKUP = "every:60"  # README, "Checkpoints and the controller": why an 
 
 class Backup:
     """While a run is followed, in the background (a GB copy must never hold up noticing a dead
-    rank): rank 0's every new checkpoint pushed to its peers over the cluster network (so any
-    survivor holds the newest), and, per `policy`, the newest checkpoint_last.pt copied to the
-    controller (the last resort), one at a time under CONTROLLER_COPY. Neither is waited for by a
-    restart that does not read the controller's copy; `wait` only at the end."""
+    rank): rank 0's every new checkpoint pushed to the next host over the cluster network (so a
+    survivor holds the newest when rank 0's host is lost), and, per `policy`, the newest
+    checkpoint_last.pt copied to the controller (the last resort), one at a time under
+    CONTROLLER_COPY. Neither is waited for by a restart that does not read the controller's
+    copy; `wait` only at the end."""
 
     def __init__(self, run: Run, policy: BackupPolicy | None = None, say=print):
         self.run, self.policy, self.say = run, policy or BackupPolicy.parse(DEFAULT_BACKUP), say
@@ -275,8 +276,11 @@ class Backup:
             self._fetch.start()
 
     def _to_peers(self, hosts: list[Host], saved: int) -> None:
+        """To the next host only: one copy off rank 0's host is what losing it needs (a restart then
+        spreads the newest to every host), and every save to all N-1 peers would send 2.5 GB x (N-1)
+        from rank 0's NIC every few minutes, beside the all-reduce, for the big preset."""
         try:
-            push_between_hosts(hosts[0], hosts[1:], self.save_dir)
+            push_between_hosts(hosts[0], hosts[1:2], self.save_dir)
             self._pushed = saved
         except LookupError:
             self._pushed = saved  # no cluster key: the controller's copy is all there is
