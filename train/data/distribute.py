@@ -9,8 +9,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from ..cluster import TRANSFER_STALL_S, ClusterError, Host, connect, run_all
-from ..run.checkpoints import CLUSTER_KEY
+from ..cluster import ClusterError, Host, run_all
+from ..run.checkpoints import CLUSTER_KEY, copy_to_peers, to_peers_command
 from ..run.record import DATA_ROOT
 
 
@@ -72,32 +72,18 @@ def check_receivers_disk(hosts: list[Host], need: int) -> None:
 def spread_command(name: str, peers: list[Host]) -> str:
     """The shell line, run on rank 0's host, that rsyncs DATA_ROOT/NAME to every peer at once over the
     cluster network (--delay-updates: the new files take their names together at the end; unchanged
-    files are not sent). It prints `PEER rc` per peer."""
+    files are not sent; --delete: only inside that dataset's own directory). It prints `PEER rc` per peer."""
     src = f"{DATA_ROOT}/{name}/"
-    ssh = (f'"ssh -i {CLUSTER_KEY} -o BatchMode=yes -o ConnectTimeout=10'
-           ' -o ServerAliveInterval=10 -o ServerAliveCountMax=3"')  # the shell expands $HOME
-    pushes = []
-    for peer in peers:
-        target = f"{peer.user}@{peer.cluster_address}:{src}"
-        rsync = (f"rsync -a --delete --delay-updates --timeout={TRANSFER_STALL_S} "
-                 f"--rsync-path={shlex.quote(f'mkdir -p {src} && rsync')}")
-        err = f'"$errs/{peer.name}"'
-        pushes.append(f"{{ {rsync} -e {ssh} {shlex.quote(src)} {shlex.quote(target)} >/dev/null 2>{err}; "
-                      f"echo {peer.name} $? $(tail -c 300 {err} | tr '\\n' ' '); }} &")
-    return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; errs=$(mktemp -d) || exit 4; '
-            + " ".join(pushes) + ' wait; rm -rf "$errs"')
+    return to_peers_command(shlex.quote(src), src, peers, rsync_options="-a --delete --delay-updates")
 
 
 def spread(source: Host, peers: list[Host], name: str) -> None:
     """Copy dataset `name` from `source` to `peers`, host to host. ClusterError naming each that failed."""
-    with connect(source) as conn:
-        result = conn.run(spread_command(name, peers), warn=True, hide=True, in_stream=False)
-    if "no-cluster-key" in result.stdout:
+    try:
+        failed = copy_to_peers(source, peers, spread_command(name, peers))
+    except LookupError:
         raise ClusterError(f"{source.name} has no cluster key ({CLUSTER_KEY}) to copy the dataset to its peers: "
-                           "re-run provisioning (fab provision or ansible-playbook provision.yml)")
-    answers = {line.split(" ", 1)[0]: line for line in result.stdout.splitlines() if line.strip()}
-    failed = [answers.get(p.name, f"{p.name} (no answer)") for p in peers
-              if answers.get(p.name, "").split(" ")[1:2] != ["0"]]
+                           "re-run provisioning (fab provision or ansible-playbook provision.yml)") from None
     if failed:
         raise ClusterError(f"copying the dataset from {source.name} host to host failed for: " + "; ".join(failed))
 

@@ -92,39 +92,57 @@ def cluster_address(host: Host) -> str:
     return host.cluster_address
 
 
-def push_command(save_dir: str, peers: list[Host]) -> str:
-    """The shell line, run on the host that has the checkpoints, that copies them to every peer
-    over the cluster network at once (rsync: only what changed, into a temporary name, then
-    renamed, so a peer never holds half a checkpoint). It prints `PEER rc` per peer."""
-    names = " ".join(shlex.quote(f"{save_dir}/{n}") for n in CHECKPOINTS)
-    ssh = (f'"ssh -i {CLUSTER_KEY} -o BatchMode=yes -o ConnectTimeout=10'
-           ' -o ServerAliveInterval=10 -o ServerAliveCountMax=3"')  # the shell expands $HOME
+# the cluster key's ssh, as rsync's -e on the host that copies (the shell expands $HOME there)
+CLUSTER_SSH = (f'"ssh -i {CLUSTER_KEY} -o BatchMode=yes -o ConnectTimeout=10'
+               ' -o ServerAliveInterval=10 -o ServerAliveCountMax=3"')
+
+
+def to_peers_command(sources: str, dest_dir: str, peers: list[Host], rsync_options: str = "-a", tries: int = 1,
+                     prelude: str = "") -> str:
+    """The shell line, run on the host that holds `sources` (words the shell there expands), that
+    rsyncs them into `dest_dir` on every peer at once, over the cluster network with the cluster
+    key; rsync's exits 23/24 (a file rewritten while read) are tried again up to `tries` times. It
+    prints `PEER rc [rsync's last words]` per peer; rsync's errors go to a directory of this call's
+    own (a fixed name in /tmp may be another user's file)."""
+    rsync = (f"rsync {rsync_options} --timeout={TRANSFER_STALL_S} "
+             f"--rsync-path={shlex.quote(f'mkdir -p {dest_dir} && rsync')}")
     pushes = []
     for peer in peers:
-        target = f"{peer.user}@{cluster_address(peer)}:{save_dir}/"
-        rsync = f"rsync -a --timeout={TRANSFER_STALL_S} --rsync-path={shlex.quote(f'mkdir -p {save_dir} && rsync')}"
+        target = shlex.quote(f"{peer.user}@{cluster_address(peer)}:{dest_dir.rstrip('/')}/")
         err = f'"$errs/{peer.name}"'
-        # rsync exits 23/24 when fairseq rewrites or replaces a checkpoint while it is read: try again
-        pushes.append(f"{{ for try in 1 2 3; do {rsync} -e {ssh} "
-                      f"$files {shlex.quote(target)} >/dev/null 2>{err}; rc=$?; "
+        pushes.append(f"{{ for try in {' '.join(str(i) for i in range(1, tries + 1))}; do {rsync} -e {CLUSTER_SSH} "
+                      f"{sources} {target} >/dev/null 2>{err}; rc=$?; "
                       f"[ $rc = 23 ] || [ $rc = 24 ] || break; sleep 2; done; "
                       f"echo {peer.name} $rc $(tail -c 300 {err} | tr '\\n' ' '); }} &")
-    # rsync's errors in a directory of this call's own (a fixed name in /tmp may be another user's file)
     return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; errs=$(mktemp -d) || exit 4; '
-            f"files=$(ls {names} 2>/dev/null); " + " ".join(pushes) + ' wait; rm -rf "$errs"')
+            + prelude + " ".join(pushes) + ' wait; rm -rf "$errs"')
+
+
+def copy_to_peers(source: Host, peers: list[Host], command: str) -> list[str]:
+    """Run a to_peers_command on `source`; the lines of the peers whose copy failed. LookupError
+    where `source` has no cluster key (provisioned before tandem made one)."""
+    with connect(source) as conn:
+        result = conn.run(command, warn=True, hide=True, in_stream=False)
+    if "no-cluster-key" in result.stdout:
+        raise LookupError(f"{source.name} has no cluster key ({CLUSTER_KEY}): re-run provisioning")
+    answers = {line.split(" ", 1)[0]: line for line in result.stdout.splitlines() if line.strip()}
+    return [answers.get(p.name, f"{p.name} (no answer)") for p in peers
+            if answers.get(p.name, "").split(" ")[1:2] != ["0"]]
+
+
+def push_command(save_dir: str, peers: list[Host]) -> str:
+    """The checkpoints (last, best) from the host that has them to every peer (rsync: only what
+    changed, into a temporary name, then renamed, so a peer never holds half a checkpoint);
+    fairseq may rewrite one while it is read: three tries."""
+    names = " ".join(shlex.quote(f"{save_dir}/{n}") for n in CHECKPOINTS)
+    return to_peers_command("$files", save_dir, peers, tries=3, prelude=f"files=$(ls {names} 2>/dev/null); ")
 
 
 def push_between_hosts(source: Host, peers: list[Host], save_dir: str) -> None:
     """Copy `source`'s checkpoints to `peers` host to host (the cluster network, not through the
     controller). ClusterError naming each peer that failed; LookupError where `source` has no
     cluster key (provisioned before tandem made one)."""
-    with connect(source) as conn:
-        result = conn.run(push_command(save_dir, peers), warn=True, hide=True, in_stream=False)
-    if "no-cluster-key" in result.stdout:
-        raise LookupError(f"{source.name} has no cluster key ({CLUSTER_KEY}): re-run provisioning")
-    answers = {line.split(" ", 1)[0]: line for line in result.stdout.splitlines() if line.strip()}
-    failed = [answers.get(p.name, f"{p.name} (no answer)") for p in peers
-              if answers.get(p.name, "").split(" ")[1:2] != ["0"]]
+    failed = copy_to_peers(source, peers, push_command(save_dir, peers))
     if failed:
         raise ClusterError(f"copying checkpoints from {source.name} failed for: " + "; ".join(failed))
 
