@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..cluster import ClusterError, Host, run_all
 from ..run.checkpoints import CLUSTER_KEY, copy_to_peers, to_peers_command
 from ..run.record import DATA_ROOT
+from .progress import CopyBars  # noqa: F401 - distribute.CopyBars: the bars copy_progress draws
+
+COPY_POLL_S = 2.0  # how often the receivers are asked how much of the dataset they hold
 
 
 def ssh_command(host: Host) -> str:
@@ -86,6 +91,36 @@ def spread(source: Host, peers: list[Host], name: str) -> None:
                            "re-run provisioning (fab provision or ansible-playbook provision.yml)") from None
     if failed:
         raise ClusterError(f"copying the dataset from {source.name} host to host failed for: " + "; ".join(failed))
+
+
+def held_bytes(hosts: list[Host], name: str) -> dict[str, int]:
+    """{host: bytes under DATA_ROOT/NAME there} (rsync's temporary files included), for the hosts that answered."""
+    got = run_all(hosts, f"du -sb {DATA_ROOT}/{name} 2>/dev/null | cut -f1", timeout=20)
+    return {h.name: int(got[h.name].stdout) for h in hosts
+            if got[h.name].ok and got[h.name].stdout.strip().isdigit()}
+
+
+@contextmanager
+def copy_progress(console, source: Host, receivers: list[Host], name: str, total: int, every_s: float = COPY_POLL_S):
+    """While the body copies dataset `name` to `receivers`: their bars, from what each holds, asked
+    every `every_s` seconds over ssh (the copy itself runs on `source`, host to host)."""
+    bars = CopyBars(console, source.name, [r.name for r in receivers], total)
+    stop = threading.Event()
+
+    def poll():
+        while not stop.wait(every_s):
+            bars.update(held_bytes(receivers, name))
+
+    watcher = threading.Thread(target=poll, daemon=True, name="copy-progress")
+    watcher.start()
+    done = False
+    try:
+        yield bars
+        done = True
+    finally:
+        stop.set()
+        watcher.join()
+        bars.close(done)
 
 
 def check_copies(hosts: list[Host], name: str) -> dict[str, str]:

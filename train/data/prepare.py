@@ -127,8 +127,9 @@ def prepare_data(hosts: list[Host], console, name: str | None = None, source: st
         stale = [p for p in peers if have[p.name] != result["manifest"]]
         if stale:
             distribute.check_receivers_disk(stale, int(result["bytes"] * 1.1))
-            with console.status(f"copying {result['bytes'] / 1e6:.1f} MB host to host: {rank0.name} → "
-                                f"{', '.join(p.name for p in stale)}"):
+            console.print(f"copying {result['bytes'] / 1e6:.1f} MB host to host: {rank0.name} → "
+                          f"{', '.join(p.name for p in stale)}")
+            with distribute.copy_progress(console, rank0, stale, name, result["bytes"]):
                 distribute.spread(rank0, stale, name)
         else:
             console.print(f"every host already holds this {name}: nothing copied")

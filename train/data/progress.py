@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.progress import Progress as RichProgress
 
 from ..agent.data.progress import PREFIX, Lines, Silent, parse  # noqa: F401 - the one definition
@@ -47,6 +55,32 @@ class Bars(Silent):
                    "state": "done"})
 
     def close(self):
+        self.bars.stop()
+
+
+class CopyBars:
+    """The host-to-host copy: one bar per receiver, the bytes of the dataset it holds so far against
+    the dataset's size, with rate and ETA (a GB dataset over a slow cluster link is minutes)."""
+
+    def __init__(self, console, source: str, receivers: list[str], total: int):
+        self.total = total
+        self.bars = RichProgress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=console, transient=False)
+        self.tasks = {r: self.bars.add_task(f"copy {source} → {r}", total=total) for r in receivers}
+        self.bars.start()
+
+    def update(self, held: dict[str, int]) -> None:
+        """`held`: {receiver: bytes of the dataset there now} (a receiver that did not answer: left as it was).
+        Capped at the dataset's size: the files being replaced are counted until rsync renames."""
+        for receiver, task in self.tasks.items():
+            if receiver in held:
+                self.bars.update(task, completed=min(held[receiver], self.total))
+
+    def close(self, done: bool) -> None:
+        if done:
+            for task in self.tasks.values():
+                self.bars.update(task, completed=self.total)
         self.bars.stop()
 
 

@@ -303,9 +303,9 @@ def learn_subwords(text_dir: Path, model_prefix: Path, vocab_size: int, sample: 
     return model_prefix.with_suffix(".model")
 
 
-def _read_batches(path: Path, size: int = CHUNK_LINES) -> Iterator[list[str]]:
+def _read_batches(path: Path, size: int | None = None) -> Iterator[list[str]]:
     with open(path, encoding="utf-8") as f:
-        while batch := [line.rstrip("\n") for line in itertools.islice(f, size)]:
+        while batch := [line.rstrip("\n") for line in itertools.islice(f, size or CHUNK_LINES)]:
             yield batch
 
 

@@ -3,8 +3,10 @@ a receiver without the room for it is refused before anything is copied, naming 
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
+import threading
 
 import pytest
 
@@ -80,3 +82,51 @@ def test_a_receiver_without_room_is_refused_naming_host_need_and_free(monkeypatc
     assert str(err.value).splitlines() == [
         "dataset not copied:",
         "  v100c: not enough disk for the dataset in /data/tandem/datasets: needs 1.20 GB, 0.30 GB free"]
+
+
+def test_the_host_to_host_copy_shows_each_receivers_bytes_as_they_arrive(monkeypatch):
+    """A GB dataset over the cluster link is minutes: a bar per receiver follows what it holds (du
+    there, asked every few seconds), and is full once the copy is whole."""
+    from rich.console import Console
+
+    asked = []
+
+    def du(hosts, name):
+        asked.append(([h.name for h in hosts], name))
+        return {"v100b": 1_000_000, "v100c": 400_000}
+
+    monkeypatch.setattr(distribute, "held_bytes", du)
+    console = Console(record=True, width=120, force_terminal=False)
+    with distribute.copy_progress(console, HOSTS[0], HOSTS[1:], "synthetic", 2_900_000, every_s=0.01) as bars:
+        for _ in range(500):  # the poller's first answer drawn (its thread: up to 5 s on a loaded machine)
+            if [task.completed for task in bars.bars.tasks] == [1_000_000, 400_000]:
+                break
+            threading.Event().wait(0.01)
+        assert [task.completed for task in bars.bars.tasks] == [1_000_000, 400_000]
+    out = console.export_text()
+    assert "copy v100a → v100b" in out and "copy v100a → v100c" in out, out
+    assert asked[0] == (["v100b", "v100c"], "synthetic")
+    assert out.count("2.9/2.9 MB") == 2, out
+
+
+def test_a_receivers_bar_never_passes_the_dataset_and_one_that_did_not_answer_stays():
+    """rsync's temporary files are counted by du until renamed, over the old files they replace."""
+    from rich.console import Console
+
+    bars = distribute.CopyBars(Console(file=io.StringIO()), "v100a", ["v100b", "v100c"], 2_900_000)
+    bars.update({"v100b": 1_000_000, "v100c": 500_000})
+    bars.update({"v100b": 3_100_000})
+    assert [task.completed for task in bars.bars.tasks] == [2_900_000, 500_000]
+    bars.close(done=False)
+
+
+def test_a_copy_that_fails_leaves_its_bars_where_they_were(monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.setattr(distribute, "held_bytes", lambda hosts, name: {"v100b": 1_000_000})
+    console = Console(record=True, width=120, force_terminal=False)
+    with pytest.raises(ClusterError), distribute.copy_progress(console, HOSTS[0], HOSTS[1:2], "synthetic",
+                                                                2_900_000, every_s=0.01):
+        threading.Event().wait(0.1)
+        raise ClusterError("copying the dataset from v100a host to host failed for: v100b 12")
+    assert "2.9/2.9 MB" not in console.export_text()
