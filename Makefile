@@ -13,6 +13,7 @@ CLUSTER_NET ?= 1
 DISTRO ?= bookworm
 LOGIN_USER ?= debian
 RANKS ?= 1
+DATA_DISK_GB ?= 4
 LAB := $(PY) -m lab
 
 .PHONY: bench-targets require-root setup lab-setup test-setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
@@ -32,8 +33,8 @@ wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PY
 require-root:
 	@[ "$$(id -u)" -eq 0 ] || { echo "the lab needs root (network namespaces, mounts, loop devices): run sudo make $(MAKECMDGOALS)" >&2; exit 2; }
 
-lab-up: require-root lab-setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24, SLOW_NIC=v100b, CLUSTER_NET=0: one network, DISTRO=trixie: Debian 13, LOGIN_USER=root: root logins, RANKS=2: two ranks a host)
-	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET) --slow-nic "$(SLOW_NIC)" $(if $(filter 1,$(CLUSTER_NET)),--cluster-net,--no-cluster-net) --distro $(DISTRO) --login-user $(LOGIN_USER) --ranks $(RANKS)
+lab-up: require-root lab-setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.0/24, SLOW_NIC=v100b, CLUSTER_NET=0: one network, DISTRO=trixie: Debian 13, LOGIN_USER=root: root logins, RANKS=2: two ranks a host, DATA_DISK_GB=16: a /data of 16 GB)
+	@$(LAB) up --hosts $(HOSTS) --subnet $(SUBNET) --slow-nic "$(SLOW_NIC)" $(if $(filter 1,$(CLUSTER_NET)),--cluster-net,--no-cluster-net) --distro $(DISTRO) --login-user $(LOGIN_USER) --ranks $(RANKS) --data-disk-gb $(DATA_DISK_GB)
 
 lab-down:  ## remove everything the lab made
 	@if [ -x $(PY) ]; then $(LAB) down; else bash lab/bootstrap.sh && $(LAB) down; fi

@@ -50,7 +50,8 @@ def saved_config(prefix: str) -> LabConfig | None:
                      cluster_net=bool(data.get("cluster_net", False)),
                      distro=data.get("distro", "bookworm"),
                      # a lab started before the login user was a setting logged in as root
-                     login_user=data.get("login_user", "root"), ranks=int(data.get("ranks", 1)))
+                     login_user=data.get("login_user", "root"), ranks=int(data.get("ranks", 1)),
+                     data_disk_gb=int(data.get("data_disk_gb", 4)))
 
 
 def server_pid(cfg: LabConfig) -> int | None:
@@ -172,7 +173,7 @@ def up(cfg: LabConfig, inventory_path: Path) -> None:
     (cfg.state / "lab.json").write_text(json.dumps(
         {"hosts": cfg.hosts, "subnet": cfg.subnet, "http_port": cfg.http_port,
          "slow_nic_hosts": list(cfg.slow_nic_hosts), "cluster_net": cfg.cluster_net, "distro": cfg.distro,
-         "login_user": cfg.login_user, "ranks": cfg.ranks}))
+         "login_user": cfg.login_user, "ranks": cfg.ranks, "data_disk_gb": cfg.data_disk_gb}))
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tandem-lab", "-f", str(cfg.key))
     serve_packages(cfg, wheels)
     if cfg.cluster_net:
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--ranks", type=int, default=1,
                       help="training ranks on each host (the inventory's cpu_ranks; default 1): 2 runs the "
                       "several-ranks-a-host path multi-GPU hosts take")
+    p_up.add_argument("--data-disk-gb", type=int, default=4,
+                      help="each host's /data volume, GB (default 4; sparse: disk is used as it fills). "
+                           "WMT16 at full size (prepare-data --wmt16) needs ~16")
     p_up.add_argument("--distro", default="bookworm", choices=sorted(DISTROS),
                       help="the hosts' Debian: bookworm (12, Python 3.11, the default) or trixie (13, Python 3.13)")
     p_up.add_argument("--login-user", default="debian", choices=sorted(LOGIN_USERS),
@@ -287,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             slow = tuple(h for h in args.slow_nic.split(",") if h)
             cfg = LabConfig(hosts=args.hosts, subnet=args.subnet, prefix=args.prefix, slow_nic_hosts=slow,
                             cluster_net=args.cluster_net, distro=args.distro, login_user=args.login_user,
-                            ranks=args.ranks)
+                            ranks=args.ranks, data_disk_gb=args.data_disk_gb)
             up(cfg, args.inventory or cfg.default_inventory)
         elif args.command == "down":
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))
