@@ -36,7 +36,7 @@ def info(c, hosts):
 })
 @cluster_task
 def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None, lines=20000):
-    """Prepare a corpus (clean, joint subwords, fairseq-preprocess) on rank 0's host, then copy it host to host."""
+    """Prepare a corpus (clean, joint subwords, fairseq binaries) on rank 0's host, then copy it host to host."""
     prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=int(lines))
 
 

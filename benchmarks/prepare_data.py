@@ -3,8 +3,8 @@
     python -m benchmarks.prepare_data --pairs 4560000 [--dir /var/tmp/tandem-prepare-bench] [--bind 127.0.0.1]
 
 Builds the mirror once (benchmarks/wmt16_mirror.py; kept in DIR/www), serves it, and runs the stage
-runner (`python -m train.agent.data --wmt16`) as a child whose whole process tree (clean's workers,
-fairseq-preprocess's) is sampled for resident memory every 0.2 s: the peak per stage is the largest
+runner (`python -m train.agent.data --wmt16`) as a child whose whole process tree (clean's and
+binarize's workers) is sampled for resident memory every 0.2 s: the peak per stage is the largest
 sum over the tree, the figure a machine's memory has to hold. Prints one table and a JSON line.
 """
 

@@ -30,7 +30,7 @@ STEPS = [
      ["ansible-playbook", "-i", "inventory/lab.yml", "provision.yml"]),
     ("Bandwidth before training: iperf3 between every pair, then an all_reduce sweep (nccl-tests style)",
      ["fab", "bench-net", "--max-size", "64M"]),
-    ("Prepare the data: a synthetic en-de corpus, joint sentencepiece, fairseq-preprocess, "
+    ("Prepare the data: a synthetic en-de corpus, joint sentencepiece, fairseq binaries, "
      "copied to /data on both hosts and checked",
      ["fab", "prepare-data"]),
     ("Step time against bandwidth: the tiny model under a 10mbit cap and uncapped, with the model's "

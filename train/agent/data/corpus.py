@@ -19,21 +19,19 @@ import fcntl
 import functools
 import itertools
 import json
-import multiprocessing
 import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
-import threading
 import unicodedata
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import binarize as binary
 from . import check, download, sgml, synthetic
+from .parallel import cores, ordered_map
 from .progress import Silent
 from .stages import Stages, key_of
 
@@ -107,10 +105,6 @@ class Corpus:
         return asdict(self)
 
 
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @functools.cache
 def _control_characters() -> re.Pattern:
     """Every code point of Unicode category C (control, format, unassigned...) but the tab."""
@@ -128,7 +122,12 @@ def normalize(line: str) -> str:
     """NFKC, one space between words, no control characters."""
     if not line.isascii():
         line = unicodedata.normalize("NFKC", line)
-    return " ".join(_control_characters().sub("", line).split())
+    line = line.rstrip("\n")  # a file's line ending
+    # The regex's class of ~700 ranges costs ~90 us a line; isprintable() is False for every
+    # category C character (and tabs, unusual spaces): the rare line that needs it gets it.
+    if not line.isprintable():
+        line = _control_characters().sub("", line)
+    return " ".join(line.split())
 
 
 def keep_pair(en: str, de: str, max_words: int = 250, max_ratio: float = 3.0) -> bool:
@@ -147,23 +146,6 @@ def _clean_chunk(job: tuple[list[str], list[str], bool]) -> tuple[str, str, int]
         out_en.append(en + "\n")
         out_de.append(de + "\n")
     return "".join(out_en), "".join(out_de), len(out_en)
-
-
-def ordered_map(fn: Callable, jobs: Iterable, workers: int) -> Iterator:
-    """fn over jobs on `workers` processes, results in order, at most 2 × workers jobs in flight
-    (Pool.imap reads its whole input ahead: the corpus would end up in memory). Forked, not spawned:
-    a spawned worker re-runs the caller's script when it has no __main__ guard."""
-    if workers <= 1:
-        yield from map(fn, jobs)
-        return
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        pending: deque = deque()
-        for job in jobs:
-            pending.append(pool.apply_async(fn, (job,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
 
 
 def _pairs_in_chunks(parts: list[dict[str, Path]], filter_pairs: bool) -> Iterator[tuple]:
@@ -330,38 +312,6 @@ def apply_subwords(model: Path, text_dir: Path, out_dir: Path, report: Silent | 
     return pieces_total
 
 
-def _watch_size(directory: Path, report: Silent, stop: threading.Event) -> None:
-    """fairseq-preprocess says nothing while it works: its progress is the size of what it wrote."""
-    said = 0
-    while not stop.wait(1.0):
-        size = sum(p.stat().st_size for p in directory.rglob("*.bin") if p.is_file())
-        if size > said:
-            report.advance(size - said)
-            said = size
-
-
-def binarize(sub_dir: Path, bin_dir: Path, workers: int | None = None, report: Silent | None = None,
-             expected_bytes: int | None = None) -> None:
-    preprocess = Path(sys.executable).with_name("fairseq-preprocess")
-    command = [str(preprocess), "--source-lang", "en", "--target-lang", "de",
-               "--trainpref", str(sub_dir / "train"), "--validpref", str(sub_dir / "valid"),
-               "--testpref", str(sub_dir / "test"), "--destdir", str(bin_dir),
-               "--joined-dictionary", "--workers", str(workers or cores())]
-    report = report or Silent()
-    report.start("binarize", total=expected_bytes, unit="bytes")
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_size, args=(bin_dir, report, stop), daemon=True)
-    watcher.start()
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True)
-    finally:
-        stop.set()
-        watcher.join()
-    if proc.returncode != 0:
-        raise DataError(f"{socket.gethostname()}: fairseq-preprocess failed:\n{proc.stderr[-2000:]}")
-    report.finish()
-
-
 def write_manifest(bin_dir: Path, report: Silent | None = None) -> Path:
     """sha256sum-compatible list of every file, each hashed as a stream: hosts check their copy
     with `sha256sum -c`."""
@@ -447,10 +397,10 @@ def _build(name: str, root: Path, work: Path, source: Path | None, wmt16: bool, 
     spm_info = stages.run("spm", spm_key, lambda out: _learn(text_dir, out, vocab_size, report))
     model = root / "spm" / "spm.model"
     sub_key = key_of(spm_key, "encode-1")
-    pieces = stages.run("subwords", sub_key, lambda out: _encode(model, text_dir, out, lines, report))
+    stages.run("subwords", sub_key, lambda out: _encode(model, text_dir, out, lines, report))
     bin_key = key_of(sub_key, "binarize-1")
     info = stages.run("bin", bin_key, lambda out: _binarize(
-        name, root, out, raw, lines, spm_info, pieces, vocab_size, workers, report))
+        name, root, out, raw, lines, spm_info, vocab_size, workers, report))
     return Corpus(**{**info, "bin_dir": str(root / "bin")})
 
 
@@ -477,11 +427,9 @@ def _encode(model: Path, text_dir: Path, out: Path, lines: dict[str, int], repor
     return {"pieces": pieces}
 
 
-def _binarize(name, root, bin_dir, raw, lines, spm_info, pieces, vocab_size, workers, report) -> dict:
-    # fairseq writes uint16 tokens for a vocabulary < 65500, one end-of-sentence per line
-    expected = 2 * (pieces["pieces"] + 2 * sum(lines.values()))
-    binarize(root / "subwords", bin_dir, workers, report, expected_bytes=expected)
-    (bin_dir / "preprocess.log").rename(root / "preprocess.log")  # has paths and times: not data
+def _binarize(name, root, bin_dir, raw, lines, spm_info, vocab_size, workers, report) -> dict:
+    binary.write(root / "subwords", bin_dir, root / "spm" / "spm.model", SPLITS, LANGS, CHUNK_LINES, workers,
+                 report, total_lines=2 * sum(lines.values()))
     shutil.copy2(root / "spm" / "spm.model", bin_dir / "spm.model")
     # BLEU's reference: the test set's target side as it came, not normalized, not split
     shutil.copy2(raw["test"][0]["de"], bin_dir / "test.ref.de")
