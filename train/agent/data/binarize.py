@@ -67,6 +67,8 @@ def write(sub_dir: Path, bin_dir: Path, model: Path, splits: tuple[str, ...], la
     """Every {split}.{lang} of `sub_dir` (pieces, one line a sentence) into `bin_dir` as
     {split}.{langs[0]}-{langs[1]}.{lang}.bin/.idx, and the joined dictionary as dict.{lang}.txt;
     returns the dictionary's size. Memory: a few batches of lines and each file's line lengths."""
+    report = report or Silent()
+    report.start("binarize", total=total_lines, unit="lines")  # before fairseq's import: seconds of torch
     from fairseq.data.indexed_dataset import MMapIndexedDataset, best_fitting_int_dtype
 
     vocab = dictionary(model)
@@ -74,8 +76,6 @@ def write(sub_dir: Path, bin_dir: Path, model: Path, splits: tuple[str, ...], la
     index.unk = vocab.unk()
     dtype = np.dtype(best_fitting_int_dtype(len(vocab))).name
     counts = np.zeros(len(vocab), dtype=np.int64)
-    report = report or Silent()
-    report.start("binarize", total=total_lines, unit="lines")
     bin_dir.mkdir(parents=True, exist_ok=True)
     pair = "-".join(langs)
     for split in splits:
