@@ -4,8 +4,10 @@
 
 Builds the mirror once (benchmarks/wmt16_mirror.py; kept in DIR/www), serves it, and runs the stage
 runner (`python -m train.agent.data --wmt16`) as a child whose whole process tree (clean's and
-binarize's workers) is sampled for resident memory every 0.2 s: the peak per stage is the largest
-sum over the tree, the figure a machine's memory has to hold. Prints one table and a JSON line.
+binarize's workers) is sampled every 0.2 s: the peak per stage is the largest sum over the tree of
+each process's PSS (proportional set size: a page shared by forked workers counted once, split
+among them), the figure a machine's memory has to hold. Before 2026-11-25's later figures the sum
+was of RSS, which counts every shared page once per worker. Prints one table and a JSON line.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from benchmarks import wmt16_mirror
 from train.data import progress
 
 
-def tree_rss(proc: psutil.Process) -> int:
+def tree_memory(proc: psutil.Process) -> int:
+    """The PSS of `proc` and its descendants, summed (RSS where the kernel has no PSS)."""
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):  # a worker that just ended
-            total += p.memory_info().rss
+            info = p.memory_full_info()
+            total += getattr(info, "pss", info.rss)
     return total
 
 
@@ -55,7 +59,7 @@ def run(pairs: int, where: Path, bind: str = "127.0.0.1", vocab_size: int = 3200
 
     def sample():
         while not done.wait(0.2):
-            peaks[stage] = max(peaks.get(stage, 0), tree_rss(proc))
+            peaks[stage] = max(peaks.get(stage, 0), tree_memory(proc))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()

@@ -5,7 +5,7 @@ WMT16-shaped mirror served on the lab's bridge, prepared on rank 0's host, copie
     python -m benchmarks.prepare_lab [--prefix tandem] [--pairs 4560000]
 
 Prints the wall time, each stage's seconds (from the stage runner's `.STAGE.done` files on rank 0's
-host) and peak memory (the runner's process tree, sampled every 0.5 s from this machine: the lab's
+host) and peak memory (the PSS of the runner's process tree, sampled every 0.5 s from this machine: the lab's
 hosts are PID namespaces under it), the host-to-host copy, and the bytes through the controller (the
 bridge's counters, less the archives the mirror on this machine served). One JSON line at the end.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks import wmt16_mirror
-from benchmarks.prepare_data import tree_rss
+from benchmarks.prepare_data import tree_memory
 from lab.__main__ import saved_config
 from lab.config import LabConfig
 
@@ -61,7 +61,7 @@ class Sampler(threading.Thread):
             proc = proc if proc is not None and proc.is_running() else runner_of(self.name_, self.host)
             if proc is not None:
                 with contextlib.suppress(psutil.Error):
-                    self.samples.append((time.time(), tree_rss(proc)))
+                    self.samples.append((time.time(), tree_memory(proc)))
 
 
 def ssh(cfg: LabConfig, host: str, command: str) -> str:
@@ -105,7 +105,7 @@ def run(cfg: LabConfig, pairs: int, where: Path, name: str = "wmt16-bench") -> d
     bounds = [started] + [float(done[f".{s}.done"]) for s in STAGES] + [ended]
     stages = {}
     for stage, start, end in zip([*STAGES, "copy"], bounds, bounds[1:], strict=False):
-        during = [rss for t, rss in sampler.samples if start <= t <= end + 1]
+        during = [pss for t, pss in sampler.samples if start <= t <= end + 1]
         stages[stage] = {"what": WHAT[stage], "seconds": round(end - start),
                          "peak_mb": round(max(during, default=0) / 2**20)}
     dataset = int(ssh(cfg, cfg.names[-1], f"du -sb /data/tandem/datasets/{name}").split()[0])
