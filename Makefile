@@ -62,5 +62,10 @@ bench-targets: test-setup  ## the benchmarks' targets on the lab, the step-time 
 	@.venv/bin/pytest tests/bench -v
 	@.venv/bin/pytest tests/training -m sweep -v
 
+bench-prepare: test-setup require-root  ## fab prepare-data --wmt16 at WMT16's full size (4.56M pairs) on a lab of its own with 16 GB volumes; PAIRS=N for another size
+	@$(LAB) --prefix tdmprep up --subnet 10.85.0.0/24 --data-disk-gb 16
+	@.venv/bin/ansible-playbook -i inventory/lab-tdmprep.yml provision.yml --skip-tags verify -e network_measure=false \
+		&& $(PY) -m benchmarks.prepare_lab --prefix tdmprep $(if $(PAIRS),--pairs $(PAIRS)); rc=$$?; $(LAB) --prefix tdmprep down; exit $$rc
+
 help:
 	@grep -E '^[a-z-]+:.*##' Makefile | sed 's/:.*## /\t/'
