@@ -107,8 +107,10 @@ def test_stop_then_resume_continues_from_the_saved_update_on_both_hosts(data_rea
     """With local SGD (--comm local-sgd:5, outer momentum 0.5), the strategy whose resume has the most to carry: the run
     keeps its strategy and the checkpoint its outer state (BMUF's last synced model and momentum)."""
     cfg = data_ready.cfg
+    # 120 updates: local SGD runs ~0.2 s an update on a quiet lab, and `fab stop` must land before
+    # the end (40 were done before it in a fresh-clone CI)
     fab(data_ready, "train", "--new", "--detach", "--comm", "local-sgd:5", "--set",
-        "max_update=40,save_interval_updates=10,block_momentum=0.5")
+        "max_update=120,save_interval_updates=10,block_momentum=0.5")
     run_id = latest_run_id()
     wait_for_update(cfg, run_id, 20)
     out = fab(data_ready, "stop").stdout
@@ -130,7 +132,7 @@ def test_stop_then_resume_continues_from_the_saved_update_on_both_hosts(data_rea
     assert after and after[0] > resumed[-1], f"restarted from 0 instead of {resumed[-1]}: {after}"
     assert saved["v100a"], "rank 0 had saved no checkpoint before the stop"
     assert ssh(cfg, "v100b", f"test -s {RUNS}/{run_id}/checkpoints/checkpoint_last.pt").returncode == 0
-    assert "40/40" in out
+    assert "120/120" in out
     assert log.count("'use_bmuf': True") == 2 and "'global_sync_iter': 5" in log, "not local SGD every 5, twice"
     assert json.loads((TOP / "reports" / run_id / "run.json").read_text())["comm"] == "local-sgd:5"
     checkpoint = f"{RUNS}/{run_id}/checkpoints/checkpoint_last.pt"
