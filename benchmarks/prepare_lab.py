@@ -35,6 +35,8 @@ WHAT = {"raw": "download + extract", "text": "check + clean", "spm": "subwords: 
 
 
 def bridge_bytes(cfg: LabConfig) -> int:
+    """Bytes through the controller's side of the lab's bridge (the hosts' traffic with each other
+    goes over the cluster bridge, and the bridge's own counters see only the controller's)."""
     stats = Path(f"/sys/class/net/{cfg.bridge}/statistics")
     return int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
 
@@ -78,7 +80,11 @@ def run(cfg: LabConfig, pairs: int, where: Path, name: str = "wmt16-bench") -> d
         wmt16_mirror.build(www, pairs)
     archives = sum(p.stat().st_size for p in www.iterdir())
     rank0 = cfg.names[0]
-    for host in cfg.names:  # from nothing: the download, every stage and the copy are what is timed
+    # from nothing: the download, every stage and the copy are what is timed. Only this lab's hosts,
+    # only the benchmark's own dataset and the download cache.
+    print(f"erasing on {', '.join(cfg.names)} (lab {cfg.prefix}): /data/tandem/datasets/{name}, "
+          f"/data/tandem/prepare/{name}, /data/tandem/prepare/downloads")
+    for host in cfg.names:
         ssh(cfg, host, f"sudo rm -rf /data/tandem/datasets/{name} /data/tandem/prepare/{name} "
                        "/data/tandem/prepare/downloads")
     httpd, url = wmt16_mirror.serve(www, bind=cfg.bridge_ip)

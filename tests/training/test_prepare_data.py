@@ -8,21 +8,14 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 from labtools import FAB, TOP, fab, ssh
 
 from benchmarks import wmt16_mirror
+from benchmarks.prepare_lab import bridge_bytes
 from train.agent.data import synthetic
 
 DATA = "/data/tandem/datasets"
-
-
-def bridge_bytes(cfg) -> int:
-    """Bytes through the controller's side of the lab's bridge (the hosts' traffic with each other
-    goes over the cluster bridge, and the bridge's own counters see only the controller's)."""
-    stats = Path(f"/sys/class/net/{cfg.bridge}/statistics")
-    return int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
 
 
 def manifest_sums(cfg, name: str) -> dict[str, str]:

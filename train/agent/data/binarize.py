@@ -75,7 +75,7 @@ def write(sub_dir: Path, bin_dir: Path, model: Path, splits: tuple[str, ...], la
     report.start("binarize", total=total_lines, unit="lines")
     symbols = vocabulary(model)
     index = _Index((s, i) for i, s in enumerate(symbols))
-    dtype = "uint16" if len(symbols) < 65500 else "int32"  # fairseq's best_fitting_int_dtype
+    dtype = "uint16" if len(symbols) < 65500 else "uint32"  # fairseq's best_fitting_int_dtype
     counts = np.zeros(len(symbols), dtype=np.int64)
     bin_dir.mkdir(parents=True, exist_ok=True)
     pair = "-".join(langs)
