@@ -301,6 +301,7 @@ class Backup:
         self.run, self.policy, self.say = run, policy or BackupPolicy.parse(DEFAULT_BACKUP), say
         self._push: threading.Thread | None = None
         self._fetch: threading.Thread | None = None
+        self._copying: dict[str, str] = {}  # what each copy under way moves, in words
         self._pushed: int | None = None
         self._fetched: int | None = None
         self._fetched_at: float | None = None
@@ -314,6 +315,7 @@ class Backup:
         if saved is None:
             return
         if len(hosts) > 1 and saved != self._pushed and not (self._push and self._push.is_alive()):
+            self._copying["push"] = f"update {saved} from {hosts[0].name} to {hosts[1].name}"
             self._push = threading.Thread(target=self._to_peers, args=(list(hosts), saved), daemon=True,
                                           name="push")
             self._push.start()
@@ -322,6 +324,7 @@ class Backup:
             self._fetched_at is None or time.monotonic() - self._fetched_at >= every)
         if due and not (self._fetch and self._fetch.is_alive()):
             self._fetched_at = time.monotonic()
+            self._copying["backup"] = f"update {saved} from {hosts[0].name} to the controller"
             self._fetch = threading.Thread(target=self._to_controller, args=(hosts[0], saved), daemon=True,
                                            name="backup")
             self._fetch.start()
@@ -348,14 +351,25 @@ class Backup:
         except Exception as err:  # a host gone mid-copy (timeout, closed socket): the run goes on, and says so
             self.say(f"checkpoint backup to the controller failed (training goes on): {type(err).__name__}: {err}")
 
-    def wait(self) -> None:
-        """Until the copies under way (if any) are whole or have failed."""
+    def under_way(self) -> list[str]:
+        """The copies under way, in words (`update 40 from v100a to v100b`)."""
+        return [self._copying[name] for name, thread in (("push", self._push), ("backup", self._fetch))
+                if thread is not None and thread.is_alive()]
+
+    def wait(self, say=None) -> None:
+        """Until the copies under way (if any) are whole or have failed; `say`, where given, is told
+        what is waited for (a GB copy to a laptop takes minutes: a silent wait looks like a hang)."""
+        if say is not None and (busy := self.under_way()):
+            say(f"waiting for the checkpoint copy under way ({'; '.join(busy)}); Ctrl-C leaves it unfinished "
+                "(a partial copy is never used)")
         for thread in (self._push, self._fetch):
             if thread is not None:
                 thread.join()
 
     def final(self, hosts: list[Host]) -> None:
         """The run ended: the newest to the controller, where the policy keeps one."""
-        self.wait()
+        self.wait(say=self.say)
         if self.policy.at_end and hosts:
+            self.say(f"copying {hosts[0].name}'s checkpoint_last.pt to the controller (--backup {self.policy}); "
+                     "Ctrl-C leaves it unfinished")
             self._to_controller(hosts[0], None)

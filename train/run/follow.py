@@ -109,6 +109,7 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
     guard = DeadRankGuard(run, dead_grace_s, say=console.print)
     rejoin = Watch(run, known or hosts, say=say("cyan")) if elastic else None
     last_update = 0  # rank 0's, as last seen: its host may be the one lost
+    detached = False
     with ProgressView(run, hosts, console) as view:
         try:
             while True:
@@ -141,10 +142,19 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             console.print(f"detached; {run.run_id} goes on. `fab status`, `fab logs`, `fab stop`.")
-            return launch.states(run, hosts)
-        finally:
+            detached = True
+        except BaseException:
             copies.wait()  # a copy under way finishes (a daemon thread would be cut off at exit)
-    copies.final(hosts)
+            raise
+    try:  # a copy under way finishes, said; a second Ctrl-C leaves it
+        copies.wait(say=say("yellow"))
+        if not detached:
+            copies.final(hosts)
+    except KeyboardInterrupt:
+        console.print("the checkpoint copy was left unfinished: the hosts keep theirs; a partial copy is never used")
+        detached = True
+    if detached:
+        return launch.states(run, hosts)
     moved = checkpoints.through_controller["bytes"]
     console.print(f"checkpoints through the controller: {moved / 1e6:,.0f} MB (--backup {copies.policy})",
                   markup=False)

@@ -45,3 +45,61 @@ def test_a_vanished_host_is_given_up_within_a_minute_however_long_one_collective
             fired = clock[0] - vanished
     assert fired is not None and fired <= 60, fired
     assert stopped == [["v100a"]]
+
+
+class Quiet:
+    """ProgressView's stand-in: no bar, no host connections."""
+
+    def __init__(self, *a):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+class Said:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def print(self, text, **kwargs):
+        self.lines.append(str(text))
+
+
+def test_ctrl_c_twice_detaches_leaving_the_copy_under_way_unfinished(monkeypatch):
+    """Ctrl-C detaches; the copy under way is waited for, said; a second Ctrl-C leaves it (a GB copy
+    to a laptop takes minutes) and the run goes on: no traceback, no copy at the end."""
+    class Copying:
+        policy = "every:60"
+        finals: list = []
+
+        def __init__(self, run, policy, say):
+            self.say = say
+
+        def wait(self, say=None):
+            if say is not None:
+                say("waiting for the checkpoint copy under way (update 40 from v100a to the controller)")
+                raise KeyboardInterrupt  # the second Ctrl-C
+
+        def final(self, hosts):
+            self.finals.append(hosts)
+
+    calls = []
+
+    def states(run, hosts):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the first Ctrl-C, while following
+        return []
+
+    monkeypatch.setattr(follow, "ProgressView", Quiet)
+    monkeypatch.setattr(follow, "Backup", Copying)
+    monkeypatch.setattr(launch, "states", states)
+    console = Said()
+    assert follow.follow(RUN, HOSTS, console) == []
+    assert console.lines[0].startswith("detached; run-x goes on")
+    assert "update 40 from v100a to the controller" in console.lines[1]
+    assert console.lines[2].startswith("the checkpoint copy was left unfinished")
+    assert Copying.finals == []

@@ -116,5 +116,24 @@ def test_a_failed_copy_is_said_and_the_run_goes_on(cluster, monkeypatch):
 
     monkeypatch.setattr(checkpoints, "fetch_checkpoints", gone)
     checkpoints.Backup(RUN, checkpoints.BackupPolicy.parse("last"), say=said.append).final([A])
-    assert said == ["checkpoint backup to the controller failed (training goes on): "
+    assert said == ["copying v100a's checkpoint_last.pt to the controller (--backup last); Ctrl-C leaves it unfinished",
+                    "checkpoint backup to the controller failed (training goes on): "
                     "TimeoutError: no answer within 60 s"]
+
+
+def test_waiting_for_a_copy_under_way_says_which(cluster, monkeypatch):
+    """A GB copy to a laptop takes minutes: the end of a run (or Ctrl-C) that waits for it says what
+    it waits for, instead of looking hung."""
+    release = threading.Event()
+    monkeypatch.setattr(checkpoints, "fetch_checkpoints", lambda *a, **k: release.wait(10) and [])
+    said = []
+    backup = checkpoints.Backup(RUN, checkpoints.BackupPolicy.parse("every:60"), say=said.append)
+    backup.maybe_start([A, B], 40)
+    assert "update 40 from v100a to the controller" in backup.under_way()
+    threading.Timer(0.3, release.set).start()
+    backup.wait(say=said.append)
+    assert said and said[0].startswith("waiting for the checkpoint copy under way (")
+    assert "update 40 from v100a to the controller" in said[0] and "Ctrl-C leaves it unfinished" in said[0]
+    assert backup.under_way() == []
+    backup.wait(say=said.append)  # nothing under way: nothing said
+    assert len(said) == 1
