@@ -154,21 +154,24 @@ def push_command(save_dir: str, peers: list[Host]) -> str:
     writes one file and copies it to the others): then last alone crosses the network and each
     peer copies it to best on its own disk, with best's time (so rsync's next quick check passes).
     That halves such a save's bytes off the sending host's NIC (big: 2.5 GB less, beside the
-    all-reduce). fairseq copies onto last in place (shutil.copyfile) at the next save: where last's
-    time changed while it was sent, what reached the peer may not be best's copy, and best goes by
-    rsync instead."""
+    all-reduce).
+
+    fairseq copies onto last in place (shutil.copyfile) at the next save: where last's time changed
+    while it was sent, what reached the peer may be half of each, so both files go again as
+    themselves (rsync sends what differs; the peer's torn last carries the old time)."""
     last, best = (shlex.quote(f"{save_dir}/{name}") for name in CHECKPOINTS)
-    prelude = (f"files=$(ls {last} {best} 2>/dev/null); same=; "
-               f"if [ -f {last} ] && [ -f {best} ]; then seen=$(stat -c %y {last}); stamp=$(stat -c %y {best}); "
-               f'if cmp -s {last} {best}; then same=$seen; files={last}; fi; fi; ')
+    prelude = (f"files=$(ls {last} {best} 2>/dev/null); same=; seen=$(stat -c %y {last} 2>/dev/null); "
+               f"if [ -f {best} ] && cmp -s {last} {best}; then same=1; files={last}; "
+               f"stamp=$(stat -c %y {best}); fi; ")
     # run by the peer's shell; double quotes here so that the sender's $stamp goes in
     last_name, best_name = CHECKPOINTS
     local_copy = (f'"cd {shlex.quote(save_dir)} && cp --reflink=auto {last_name} .{best_name}.tmp'
                   f" && touch -d '$stamp' .{best_name}.tmp && mv -f .{best_name}.tmp {best_name}\"")
 
     def best_from_last(copy: Callable[[str], str], on_peer: Callable[[str], str]) -> str:
-        return (f'if [ -n "$same" ] && [ "$(stat -c %y {last})" = "$same" ]; then {on_peer(local_copy)}; '
-                f'elif [ -n "$same" ]; then {copy(best)}; fi')
+        both = f"$(ls {last} {best} 2>/dev/null)"
+        return (f'if [ "$(stat -c %y {last} 2>/dev/null)" != "$seen" ]; then {copy(both)}; '
+                f'elif [ -n "$same" ]; then {on_peer(local_copy)}; fi')
 
     return to_peers_command("$files", save_dir, peers, tries=3, prelude=prelude, then=best_from_last)
 

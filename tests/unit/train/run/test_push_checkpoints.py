@@ -36,8 +36,8 @@ class TwoHosts:
     stand-in ssh runs the peer's side with the sender's paths moved under `peer_root`. Every rsync
     the sender starts is logged with the files it was given; a `replace-last` file, where present,
     is renamed over checkpoint_last.pt by the next such rsync before it starts, a `rewrite-last` file
-    copied onto it in place (fairseq saving while a push is under way: checkpoints[0] by a rename,
-    the others by shutil.copyfile)."""
+    copied onto it in place, a `rewrite-last-after` one once that rsync is done (fairseq saving while
+    a push is under way: checkpoints[0] by a rename, the others by shutil.copyfile, in place)."""
 
     def __init__(self, tmp_path):
         self.tmp = tmp_path
@@ -60,13 +60,16 @@ exec sh -c "$(echo "$*" | sed 's#{tmp_path}/v100a/#{tmp_path}/v100b/#g')"
         rsync.write_text(f"""#!/bin/sh
 case "$*" in *--server*) exec /usr/bin/rsync "$@";; esac
 if [ -f {tmp_path}/replace-last ]; then mv {tmp_path}/replace-last {self.save_dir}/checkpoint_last.pt; fi
-if [ -f {tmp_path}/rewrite-last ]; then
-  cat {tmp_path}/rewrite-last > {self.save_dir}/checkpoint_last.pt; rm {tmp_path}/rewrite-last
+rewrite() {{
+  cat {tmp_path}/$1 > {self.save_dir}/checkpoint_last.pt; rm {tmp_path}/$1
   touch -d @$(( $(date +%s) + 600 )) {self.save_dir}/checkpoint_last.pt  # minutes later, as saves are
-fi
+}}
+if [ -f {tmp_path}/rewrite-last ]; then rewrite rewrite-last; fi
 for word in "$@"; do case "$word" in *.pt) basename "$word" >> {self.sent};; esac; done
 echo -- >> {self.sent}
-exec /usr/bin/rsync "$@"
+/usr/bin/rsync "$@"; rc=$?
+if [ -f {tmp_path}/rewrite-last-after ]; then rewrite rewrite-last-after; fi
+exit $rc
 """)
         for tool in (ssh, rsync):
             tool.chmod(0o755)
@@ -118,15 +121,17 @@ def test_a_best_that_is_a_copy_of_last_crosses_the_network_once(tmp_path):
     assert peer_best.stat().st_ino == made
 
 
-@pytest.mark.parametrize("how", ["replace-last", "rewrite-last"])
-def test_a_last_saved_again_while_it_was_sent_leaves_best_to_rsync(tmp_path, how):
-    """fairseq saved again during the push (a new file renamed over last, or copied onto it in
-    place): what reached the peer as last is not best's copy, so best is sent as itself instead of
-    being made from it."""
+@pytest.mark.parametrize("how", ["replace-last", "rewrite-last", "rewrite-last-after"])
+def test_a_last_saved_again_while_it_was_sent_goes_again_with_best_as_itself(tmp_path, how):
+    """fairseq saved again during the push (a new file renamed over last, or copied onto it in place,
+    before or after rsync read it): what reached the peer as last may be neither save's whole, and
+    is not best's copy, so both go again as themselves: the peer ends with the new last and the old
+    best, never best made from a last it did not match."""
     hosts = TwoHosts(tmp_path)
     hosts.save("checkpoint_last.pt", b"update 10" * 10_000)
     hosts.copy_to_best()
     (tmp_path / how).write_bytes(b"update 20" * 10_000)
-    assert hosts.push() == [["checkpoint_last.pt"], ["checkpoint_best.pt"]]
+    assert [sorted(files) for files in hosts.push()] == [["checkpoint_last.pt"],
+                                                         ["checkpoint_best.pt", "checkpoint_last.pt"]]
     assert hosts.peer("checkpoint_last.pt") == b"update 20" * 10_000
     assert hosts.peer("checkpoint_best.pt") == b"update 10" * 10_000
