@@ -371,6 +371,12 @@ class Backup:
             if thread is not None:
                 thread.join()
 
+    def leave(self) -> None:
+        """A copy to the controller left unfinished (Ctrl-C twice): its partial file goes now, not
+        a GB of it kept on a laptop (unlinked, it is freed once the interpreter exits)."""
+        for partial in (self.run.local_dir / "checkpoints").glob("*.partial"):
+            partial.unlink(missing_ok=True)
+
     def final(self, hosts: list[Host]) -> None:
         """The run ended: the newest to the controller, where the policy keeps one."""
         self.wait(say=self.say)

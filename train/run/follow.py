@@ -151,7 +151,8 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
         if not detached:
             copies.final(hosts)
     except KeyboardInterrupt:
-        console.print("the checkpoint copy was left unfinished: the hosts keep theirs; a partial copy is never used")
+        copies.leave()
+        console.print("the checkpoint copy was left unfinished: the hosts keep theirs; its partial file is removed")
         detached = True
     if detached:
         return launch.states(run, hosts)

@@ -137,3 +137,12 @@ def test_waiting_for_a_copy_under_way_says_which(cluster, monkeypatch):
     assert backup.under_way() == []
     backup.wait(say=said.append)  # nothing under way: nothing said
     assert len(said) == 1
+
+
+def test_a_copy_left_unfinished_leaves_no_partial_file_on_the_controller(cluster, tmp_path):
+    local = tmp_path / RUN.run_id / "checkpoints"
+    local.mkdir(parents=True)
+    (local / "checkpoint_last.pt").write_bytes(b"update 30")
+    (local / "checkpoint_last.pt.partial").write_bytes(b"upd")
+    checkpoints.Backup(RUN, checkpoints.BackupPolicy.parse("every:60")).leave()
+    assert sorted(p.name for p in local.iterdir()) == ["checkpoint_last.pt"]
