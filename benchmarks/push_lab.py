@@ -12,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from train.cluster import Host, connect, load_hosts
+from train.cluster import Host, load_hosts, run_all
 from train.plan import link
 from train.run import checkpoints
 
@@ -20,8 +20,11 @@ SAVE_DIR = "/data/tandem/runs/push-bench/checkpoints"
 
 
 def sh(host: Host, command: str) -> str:
-    with connect(host) as conn:
-        return conn.run(command, hide=True, warn=True, in_stream=False).stdout.strip()
+    """`command`'s output on `host`; a failure stops the benchmark naming the host and the cause."""
+    result = run_all([host], command, timeout=600)[host.name]
+    if not result.ok:
+        raise SystemExit(f"{host.name}: {command.split(' && ')[0]} failed: {result.why()}")
+    return result.stdout.strip()
 
 
 def both_files_line(peers: list[Host]) -> str:
