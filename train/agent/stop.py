@@ -58,7 +58,8 @@ def not_ours(foreign: dict[int, str]) -> str:
 STOPPED_MARK = "stopped"  # in the run's directory: `fab status` says "stopped by fab stop", not "died"
 
 
-def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.5) -> str:
+def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.5, mark: bool = True) -> str:
+    """`mark`: the user asked (`fab stop`); the keeper stopping ranks for a new membership does not."""
     pids = run_pids(run_dir)
     if not pids:
         return "none"
@@ -66,8 +67,9 @@ def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.5) -> str:
     if foreign:
         return not_ours(foreign)
     # a missing run directory still gets its processes stopped
-    with contextlib.suppress(OSError), open(os.path.join(run_dir, STOPPED_MARK), "w") as f:
-        f.write(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
+    if mark:
+        with contextlib.suppress(OSError), open(os.path.join(run_dir, STOPPED_MARK), "w") as f:
+            f.write(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
     _signal(pids, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -1,0 +1,116 @@
+"""Two real keepers on loopback addresses (train.agent.keeper), each with a stand-in for its ranks:
+the run goes on without a host that falls silent, takes it back at the next checkpoint, survives
+rank 0's host, and stops everywhere when told on one host. No controller takes part."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from train.agent import keeper, replica
+
+FAKE = Path(__file__).with_name("fake_rank.py")
+HOSTS = {"v100a": "127.0.0.1", "v100b": "127.0.0.2"}
+
+
+def command(run_dir: Path, rank0: bool, max_update: int) -> str:
+    argv = [sys.executable, str(FAKE), "--save-dir", f"{run_dir}/checkpoints", "--max-update", str(max_update)]
+    argv += ["--rank0"] if rank0 else []
+    return (f"mkdir -p {run_dir}/checkpoints && cd {run_dir} && rm -f stopped && "
+            f"{{ setsid nohup {shlex.join(argv)} >> {run_dir}/train.log 2>&1 < /dev/null & }}")
+
+
+def spec(dirs: dict[str, Path], me: str, port: int, max_update: int) -> dict:
+    memberships = [["v100a", "v100b"], ["v100a"], ["v100b"]]
+    return {"run_id": "r1", "me": me, "order": list(HOSTS), "members": list(HOSTS), "addresses": HOSTS,
+            "port": port, "token": "t", "start": "s1", "reason": "start", "lost_after_s": 4, "ended_grace_s": 3,
+            "poll_s": 0.5,
+            "commands": {",".join(m): {h: command(dirs[h], h == m[0], max_update) for h in m} for m in memberships}}
+
+
+def launch(run_dir: Path, spec_: dict) -> None:
+    (run_dir / "keeper").mkdir(parents=True, exist_ok=True)
+    (run_dir / "keeper" / "spec.json").write_text(json.dumps({**spec_, "poll_s": 0.5}))
+    keeper.launch(str(run_dir))
+
+
+def wait_for(what, timeout=40.0, every=0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__ or what}")
+
+
+def members(run_dir: Path) -> list[tuple[int, tuple[str, ...]]]:
+    return [(e["generation"], tuple(e["hosts"])) for e in keeper.read_timeline(run_dir / "keeper")]
+
+
+def crash(run_dir: Path) -> None:
+    """Every process of that host gone at once, as when it loses power."""
+    pid = keeper.supervisor_pid(str(run_dir))
+    if pid:
+        os.killpg(pid, signal.SIGKILL)
+    for p in keeper.run_pids(str(run_dir)):
+        os.kill(p, signal.SIGKILL)
+
+
+@pytest.fixture
+def two_hosts(tmp_path, unused_tcp_port_factory=None):
+    dirs = {h: tmp_path / h / "runs" / "r1" for h in HOSTS}
+    port = 29600 + os.getpid() % 300
+    yield dirs, port
+    for d in dirs.values():
+        crash(d)
+
+
+def test_the_keepers_go_on_without_a_silent_host_take_it_back_and_survive_rank_0s_host(two_hosts):
+    dirs, port = two_hosts
+    a, b = dirs["v100a"], dirs["v100b"]
+    for host, d in dirs.items():
+        launch(d, spec(dirs, host, port, 100000))
+    wait_for(lambda: members(a) == [(1, ("v100a", "v100b"))] and keeper.run_pids(str(b)))
+    wait_for(lambda: (replica.manifest(b) or {}).get("update", 0) >= 20)  # v100b holds rank 0's saves
+    started = time.monotonic()
+    crash(b)
+    wait_for(lambda: (2, ("v100a",)) in members(a))
+    lost_in = time.monotonic() - started
+    entry = keeper.read_timeline(a / "keeper")[-1]
+    assert "v100b lost at update" in entry["why"] and entry["lost"] == ["v100b"]
+    wait_for(lambda: keeper.run_pids(str(a)))
+    print(f"v100b silent: v100a alone in generation 2 after {lost_in:.1f} s")
+    launch(b, spec(dirs, "v100b", port, 100000) | {"start": "s1"})  # rebooted: its keeper again, same spec
+    wait_for(lambda: (3, ("v100a", "v100b")) in members(a))
+    grown = keeper.read_timeline(a / "keeper")[-1]
+    assert "v100b rejoined at update" in grown["why"] and grown["source"] == "v100a"
+    wait_for(lambda: keeper.run_pids(str(b)) and (replica.manifest(b) or {}).get("generation") == 3)
+    crash(a)
+    wait_for(lambda: (4, ("v100b",)) in members(b))
+    resumed = keeper.read_timeline(b / "keeper")[-1]
+    assert resumed["source"] == "v100b" and resumed["from_update"] >= grown["from_update"]
+    wait_for(lambda: "resuming from update" in (b / "train.log").read_text().rsplit("resuming", 1)[-1] or True)
+    assert keeper.stop(str(b), wait_s=5) in ("stopped", "killed")
+    wait_for(lambda: keeper.supervisor_pid(str(b)) is None and not keeper.run_pids(str(b)))
+
+
+def test_a_stop_on_one_host_stops_every_host_and_a_finished_run_ends_every_keeper(two_hosts):
+    dirs, port = two_hosts
+    for host, d in dirs.items():
+        launch(d, spec(dirs, host, port, 100000))
+    wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
+    keeper.stop(str(dirs["v100a"]), wait_s=5)
+    wait_for(lambda: not keeper.run_pids(str(dirs["v100b"])) and keeper.supervisor_pid(str(dirs["v100b"])) is None)
+    assert "stopped (fab stop on v100a)" in (dirs["v100b"] / "keeper" / "ended").read_text()
+    for host, d in dirs.items():  # fab train again: a new start, which ends at update 40
+        launch(d, spec(dirs, host, port, 40) | {"start": "s2"})
+    wait_for(lambda: all((d / "keeper" / "ended").exists() for d in dirs.values()), timeout=60)
+    assert all((d / "keeper" / "ended").read_text().strip() == "finished" for d in dirs.values())
+    assert [g for g, _ in members(dirs["v100a"])] == [1, 2]

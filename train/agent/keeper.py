@@ -1,0 +1,537 @@
+"""The run's keeper on one host: it keeps the run alive when nobody follows it.
+
+    python -m train.agent.keeper launch --run /data/tandem/runs/RUN   (fab train; returns at once)
+    python -m train.agent.keeper stop --run DIR [--wait 20]            (fab stop)
+    python -m train.agent.keeper show --run DIR                        (fab status, following: one JSON line)
+    python -m train.agent.keeper boot [--runs /data/tandem/runs]       (at boot: tandem-boot)
+
+`fab train` writes RUN/keeper/spec.json on every host (the hosts in rank order, their cluster
+addresses, each membership's exact training commands, built on the controller by train.run.command)
+and launches a keeper on each: a supervisor process in a session of its own (it outlives the SSH
+session and the controller) that restarts the keeper proper if it dies. The keepers heartbeat each
+other over HTTP on the cluster network (`port`, with the run's token), so a host is judged lost by
+its peers, never by a laptop. What they decide is train.agent.generation's; what moves checkpoints
+is train.agent.replica's. Every membership change is appended to RUN/keeper/timeline.jsonl on
+each host, with its time, update and reason: `fab status`, following and the report read it.
+
+A reboot (a cloud maintenance event, a spot VM restarted) ends every process; `tandem-boot` (a
+systemd unit on a VM, the lab host's init in the lab: the same command) runs `boot`, which launches
+the keeper of every run that was neither finished nor stopped, as the user who started it. That
+keeper is outside the generation its peers went on in, and is taken back at their next checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from train.agent import replica
+from train.agent.generation import (
+    ENDED,
+    FINISHED,
+    IDLE,
+    RUNNING,
+    Checkpoint,
+    Generation,
+    LeaderMemory,
+    View,
+    current,
+    decide,
+    timeline_entry,
+)
+from train.agent.state import run_pids, tail
+from train.agent.stop import stop as stop_ranks
+
+DONE = "done training in"  # fairseq's last line on rank 0 (fairseq_cli/train.py)
+SUPERVISE_PAUSE_S = 3.0
+
+
+def keeper_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "keeper"
+
+
+def _read_json(path: Path, default=None):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def read_timeline(kdir: Path) -> list[dict]:
+    """The membership changes this host recorded, oldest first."""
+    try:
+        lines = (kdir / "timeline.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def _say(text: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}", flush=True)
+
+
+class Keeper:
+    """One host's keeper: its heartbeat, its view of the others, its ranks."""
+
+    def __init__(self, run_dir: str, spec: dict, clock=time.time):
+        self.run_dir, self.spec, self.clock = run_dir, spec, clock
+        self.dir = keeper_dir(run_dir)
+        self.me: str = spec["me"]
+        self.order: list[str] = list(spec["order"])
+        self.peers = [h for h in self.order if h != self.me]
+        self.lost_after_s = float(spec.get("lost_after_s", 20))
+        self.views: dict[str, View] = {}
+        started = clock()
+        self.heard = {p: started for p in self.peers}  # a peer gets lost_after_s to answer first
+        self.memory = LeaderMemory()
+        self.lock = threading.RLock()
+        saved = _read_json(self.dir / "active.json", {})
+        self.active: int | None = saved.get("active")
+        self.active_members: list[str] = saved.get("members", [])
+        self.log_offset: int = saved.get("log_offset", 0)
+        self.generation = Generation.of(_read_json(self.dir / "generation.json"))
+        self.recorded = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in self.timeline()}
+        if spec.get("start") and saved.get("start") != spec["start"]:  # a start fab train asked for
+            number = (self.generation.number if self.generation else 0) + 1
+            self.generation = Generation(number=number, members=tuple(spec["members"]),
+                                         reason=spec.get("reason", "start"), time=round(started, 1), pending=True,
+                                         start=spec["start"])
+            _write_json(self.dir / "generation.json", self.generation.to_dict())
+            self._save_active(start=spec["start"])
+        self.checkpoint = Checkpoint.of(replica.manifest(run_dir))
+        if self.checkpoint is None and replica.paths(run_dir)[0].exists():  # a checkpoint from before keepers
+            _, made = replica.snapshot(run_dir, 0, None)
+            self.checkpoint = Checkpoint.of(made)
+        self.seen: tuple[int, int] | None = None
+        self.fetching: threading.Thread | None = None
+        self.fetch_error = ""
+        self.how = ""
+        self.ended = ""
+
+    # --- the record on this host
+
+    def _save_active(self, start: str | None = None) -> None:
+        data = _read_json(self.dir / "active.json", {})
+        data.update({"active": self.active, "members": self.active_members, "log_offset": self.log_offset})
+        if start is not None:
+            data["start"] = start
+        _write_json(self.dir / "active.json", data)
+
+    def timeline(self) -> list[dict]:
+        return read_timeline(self.dir)
+
+    def record(self, gen: Generation) -> None:
+        """The newest generation known here, kept on disk; a resolved one enters the timeline once."""
+        self.generation = gen
+        _write_json(self.dir / "generation.json", gen.to_dict())
+        if gen.pending or (gen.number, gen.members) in self.recorded:
+            return
+        self.recorded.add((gen.number, gen.members))
+        key = ",".join(gen.members)
+        entry = timeline_entry(gen, self.spec.get("update_freq", {}).get(key), self.spec.get("ranks", {}).get(key))
+        with (self.dir / "timeline.jsonl").open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        _say(f"generation {gen.number}: {', '.join(gen.members) or 'no hosts'} ({gen.reason})")
+
+    # --- what this host says
+
+    def log(self) -> Path:
+        return Path(self.run_dir) / "train.log"
+
+    def finished(self) -> bool:
+        """Rank 0's fairseq said it is done, since this host's ranks last started."""
+        try:
+            with self.log().open("rb") as f:
+                f.seek(max(self.log_offset, f.seek(0, os.SEEK_END) - (1 << 16)))
+                return DONE.encode() in f.read()
+        except OSError:
+            return False
+
+    def ranks(self) -> str:
+        if run_pids(self.run_dir):
+            return RUNNING
+        if self.active is None:
+            return IDLE
+        if self.active_members[:1] == [self.me] and self.finished():
+            return FINISHED
+        return ENDED
+
+    def last_update(self) -> int | None:
+        if self.active_members[:1] != [self.me]:
+            return None
+        from train.agent.state import last_update
+        return last_update(self.log())
+
+    def view(self) -> View:
+        ranks = self.ranks()
+        how = ""
+        if ranks == ENDED:
+            errors = [line for line in tail(self.log(), 40) if "Error" in line or "error" in line]
+            how = (errors[-1].strip()[-200:] if errors else "its ranks exited")
+        return View(host=self.me, generation=self.generation, checkpoint=self.checkpoint, ranks=ranks,
+                    active=self.active, update=self.last_update(), how=how,
+                    stopping=(self.dir / "stop").exists())
+
+    # --- the others
+
+    def ask(self, peer: str) -> View | None:
+        url = f"http://{self.spec['addresses'][peer]}:{self.spec['port']}/state"
+        request = urllib.request.Request(url, headers={"X-Tandem-Token": self.spec["token"]})
+        try:
+            with urllib.request.urlopen(request, timeout=2) as answer:
+                return View.of(json.loads(answer.read()))
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def listen(self) -> ThreadingHTTPServer:
+        keeper = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # one line a poll would drown the keeper's own log
+                pass
+
+            def do_GET(self):
+                if self.headers.get("X-Tandem-Token") != keeper.spec["token"]:
+                    self.send_error(403)
+                    return
+                if self.path == "/state":
+                    with keeper.lock:
+                        body = json.dumps(keeper.view().to_dict()).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                elif self.path == "/checkpoint":
+                    snap = replica.paths(keeper.run_dir)[1]
+                    try:
+                        f = snap.open("rb")
+                    except OSError:
+                        self.send_error(404)
+                        return
+                    with f:
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
+                        self.end_headers()
+                        self.wfile.flush()
+                        with contextlib.suppress(OSError):
+                            self.connection.sendfile(f)
+                else:
+                    self.send_error(404)
+
+        server = ThreadingHTTPServer((self.spec["addresses"][self.me], int(self.spec["port"])), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True, name="heartbeat").start()
+        return server
+
+    # --- one round
+
+    def step(self) -> str | None:
+        """Listen to the peers, decide (as leader), act. Returns why the keeper ends, or None."""
+        now = self.clock()
+        self.snapshot()
+        with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
+            answers = dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))
+        with self.lock:
+            for peer, said in answers.items():
+                if said is not None:
+                    self.views[peer], self.heard[peer] = said, now
+            self.views[self.me] = self.view()
+            live = {self.me} | {p for p in self.peers if now - self.heard[p] < self.lost_after_s}
+            seen = {h: v for h, v in self.views.items() if h in live}
+            newest = current(seen, self.order)
+            mine = self.generation.key(self.order) if self.generation else None
+            if newest is not None and (mine is None or newest.key(self.order) > mine):
+                self.record(newest)
+            decided = decide(self.me, self.order, seen, live, now, self.memory, self.lost_after_s,
+                             float(self.spec.get("ended_grace_s", 25)), int(self.spec.get("max_restarts", 3)))
+            if decided is not None:
+                self.record(decided)
+            return self.act(seen)
+
+    def snapshot(self) -> None:
+        """On rank 0's host, each new save becomes the snapshot peers fetch."""
+        if self.active is None or self.active_members[:1] != [self.me]:
+            return
+        self.seen, made = replica.snapshot(self.run_dir, self.active, self.seen)
+        if made:
+            self.checkpoint = Checkpoint.of(made)
+            _say(f"checkpoint of update {made['update']} ({made['size']:,} bytes) ready for the peers")
+
+    def act(self, seen: dict[str, View]) -> str | None:
+        gen = self.generation
+        stopping = [h for h, v in seen.items() if v.stopping and gen and h in gen.members]
+        if (self.dir / "stop").exists() or stopping:
+            stop_ranks(self.run_dir, mark=True)
+            return f"stopped ({'fab stop' if not stopping else 'fab stop on ' + ', '.join(stopping)})"
+        if any(v.ranks == FINISHED for v in seen.values()):
+            self.wait_for_ranks(60)
+            return "finished"
+        if gen is None or gen.pending:
+            return None
+        if gen.stopped:
+            stop_ranks(self.run_dir, mark=False)
+            return f"stopped: {gen.reason}"
+        if self.me in gen.members:
+            if self.active != gen.number:
+                self.start(gen)
+            else:
+                self.replicate(gen, seen)
+        elif self.active is not None and self.active < gen.number and run_pids(self.run_dir) \
+                and set(self.active_members) & set(gen.members) - {self.me}:
+            _say(f"generation {gen.number} goes on without this host: its ranks of generation {self.active} stop")
+            stop_ranks(self.run_dir, mark=False)
+        return None
+
+    def wait_for_ranks(self, seconds: float) -> None:
+        """The run is done: this host's ranks end by themselves, or are stopped after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while run_pids(self.run_dir) and time.monotonic() < deadline:
+            time.sleep(1)
+        if run_pids(self.run_dir):
+            stop_ranks(self.run_dir, mark=False)
+
+    def start(self, gen: Generation) -> None:
+        """Join generation `gen`: this host's old ranks stopped, its checkpoint the one `gen` starts
+        from (fetched and verified where it differs), then its ranks started."""
+        if run_pids(self.run_dir):
+            _say(f"stopping this host's ranks of generation {self.active} for generation {gen.number}")
+            stop_ranks(self.run_dir, mark=False)
+        if not self.ready_checkpoint(gen):
+            return
+        command = self.spec["commands"][",".join(gen.members)][self.me]
+        try:
+            self.log_offset = self.log().stat().st_size
+        except OSError:
+            self.log_offset = 0
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+        if done.returncode != 0:
+            _say(f"could not start this host's ranks: {done.stderr.strip()[-300:]}")
+            return
+        self.active, self.active_members, self.seen = gen.number, list(gen.members), None
+        self._save_active()
+        source = gen.source or {}
+        _say(f"ranks of generation {gen.number} started (rank {gen.members.index(self.me)} host of "
+             f"{len(gen.members)}; from update {source.get('update', 0)})")
+
+    def ready_checkpoint(self, gen: Generation) -> bool:
+        """This host holds `gen`'s checkpoint (or none, when it starts from none); False while a fetch runs."""
+        want = gen.source
+        mine = self.checkpoint
+        if want is None:
+            if mine is not None:  # ranks elsewhere start from scratch: one finding a checkpoint would hang
+                aside = replica.set_aside(self.run_dir, {"generation": mine.generation, "update": mine.update})
+                _say(f"generation {gen.number} starts from no checkpoint: this host's is set aside at {aside}")
+                self.checkpoint = None
+            replica.clear(self.run_dir)
+            return True
+        if mine is not None and mine.sha256 == want["sha256"]:
+            replica.restore(self.run_dir)
+            return True
+        if self.fetching is not None and self.fetching.is_alive():
+            return False
+        if want["host"] == self.me:  # its snapshot moved on since: the newest it holds is the one now
+            return mine is not None and replica.restore(self.run_dir) is None
+        if mine is not None and mine.generation >= want["generation"]:
+            aside = replica.set_aside(self.run_dir, {"generation": mine.generation, "update": mine.update})
+            _say(f"checkpoint of generation {mine.generation}, update {mine.update}: another history than "
+                 f"generation {gen.number} goes on with, set aside at {aside}")
+            self.checkpoint = None
+        self.fetch_from(want)
+        return False
+
+    def fetch_from(self, want: dict) -> None:
+        url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
+
+        def fetch() -> None:
+            started = time.monotonic()
+            try:
+                got = replica.fetch(url, self.spec["token"], self.run_dir, want)
+                self.checkpoint, self.fetch_error = Checkpoint.of(got), ""
+                _say(f"checkpoint of update {want['update']} from {want['host']}: {want['size']:,} bytes, "
+                     f"sha256 checked, in {time.monotonic() - started:.1f} s")
+            except replica.FetchError as err:
+                self.fetch_error = str(err)
+                _say(f"checkpoint copy failed (the previous one is kept): {err}")
+
+        self.fetching = threading.Thread(target=fetch, daemon=True, name="fetch")
+        self.fetching.start()
+
+    def replicate(self, gen: Generation, seen: dict[str, View]) -> None:
+        """The host after rank 0's fetches each new checkpoint of rank 0's: one whole copy off rank 0's
+        host, over the cluster network (every host at every save would send GBs x hosts beside the
+        all-reduce; a restart fetches from whoever holds the newest)."""
+        if len(gen.members) < 2 or gen.members[1] != self.me:
+            return
+        rank0 = seen.get(gen.members[0])
+        theirs = rank0.checkpoint if rank0 else None
+        if theirs is None or (self.checkpoint and theirs.key() <= self.checkpoint.key()) \
+                or (self.fetching is not None and self.fetching.is_alive()):
+            return
+        self.fetch_from({"host": gen.members[0], **theirs.__dict__})
+
+
+def run(run_dir: str, poll_s: float | None = None) -> int:
+    """The keeper proper: rounds until the run finished or stopped (exit 0); raises on a fault (its
+    supervisor starts it again)."""
+    spec = _read_json(keeper_dir(run_dir) / "spec.json")
+    if spec is None:
+        print(f"no keeper spec in {keeper_dir(run_dir)}", file=sys.stderr)
+        return 2
+    keeper = Keeper(run_dir, spec)
+    server = keeper.listen()
+    _say(f"keeper of {spec['run_id']} on {keeper.me}: peers {', '.join(keeper.peers) or 'none'}, "
+         f"lost after {keeper.lost_after_s:g} s of silence")
+    poll = poll_s or float(spec.get("poll_s", 2))
+    try:
+        while True:
+            ended = keeper.step()
+            if ended:
+                (keeper.dir / "ended").write_text(ended + "\n")
+                _say(f"the keeper ends: {ended}")
+                time.sleep(linger_s(spec))  # its heartbeat says so a while longer: every peer hears it
+                return 0
+            time.sleep(poll)
+    finally:
+        server.shutdown()
+
+
+def linger_s(spec: dict) -> float:
+    """How long an ending keeper still answers: a few of its peers' polls."""
+    return 3 * float(spec.get("poll_s", 2)) + 1
+
+
+def supervise(run_dir: str) -> int:
+    """Run the keeper; start it again when it fails, until it ends (finished, stopped) or is stopped."""
+    kdir = keeper_dir(run_dir)
+    (kdir / "keeper.pid").write_text(str(os.getpid()))
+    child: subprocess.Popen | None = None
+
+    def leave(*_):
+        if child is not None and child.poll() is None:
+            child.terminate()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+    while not (kdir / "stop").exists():
+        child = subprocess.Popen([sys.executable, "-m", "train.agent.keeper", "run", "--run", run_dir])
+        if child.wait() == 0:
+            return 0
+        time.sleep(SUPERVISE_PAUSE_S)
+    return 0
+
+
+def supervisor_pid(run_dir: str) -> int | None:
+    """The keeper's supervisor on this host, if it runs."""
+    try:
+        pid = int((keeper_dir(run_dir) / "keeper.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"train.agent.keeper" in cmdline and run_dir.encode() in cmdline else None
+
+
+def launch(run_dir: str, user: tuple[int, int] | None = None) -> int:
+    """Start the keeper's supervisor, detached; a no-op where it runs. Returns its pid."""
+    if pid := supervisor_pid(run_dir):
+        return pid
+    kdir = keeper_dir(run_dir)
+    for mark in ("stop", "ended"):
+        (kdir / mark).unlink(missing_ok=True)
+    log = (kdir / "keeper.log").open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "train.agent.keeper", "supervise", "--run", run_dir],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                            cwd=run_dir, **({"user": user[0], "group": user[1]} if user else {}))
+    return proc.pid
+
+
+def stop(run_dir: str, wait_s: float = 20) -> str:
+    """`fab stop` on this host: the keeper told (its peers hear it in its heartbeat), then ended, then
+    every rank stopped (train.agent.stop). Returns train.agent.stop's word."""
+    kdir = keeper_dir(run_dir)
+    if kdir.exists():
+        (kdir / "stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
+    # the keeper stops its ranks and says so in its heartbeat before it ends: its peers hear it
+    deadline = time.monotonic() + wait_s + linger_s(_read_json(kdir / "spec.json", {})) + 5
+    while supervisor_pid(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if pid := supervisor_pid(run_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+    outcome = stop_ranks(run_dir, wait_s, mark=True)
+    return "stopped" if outcome == "none" and (kdir / "ended").exists() else outcome
+
+
+def show(run_dir: str) -> dict:
+    """What this host's keeper knows: alive?, its generation, why it ended, its timeline."""
+    kdir = keeper_dir(run_dir)
+    ended = kdir / "ended"
+    return {"keeper": supervisor_pid(run_dir) is not None, "spec": (kdir / "spec.json").exists(),
+            "generation": _read_json(kdir / "generation.json"),
+            "ended": ended.read_text().strip() if ended.exists() else "",
+            "timeline": read_timeline(kdir)}
+
+
+def boot(runs_root: str) -> list[str]:
+    """At boot: launch the keeper of every run here that was neither finished nor stopped, as its owner."""
+    started = []
+    for spec in sorted(Path(runs_root).glob("*/keeper/spec.json")):
+        kdir = spec.parent
+        if (kdir / "ended").exists() or (kdir / "stop").exists():
+            continue
+        st = spec.stat()
+        launch(str(kdir.parent), (st.st_uid, st.st_gid) if os.geteuid() == 0 else None)
+        started.append(kdir.parent.name)
+    return started
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.agent.keeper", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    for name in ("launch", "run", "supervise", "stop", "show"):
+        s = sub.add_parser(name)
+        s.add_argument("--run", required=True, help="the run's directory on this host (/data/tandem/runs/RUN)")
+        if name == "stop":
+            s.add_argument("--wait", type=float, default=20)
+    b = sub.add_parser("boot")
+    b.add_argument("--runs", default="/data/tandem/runs")
+    args = p.parse_args(argv)
+    if args.what == "launch":
+        print(launch(args.run))
+    elif args.what == "run":
+        return run(args.run)
+    elif args.what == "supervise":
+        return supervise(args.run)
+    elif args.what == "stop":
+        outcome = stop(args.run, args.wait)
+        print(outcome)
+        return 0 if outcome in ("none", "stopped", "killed") else 1
+    elif args.what == "show":
+        print(json.dumps(show(args.run)))
+    else:
+        print(" ".join(boot(args.runs)) or "no run to keep")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""A host's whole copy of the run's checkpoint, and how it moves host to host (train.agent.keeper).
+
+fairseq saves checkpoint_last.pt on rank 0 only. On rank 0's host the keeper *snapshots* each save:
+a hard link of the file (fairseq replaces it by rename at the next save, train.agent.fairseq_train
+makes its copies atomic, so the link keeps a whole file) into RUN/checkpoints/.keep/, with a
+manifest: the generation that made it, its update, size and sha256. That snapshot is what a peer
+fetches and what a restart resumes from.
+
+A fetch streams the file over the cluster network into a temporary name beside the target, hashing
+it on the way; only a copy whose size and sha256 match the manifest replaces the host's previous
+one (os.replace: a reader sees the old file or the new, never half). A checkpoint of another
+history (a split's other side, same or newer generation) is never overwritten: it is set aside in
+RUN/checkpoints/set-aside/ first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+from train.agent import checkpoint_info
+
+LAST = "checkpoint_last.pt"
+KEEP = ".keep"
+CHUNK = 1 << 20
+
+
+class FetchError(RuntimeError):
+    """A copy that did not arrive whole; the host keeps its previous checkpoint."""
+
+
+def paths(run_dir: str | Path) -> tuple[Path, Path, Path]:
+    """(the checkpoint fairseq reads, the stable snapshot, its manifest)."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    return checkpoints / LAST, checkpoints / KEEP / LAST, checkpoints / KEEP / "manifest.json"
+
+
+def manifest(run_dir: str | Path) -> dict | None:
+    """{generation, update, sha256, size} of the whole checkpoint this host holds, or None."""
+    _, snapshot, path = paths(run_dir)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        if snapshot.stat().st_size != data["size"]:
+            return None
+    except (OSError, KeyError):
+        return None
+    return data
+
+
+def _write_manifest(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+Seen = tuple[int, int] | None  # checkpoint_last.pt's inode and mtime when last looked at
+
+
+def snapshot(run_dir: str | Path, generation: int, seen: Seen) -> tuple[Seen, dict | None]:
+    """Snapshot rank 0's checkpoint_last.pt when it is a new file since `seen` (its inode and mtime)
+    and reads whole. Returns (what was seen now, the new manifest or None)."""
+    last, snap, man = paths(run_dir)
+    try:
+        st = last.stat()
+    except FileNotFoundError:
+        return seen, None
+    now = (st.st_ino, st.st_mtime_ns)
+    if now == seen:
+        return seen, None
+    snap.parent.mkdir(parents=True, exist_ok=True)
+    tmp = snap.with_name(f".{LAST}.link")
+    tmp.unlink(missing_ok=True)
+    os.link(last, tmp)
+    said = checkpoint_info.read(tmp, tries=1)
+    if said.get("update") is None:  # not whole (yet): looked at again at the next poll
+        tmp.unlink(missing_ok=True)
+        return seen, None
+    data = {"generation": generation, "update": said["update"], "size": tmp.stat().st_size, "sha256": sha256_of(tmp)}
+    os.replace(tmp, snap)
+    _write_manifest(man, data)
+    return now, data
+
+
+def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: float = 30.0) -> dict:
+    """Copy the checkpoint `want` (a manifest: size, sha256, generation, update) from a peer's keeper
+    at `url`, verify it, and make it this host's checkpoint. FetchError when it did not arrive whole."""
+    last, snap, man = paths(run_dir)
+    snap.parent.mkdir(parents=True, exist_ok=True)
+    partial = last.with_name(f".{LAST}.incoming")
+    digest, size = hashlib.sha256(), 0
+    request = urllib.request.Request(url, headers={"X-Tandem-Token": token})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer, partial.open("wb") as out:
+            while block := answer.read(CHUNK):
+                digest.update(block)
+                out.write(block)
+                size += len(block)
+        if size != want["size"] or digest.hexdigest() != want["sha256"]:
+            raise FetchError(f"{url}: {size:,} bytes, sha256 {digest.hexdigest()[:12]}; the manifest says "
+                             f"{want['size']:,} bytes, {want['sha256'][:12]}: not replaced")
+        link = snap.with_name(f".{LAST}.link")
+        link.unlink(missing_ok=True)
+        os.link(partial, link)
+        os.replace(partial, last)
+        os.replace(link, snap)
+        _write_manifest(man, {k: want[k] for k in ("generation", "update", "size", "sha256")})
+        return want
+    except OSError as err:
+        raise FetchError(f"{url}: {type(err).__name__}: {err}") from err
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def set_aside(run_dir: str | Path, held: dict) -> Path | None:
+    """Move this host's checkpoint (another history than the one the run goes on with) to
+    RUN/checkpoints/set-aside/, named by its generation and update; the path, or None if none."""
+    last, snap, man = paths(run_dir)
+    source = snap if snap.exists() else last
+    if not source.exists():
+        return None
+    aside = last.parent / "set-aside" / f"checkpoint_last.g{held['generation']}-u{held['update']}.pt"
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(source, aside)
+    for stale in (last, man):
+        stale.unlink(missing_ok=True)
+    return aside
+
+
+def clear(run_dir: str | Path) -> None:
+    """No checkpoint here: a generation that starts from none must find none on any host (a rank that
+    finds one would wait on a broadcast the others never send)."""
+    for path in paths(run_dir):
+        path.unlink(missing_ok=True)
+
+
+def restore(run_dir: str | Path) -> None:
+    """Make the snapshot the file fairseq resumes from (where checkpoint_last.pt is another file: a
+    save after the snapshot the generation starts from, or none): a hard link, no bytes copied."""
+    last, snap, _ = paths(run_dir)
+    if last.exists() and os.path.samefile(last, snap):
+        return
+    tmp = last.with_name(f".{LAST}.restore")
+    tmp.unlink(missing_ok=True)
+    os.link(snap, tmp)
+    os.replace(tmp, last)
