@@ -158,6 +158,24 @@ def start_hosts(cfg: LabConfig, public_key: str) -> dict[str, str]:
     return devices
 
 
+def reboot(cfg: LabConfig, name: str) -> None:
+    """What a VM's reboot does to tandem: every process gone, the data volume kept, sshd back by itself,
+    and the host's init (mount -a, tandem-boot) run again."""
+    if name not in cfg.names:
+        raise LabError(f"no host {name} in this lab ({', '.join(cfg.names)})")
+    with step(f"rebooting {name}: every process ended, its disks kept"):
+        for attempt in (1, 2):  # a launcher ended while its namespace's last processes went: once more
+            hosts.stop(cfg, name)
+            pid = hosts.start(cfg, name)
+            hosts.wait_for_exec(cfg, name, pid)
+            try:
+                hosts.wait_for_ssh(cfg, name)
+                return
+            except LabError:
+                if attempt == 2:
+                    raise
+
+
 def up(cfg: LabConfig, inventory_path: Path) -> None:
     if already_up(cfg):
         return
@@ -283,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                       "cloud images; the default) or root")
     sub.add_parser("down", help="remove everything the lab made")
     sub.add_parser("status", help="show the hosts and caps")
+    p_reboot = sub.add_parser("reboot", help="end every process of a host and start it again, its disks kept "
+                              "(a cloud maintenance event, a spot VM restarted)")
+    p_reboot.add_argument("host")
     p_shape = sub.add_parser("shape", help="cap the link between hosts (tc tbf), or RATE=none")
     p_shape.add_argument("rate", help="e.g. 100mbit, 1gbit, none")
     args = parser.parse_args(argv)
@@ -297,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             down(saved_config(args.prefix) or LabConfig(prefix=args.prefix))
         elif args.command == "status":
             return status(LabConfig(prefix=args.prefix))
+        elif args.command == "reboot":
+            reboot(saved_config(args.prefix) or LabConfig(prefix=args.prefix), args.host)
         elif args.command == "shape":
             shape(LabConfig(prefix=args.prefix), args.rate)
     except (LabError, ValueError) as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -36,6 +37,11 @@ MaxSessions 100
 ROOT_KEY_OPTIONS = ('no-port-forwarding,no-agent-forwarding,no-X11-forwarding,'
                     'command="echo \'Please login as the user \\"{user}\\" rather than the user \\"root\\".\';'
                     'echo;exit 142" ')
+
+
+# The lab host's init, after its root is mounted: what systemd does at a VM's boot that tandem relies on.
+INIT = ("mount -a 2>/dev/null; [ -x /usr/local/sbin/tandem-boot ] && setsid /usr/local/sbin/tandem-boot "
+        ">/var/log/tandem-boot.log 2>&1 & exec /usr/sbin/sshd -D -e")
 
 
 def sshd_config(login_user: str) -> str:
@@ -150,7 +156,8 @@ def start(cfg: LabConfig, name: str) -> int:
         f"mount -t tmpfs -o mode=755 run {root}/run",
         f"mkdir -p {root}/run/sshd",
         f"hostname {name}",
-        f"exec chroot {root} /usr/bin/tini -s -- /usr/sbin/sshd -D -e",
+        # as a VM's init does: mount what fstab names (/data), run tandem-boot (roles/train_env), then sshd
+        f"exec chroot {root} /usr/bin/tini -s -- /bin/sh -c {shlex.quote(INIT)}",
     ])
     with open(host / "console.log", "ab") as log:
         proc = subprocess.Popen(
@@ -161,6 +168,13 @@ def start(cfg: LabConfig, name: str) -> int:
         )
     (host / "pid").write_text(str(proc.pid))
     return proc.pid
+
+
+def wait_for_exec(cfg: LabConfig, name: str, pid: int, timeout: float = 5) -> None:
+    """Until the launcher just started is recognisable as this host's (its command line, once exec'd)."""
+    deadline = time.monotonic() + timeout
+    while host_pid(cfg, name) != pid and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def wait_for_ssh(cfg: LabConfig, name: str, timeout: float = 30) -> None:

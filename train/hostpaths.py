@@ -2,6 +2,7 @@
 
     ENV_FILE      /etc/tandem/env    the KEY=VALUE file every job sources first
     DEFAULT_VENV  /opt/tandem/venv   the training virtualenv, where the inventory names none
+    RUNS_ROOT     /data/tandem/runs  each run's directory (its keeper's record too)
 
 One definition: roles/tandem/defaults/main.yml, which the provisioning roles get through their meta
 dependency on roles/tandem, read here once at import (a few lines of YAML). Its values are plain paths
@@ -41,3 +42,4 @@ def read(path: Path = DEFAULTS) -> dict[str, str]:
 _PATHS = read()
 ENV_FILE: str = _PATHS["tandem_env_file"]
 DEFAULT_VENV: str = _PATHS["tandem_venv"]
+RUNS_ROOT: str = _PATHS["tandem_runs"]

@@ -425,6 +425,31 @@ def iterator_position_across_world_sizes() -> None:
     cls._tandem_shards = True
 
 
+def atomic_checkpoint_copies() -> None:
+    """fairseq writes a save to one file (atomically: a temporary name, then a rename) and copies it
+    onto the others (checkpoint_last.pt, best) in place: a reader between the two sees half a file.
+    The copies go to a temporary name and are renamed too, so checkpoint_last.pt is always a whole
+    file, and a hard link to it (the keeper's snapshot, train.agent.replica) stays whole."""
+    import shutil
+
+    from fairseq.file_io import PathManager
+
+    if getattr(PathManager.copy, "_tandem_atomic", False):
+        return
+    copy = PathManager.copy
+
+    def atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if "://" in str(dst_path):  # a remote store: iopath's own copy
+            return copy(src_path, dst_path, overwrite)
+        tmp = f"{dst_path}.tandem-copy"
+        shutil.copyfile(src_path, tmp)
+        os.replace(tmp, dst_path)
+        return True
+
+    atomic_copy._tandem_atomic = True  # type: ignore[attr-defined]
+    PathManager.copy = staticmethod(atomic_copy)
+
+
 def main() -> None:
     # fairseq_cli.train sets up fairseq's log format when imported: before anything else logs.
     from fairseq_cli.train import cli_main
@@ -440,6 +465,7 @@ def main() -> None:
     local_sgd_saves_the_average()
     weights_logged_at_syncs()
     iterator_position_across_world_sizes()
+    atomic_checkpoint_copies()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile
 

@@ -50,6 +50,7 @@ from train.agent.generation import (
     decide,
     timeline_entry,
 )
+from train.agent.keeper_files import keeper_dir, read_json, read_timeline, show, supervisor_pid
 from train.agent.state import run_pids, tail
 from train.agent.stop import stop as stop_ranks
 
@@ -57,34 +58,10 @@ DONE = "done training in"  # fairseq's last line on rank 0 (fairseq_cli/train.py
 SUPERVISE_PAUSE_S = 3.0
 
 
-def keeper_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "keeper"
-
-
-def _read_json(path: Path, default=None):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return default
-
-
 def _write_json(path: Path, data) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
-
-
-def read_timeline(kdir: Path) -> list[dict]:
-    """The membership changes this host recorded, oldest first."""
-    try:
-        lines = (kdir / "timeline.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
 
 
 def _say(text: str) -> None:
@@ -106,11 +83,11 @@ class Keeper:
         self.heard = {p: started for p in self.peers}  # a peer gets lost_after_s to answer first
         self.memory = LeaderMemory()
         self.lock = threading.RLock()
-        saved = _read_json(self.dir / "active.json", {})
+        saved = read_json(self.dir / "active.json", {})
         self.active: int | None = saved.get("active")
         self.active_members: list[str] = saved.get("members", [])
         self.log_offset: int = saved.get("log_offset", 0)
-        self.generation = Generation.of(_read_json(self.dir / "generation.json"))
+        self.generation = Generation.of(read_json(self.dir / "generation.json"))
         self.recorded = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in self.timeline()}
         if spec.get("start") and saved.get("start") != spec["start"]:  # a start fab train asked for
             number = (self.generation.number if self.generation else 0) + 1
@@ -132,7 +109,7 @@ class Keeper:
     # --- the record on this host
 
     def _save_active(self, start: str | None = None) -> None:
-        data = _read_json(self.dir / "active.json", {})
+        data = read_json(self.dir / "active.json", {})
         data.update({"active": self.active, "members": self.active_members, "log_offset": self.log_offset})
         if start is not None:
             data["start"] = start
@@ -394,7 +371,7 @@ class Keeper:
 def run(run_dir: str, poll_s: float | None = None) -> int:
     """The keeper proper: rounds until the run finished or stopped (exit 0); raises on a fault (its
     supervisor starts it again)."""
-    spec = _read_json(keeper_dir(run_dir) / "spec.json")
+    spec = read_json(keeper_dir(run_dir) / "spec.json")
     if spec is None:
         print(f"no keeper spec in {keeper_dir(run_dir)}", file=sys.stderr)
         return 2
@@ -441,16 +418,6 @@ def supervise(run_dir: str) -> int:
     return 0
 
 
-def supervisor_pid(run_dir: str) -> int | None:
-    """The keeper's supervisor on this host, if it runs."""
-    try:
-        pid = int((keeper_dir(run_dir) / "keeper.pid").read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
-    return pid if b"train.agent.keeper" in cmdline and run_dir.encode() in cmdline else None
-
-
 def launch(run_dir: str, user: tuple[int, int] | None = None) -> int:
     """Start the keeper's supervisor, detached; a no-op where it runs. Returns its pid."""
     if pid := supervisor_pid(run_dir):
@@ -472,7 +439,7 @@ def stop(run_dir: str, wait_s: float = 20) -> str:
     if kdir.exists():
         (kdir / "stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
     # the keeper stops its ranks and says so in its heartbeat before it ends: its peers hear it
-    deadline = time.monotonic() + wait_s + linger_s(_read_json(kdir / "spec.json", {})) + 5
+    deadline = time.monotonic() + wait_s + linger_s(read_json(kdir / "spec.json", {})) + 5
     while supervisor_pid(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
     if pid := supervisor_pid(run_dir):
@@ -480,16 +447,6 @@ def stop(run_dir: str, wait_s: float = 20) -> str:
             os.killpg(pid, signal.SIGTERM)
     outcome = stop_ranks(run_dir, wait_s, mark=True)
     return "stopped" if outcome == "none" and (kdir / "ended").exists() else outcome
-
-
-def show(run_dir: str) -> dict:
-    """What this host's keeper knows: alive?, its generation, why it ended, its timeline."""
-    kdir = keeper_dir(run_dir)
-    ended = kdir / "ended"
-    return {"keeper": supervisor_pid(run_dir) is not None, "spec": (kdir / "spec.json").exists(),
-            "generation": _read_json(kdir / "generation.json"),
-            "ended": ended.read_text().strip() if ended.exists() else "",
-            "timeline": read_timeline(kdir)}
 
 
 def boot(runs_root: str) -> list[str]:

@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", required=True, help="the run's directory on this host (/data/tandem/runs/RUN)")
     p.add_argument("--tail", type=int, default=400, help="log lines to include (0: none)")
     args = p.parse_args(argv)
-    print(json.dumps(state(args.run, args.tail)))
+    from train.agent.keeper_files import show  # what the run's keeper knows
+
+    print(json.dumps({**state(args.run, args.tail), "keeper": show(args.run)}))
     return 0
 
 

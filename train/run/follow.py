@@ -1,11 +1,9 @@
-"""Following a run from the controller: a live progress bar from rank 0's log.
+"""Following a run from the controller: a live progress bar from rank 0's log, and the keepers'
+membership changes as they happen.
 
-Ctrl-C detaches (the training goes on). The loop asks three components on every poll: the
-checkpoint `Backup` (rank 0's every checkpoint pushed to its peers host to host, the newest to
-the controller per `--backup`: losing its disk loses no training), the `DeadRankGuard` (a rank
-gone while the others hang on it: they are stopped, a half-dead job only holds GPUs and ports)
-and, with `elastic`, the rejoin `Watch` (a lost host that answers again is grown back to). A run that
-stops early goes on without the lost host (train.run.elastic).
+Following changes nothing on the hosts: their keepers (train.agent.keeper) replicate checkpoints,
+go on without a lost host and take it back. Ctrl-C detaches (the training goes on). The one thing
+following adds is the controller's own copy of the newest checkpoint (`--backup`), read-only.
 """
 
 from __future__ import annotations
@@ -17,35 +15,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from ..cluster import Host
 from ..plan import mfu
 from ..watch.compact import HostLines, ProgressWithHosts
-from . import batching, checkpoints, launch
+from . import batching, checkpoints, keepers, launch
 from .checkpoints import Backup, BackupPolicy
-from .elastic import continue_without
 from .launch import HostState
 from .record import Run
-from .rejoin import Watch
-from .status import describe, why_stopped_early
-
-
-class DeadRankGuard:
-    """A rank gone while the others run: the survivors usually fail on their own within seconds;
-    if they have not after `grace_s`, they are stopped, so nothing hangs on a dead peer."""
-
-    def __init__(self, run: Run, grace_s: float = 30.0, say=print):
-        self.run, self.grace_s, self.say = run, grace_s, say
-        self._since: float | None = None
-
-    def reset(self) -> None:
-        self._since = None
-
-    def stopped_the_rest(self, hosts: list[Host], states: list[HostState]) -> bool:
-        """Called while some ranks run and some do not; True once it stopped the rest."""
-        self._since = self._since or time.monotonic()
-        if time.monotonic() - self._since <= self.grace_s:
-            return False
-        gone = ", ".join(s.name + (f" (ranks {s.ranks})" if "-" in s.ranks else "") for s in states if not s.running)
-        self.say(f"[red]rank on {gone} stopped; stopping the others[/]")
-        launch.stop(self.run, [h for h, s in zip(hosts, states, strict=True) if s.reachable])
-        return True
+from .status import describe
 
 
 class ProgressView:
@@ -96,49 +70,65 @@ class ProgressView:
             self._said, self._said_at = line, time.monotonic()
 
 
+class Reconnecting:
+    """The laptop lost the hosts (asleep, offline, another Wi-Fi): said once, asked again with back-off
+    (2 s doubling to `most_s`), said again when they answer. Never a reason to act on the run."""
+
+    def __init__(self, say, first_s: float = 2.0, most_s: float = 30.0):
+        self.say, self.first_s, self.most_s = say, first_s, most_s
+        self.wait_s, self.since = first_s, None
+
+    def lost(self) -> float:
+        """Every host unreachable from here: how long to wait before asking again."""
+        if self.since is None:
+            self.since = time.monotonic()
+            self.say("cannot reach any host from here (this machine offline or asleep?); the hosts keep the "
+                     "run by themselves. Asking again with back-off")
+        wait, self.wait_s = self.wait_s, min(self.most_s, self.wait_s * 2)
+        return wait
+
+    def answered(self) -> None:
+        if self.since is not None:
+            self.say(f"the hosts answer again after {time.monotonic() - self.since:.0f} s; following")
+        self.since, self.wait_s = None, self.first_s
+
+
 def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: BackupPolicy | None = None,
-           dead_grace_s: float = 30.0, elastic: bool = False, known: list[Host] | None = None
-           ) -> list[HostState]:
-    """Show progress until every rank has stopped; returns the final states. With `elastic`, a run
-    that stops early goes on without the lost host (train.run.elastic), and grows back to a host it
-    lost once that answers again (train.run.rejoin; `known`: the inventory's hosts, default `hosts`)."""
+           known: list[Host] | None = None, **_) -> list[HostState]:
+    """Show progress until the run's keepers end (finished, stopped, or given up); returns the final
+    states. Following only reads: the hosts' keepers lose, restart and take back hosts by themselves
+    (train.agent.keeper); each membership change they record is said as it appears. A host this
+    machine cannot reach is only shown as such; every host unreachable is this machine's network."""
     def say(colour: str):
         return lambda text: console.print(f"[{colour}]{text}[/]")
 
+    pool = {h.name: h for h in (known or hosts)}
+    everyone = [pool[n] for n in (run.order or run.hosts) if n in pool] or hosts
     copies = Backup(run, backup, say=say("yellow"))
-    guard = DeadRankGuard(run, dead_grace_s, say=console.print)
-    rejoin = Watch(run, known or hosts, say=say("cyan")) if elastic else None
-    last_update = 0  # rank 0's, as last seen: its host may be the one lost
+    away = Reconnecting(say("yellow"))
     detached = False
+    states: list[HostState] = []
     with ProgressView(run, hosts, console) as view:
         try:
             while True:
-                states = launch.states(run, hosts)
+                states = launch.states(run, everyone)
+                if not any(s.reachable for s in states):
+                    time.sleep(away.lost())
+                    continue
+                away.answered()
+                for entry in keepers.sync(run, states):
+                    if len(run.members) > 1 or entry.get("generation", 1) > 1:
+                        console.print(f"[cyan]{keepers.change_line(entry)}[/]", markup=True)
+                states = keepers.rank_order(run, states)
+                current = [h for n in run.hosts for h in everyone if h.name == n]
+                if current:
+                    view.follow(current)  # a no-op unless the keepers changed the membership
                 rank0 = states[0]
                 view.show(rank0)
-                if rank0.progress:
-                    last_update = rank0.progress.update
-                running = [s for s in states if s.running]
-                if not running:
-                    # no wait for the copies under way: a restart that needs the controller's copy
-                    # waits for that one alone (checkpoints.CONTROLLER_COPY)
-                    survivors = elastic and why_stopped_early(states) and continue_without(
-                        run, hosts, states, say=say("yellow"), at=last_update)
-                    if not survivors:
-                        break
-                    hosts = survivors
-                    guard.reset()
-                    view.follow(hosts)
-                    continue
-                if len(running) < len(states):
-                    if guard.stopped_the_rest(hosts, states) and not elastic:
-                        break
-                elif rejoin is not None and (grown := rejoin.step(hosts, rank0.progress)):
-                    hosts = grown
-                    guard.reset()
-                    view.follow(hosts)
-                    continue
-                copies.maybe_start(hosts, rank0.progress.saved if rank0.progress else None)
+                if keepers.keeper_ended(states) and not any(s.running for s in states if s.reachable):
+                    break
+                if rank0.reachable and current:  # the controller's own copy: read-only
+                    copies.maybe_start(current[:1], rank0.progress.saved if rank0.progress else None)
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             console.print(f"detached; {run.run_id} goes on. `fab status`, `fab logs`, `fab stop`.")
@@ -149,14 +139,14 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
     try:  # a copy under way finishes, said; a second Ctrl-C leaves it
         copies.wait(say=say("yellow"))
         if not detached:
-            copies.final(hosts)
+            copies.final([h for n in run.hosts for h in everyone if h.name == n][:1])
     except KeyboardInterrupt:
         copies.leave()
         console.print("the checkpoint copy was left unfinished: the hosts keep theirs; its partial file is removed")
         detached = True
     if detached:
-        return launch.states(run, hosts)
+        return states
     moved = checkpoints.through_controller["bytes"]
     console.print(f"checkpoints through the controller: {moved / 1e6:,.0f} MB (--backup {copies.policy})",
                   markup=False)
-    return launch.states(run, hosts)
+    return keepers.rank_order(run, launch.states(run, everyone))

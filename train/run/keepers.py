@@ -81,3 +81,76 @@ def stop(run: Run, hosts: list[Host], wait_s: float = 20):
     """Every host's keeper told to stop (its peers hear it), then its ranks: launch.stop's answers."""
     return run_all(hosts, agent_command(hosts[0], "keeper", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}"),
                    timeout=wait_s + 15)
+
+
+# --- what the controller reads of them (fab train following, fab status, the report)
+
+def _generation(state) -> dict | None:
+    return ((state.keeper or {}).get("generation") or None) if state.reachable else None
+
+
+def newest(states) -> dict | None:
+    """The newest resolved generation any reachable host's keeper knows."""
+    known = [g for s in states if (g := _generation(s)) and not g.get("pending")]
+    return max(known, key=lambda g: g["number"]) if known else None
+
+
+def timeline(states) -> list[dict]:
+    """Every membership change the reachable hosts recorded, once each, oldest first."""
+    seen, out = set(), []
+    for s in states:
+        for entry in (s.keeper or {}).get("timeline") or []:
+            key = (entry.get("generation"), tuple(entry.get("hosts") or ()))
+            if key not in seen:
+                seen.add(key)
+                out.append(entry)
+    return sorted(out, key=lambda e: (e.get("generation") or 0, e.get("time") or 0))
+
+
+def sync(run: Run, states) -> list[dict]:
+    """The run record brought up to what the keepers decided (its hosts, update-freq, membership);
+    returns the changes it did not know yet."""
+    entries = timeline(states)
+    if not entries:
+        return []
+    known = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in run.members}
+    fresh = [e for e in entries if (e.get("generation"), tuple(e.get("hosts") or ())) not in known]
+    last = entries[-1]
+    run.members = entries
+    if last.get("hosts"):
+        run.hosts = list(last["hosts"])
+        run.update_freq = int(last.get("update_freq") or run.update_freq)
+    if fresh:
+        run.save()
+    return fresh
+
+
+def keeper_ended(states) -> str | None:
+    """Why the run's keepers ended (finished, stopped, restarts exhausted), once none is alive on the
+    hosts that answer; None while one keeps the run."""
+    reachable = [s for s in states if s.reachable and s.keeper is not None]
+    if not reachable or any(s.keeper.get("keeper") for s in reachable):
+        return None
+    reasons = [s.keeper.get("ended") for s in reachable if s.keeper.get("ended")]
+    if not reasons:
+        return "no keeper runs" if not any(s.running for s in reachable) else None
+    return next((r for r in reasons if r == "finished"), reasons[0])
+
+
+def rank_order(run: Run, states):
+    """The states with the current members first, in rank order (rank 0's host first: its log has
+    the updates), then the hosts outside the run now."""
+    members = run.hosts
+    first = [s for name in members for s in states if s.name == name]
+    return first + [s for s in states if s.name not in members]
+
+
+def change_line(entry: dict) -> str:
+    """A membership change in one line, as following and `fab status` say it."""
+    hosts = ", ".join(entry.get("hosts") or []) or "no host"
+    when = time.strftime("%H:%M:%S", time.localtime(entry["time"])) if entry.get("time") else "?"
+    start = f"from update {entry.get('from_update') or 0:,}"
+    if entry.get("source"):
+        start += f" ({entry['source']}'s checkpoint)"
+    freq = f", update-freq {entry['update_freq']}" if entry.get("update_freq") else ""
+    return f"{when} generation {entry.get('generation')}: {hosts} {start}{freq}; {entry.get('why', '')}"

@@ -68,6 +68,7 @@ class HostState:
     ended: logparse.RankEnd | None = None  # torchrun's word on a rank that failed
     stopped_by_user: bool = False  # `fab stop` ended it (train.agent.stop's mark)
     ranks: str = ""  # the global ranks this host runs: "0", "2-3" (train.cluster.ranks_label)
+    keeper: dict | None = None  # what its keeper knows (train.agent.keeper.show): generation, timeline, ended
 
     def describe(self, finished: bool) -> str:
         """This rank's state in a word or three: running, finished, stopped by fab stop, died: how."""
@@ -98,7 +99,7 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
         prog = logparse.progress(logparse.parse_log(log), run.max_update) if log else None
         out.append(HostState(host.name, said["running"], True, prog, logparse.meaningful(log)[-8:],
                              ended=logparse.rank_end(log), stopped_by_user=bool(said.get("stopped_by_user")),
-                             ranks=ranks_label(span)))
+                             ranks=ranks_label(span), keeper=said.get("keeper")))
     return out
 
 
@@ -106,8 +107,9 @@ def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
     """Stop every rank on every host (train.agent.stop: every process naming the run's save dir);
     confirm none is left. Returns {host: stopped|killed|none}; raises naming the hosts that could
     not be reached or stopped."""
-    results = run_all(hosts, agent_command(hosts[0], "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}"),
-                      timeout=wait_s + 15)
+    # the keeper first (it would start the ranks again), told on every host: its peers hear it too
+    stop_keeper = agent_command(hosts[0], "keeper", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}")
+    results = run_all(hosts, stop_keeper, timeout=wait_s + 30)
     outcome, problems = {}, []
     for host in hosts:
         result = results[host.name]

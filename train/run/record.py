@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from .. import hostpaths
 from ..cluster import TOP, ClusterError, Host
 from . import presets
 
 DATA_ROOT = "/data/tandem/datasets"
-RUNS_ROOT = "/data/tandem/runs"
+RUNS_ROOT = hostpaths.RUNS_ROOT
 REPORTS = TOP / "reports"
 
 
@@ -42,7 +43,8 @@ class Run:
     precision: str = "fp32"
     comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
     link_mbps: float | None = None  # the cluster link as measured when the run started
-    members: list[dict] = field(default_factory=list)  # which hosts from which update (train.run.elastic)
+    members: list[dict] = field(default_factory=list)  # which hosts from which update (the keepers' timeline)
+    order: list[str] = field(default_factory=list)  # every host the keepers know, in rank order (train.run.keepers)
     ranks_per_host: int = 1  # every host's ranks as it last started (train.cluster.Host.ranks)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..cluster import ClusterError, Host, placement, select
 from ..plan import predict
 from ..plan.link import PeerUnreachable
-from . import batching, checkpoints, command, interval, launch, preflight, presets
+from . import batching, checkpoints, command, interval, keepers, launch, preflight, presets
 from . import rejoin as rejoining
 from .comm import CommError, Strategy
 from .follow import follow
@@ -92,17 +92,18 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     if request.comm == "auto" and not resuming and (short := gpu_memory_after_choice(run, hosts, answers)):
         raise ClusterError("preflight failed after --comm auto's choice, nothing started:\n  " + "\n  ".join(short))
     cost = verdict.cost_line() if verdict else None
-    if resuming:
-        shared = checkpoints.share_checkpoint(run, [*current, *joining])  # the newest: a joiner's is stale
-        if shared is not None:
-            console.print(f"resuming {run.run_id} from update {shared.update} "
-                          f"(checkpoint copied to every host from {shared.source})")
+    if resuming:  # the keepers resolve the start from the newest whole checkpoint any host holds
+        held = checkpoints.held(run, [*current, *joining])
+        if source := checkpoints.newest_holder([*current, *joining], held):
+            console.print(f"resuming {run.run_id} from update {held[source.name]} (the newest checkpoint, on "
+                          f"{source.name}; the hosts' keepers copy it to the others)")
         if joining:
-            at = shared.update if shared else 0
+            at = held[source.name] if source else 0
             console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at, hosts[0].ranks)}[/]")
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
+    run.order = [h.name for h in hosts]  # every host the keepers know, rank order
     run.save()
-    launch.start(run, hosts)
+    keepers.start(run, hosts)  # the hosts keep the run from here on, followed or not
     every, step = interval.save_interval(run), interval.measured_step(run, hosts, resuming)
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
                   f"({run.preset}; {launch.batch(run, hosts)}; {interval.start_phrase(every, step)}; "
@@ -132,9 +133,13 @@ def backup_policy(request: TrainRequest) -> checkpoints.BackupPolicy:
 
 def follow_to_the_end(run: Run, hosts: list[Host], request: TrainRequest, known: list[Host], console) -> None:
     """Follow the run until every rank stopped, then the table; StoppedEarly if it ended early."""
-    states = follow(run, hosts, console, backup=backup_policy(request), elastic=request.elastic, known=known)
-    why = why_stopped_early(summarize(states, console))
-    if why:
+    states = follow(run, hosts, console, backup=backup_policy(request), known=known)
+    summarize(states, console)
+    ended = keepers.keeper_ended(states) or ""
+    if ended.startswith("stopped:"):  # the keepers gave up (restarts exhausted): say why
+        raise StoppedEarly(f"the hosts' keepers stopped the run: {ended.removeprefix('stopped:').strip()}")
+    why = why_stopped_early(states) if ended != "finished" and not ended.startswith("stopped") else None
+    if why and ended:
         raise StoppedEarly(why)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from train.agent import keeper, replica
+from train.agent import keeper, keeper_files, replica
 
 FAKE = Path(__file__).with_name("fake_rank.py")
 HOSTS = {"v100a": "127.0.0.1", "v100b": "127.0.0.2"}
@@ -51,12 +51,12 @@ def wait_for(what, timeout=40.0, every=0.25):
 
 
 def members(run_dir: Path) -> list[tuple[int, tuple[str, ...]]]:
-    return [(e["generation"], tuple(e["hosts"])) for e in keeper.read_timeline(run_dir / "keeper")]
+    return [(e["generation"], tuple(e["hosts"])) for e in keeper_files.read_timeline(run_dir / "keeper")]
 
 
 def crash(run_dir: Path) -> None:
     """Every process of that host gone at once, as when it loses power."""
-    pid = keeper.supervisor_pid(str(run_dir))
+    pid = keeper_files.supervisor_pid(str(run_dir))
     if pid:
         os.killpg(pid, signal.SIGKILL)
     for p in keeper.run_pids(str(run_dir)):
@@ -83,22 +83,22 @@ def test_the_keepers_go_on_without_a_silent_host_take_it_back_and_survive_rank_0
     crash(b)
     wait_for(lambda: (2, ("v100a",)) in members(a))
     lost_in = time.monotonic() - started
-    entry = keeper.read_timeline(a / "keeper")[-1]
+    entry = keeper_files.read_timeline(a / "keeper")[-1]
     assert "v100b lost at update" in entry["why"] and entry["lost"] == ["v100b"]
     wait_for(lambda: keeper.run_pids(str(a)))
     print(f"v100b silent: v100a alone in generation 2 after {lost_in:.1f} s")
     launch(b, spec(dirs, "v100b", port, 100000) | {"start": "s1"})  # rebooted: its keeper again, same spec
     wait_for(lambda: (3, ("v100a", "v100b")) in members(a))
-    grown = keeper.read_timeline(a / "keeper")[-1]
+    grown = keeper_files.read_timeline(a / "keeper")[-1]
     assert "v100b rejoined at update" in grown["why"] and grown["source"] == "v100a"
     wait_for(lambda: keeper.run_pids(str(b)) and (replica.manifest(b) or {}).get("generation") == 3)
     crash(a)
     wait_for(lambda: (4, ("v100b",)) in members(b))
-    resumed = keeper.read_timeline(b / "keeper")[-1]
+    resumed = keeper_files.read_timeline(b / "keeper")[-1]
     assert resumed["source"] == "v100b" and resumed["from_update"] >= grown["from_update"]
     wait_for(lambda: "resuming from update" in (b / "train.log").read_text().rsplit("resuming", 1)[-1] or True)
     assert keeper.stop(str(b), wait_s=5) in ("stopped", "killed")
-    wait_for(lambda: keeper.supervisor_pid(str(b)) is None and not keeper.run_pids(str(b)))
+    wait_for(lambda: keeper_files.supervisor_pid(str(b)) is None and not keeper.run_pids(str(b)))
 
 
 def test_a_stop_on_one_host_stops_every_host_and_a_finished_run_ends_every_keeper(two_hosts):
@@ -107,7 +107,7 @@ def test_a_stop_on_one_host_stops_every_host_and_a_finished_run_ends_every_keepe
         launch(d, spec(dirs, host, port, 100000))
     wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
     keeper.stop(str(dirs["v100a"]), wait_s=5)
-    wait_for(lambda: not keeper.run_pids(str(dirs["v100b"])) and keeper.supervisor_pid(str(dirs["v100b"])) is None)
+    wait_for(lambda: not keeper.run_pids(str(dirs["v100b"])) and keeper_files.supervisor_pid(str(dirs["v100b"])) is None)
     assert "stopped (fab stop on v100a)" in (dirs["v100b"] / "keeper" / "ended").read_text()
     for host, d in dirs.items():  # fab train again: a new start, which ends at update 40
         launch(d, spec(dirs, host, port, 40) | {"start": "s2"})

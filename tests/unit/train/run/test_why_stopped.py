@@ -1,7 +1,7 @@
 """fab train, following a run that ends early, names the culprit in one line and fails."""
 
 from train.report import logparse
-from train.run.follow import why_stopped_early
+from train.run.status import why_stopped_early
 from train.run.launch import HostState
 
 # torchrun's summary when a worker dies, as it lands at the end of a host's train.log
@@ -121,18 +121,6 @@ def test_the_status_table_says_which_ranks_each_host_runs():
     console.print(table(states))
     text = console.export_text()
     assert "ranks" in text.splitlines()[1] and "│ v100a │ 0-1   │ running" in text and "│ v100b │ 2-3   │" in text, text
-
-
-def test_a_dead_host_of_several_ranks_is_named_with_its_ranks(monkeypatch):
-    from train.run import launch
-    from train.run.follow import DeadRankGuard
-
-    said, stopped = [], []
-    monkeypatch.setattr(launch, "stop", lambda run, hosts: stopped.append(list(hosts)))
-    states = [HostState("v100a", True, True, None, [], ranks="0-1"),
-              HostState("v100b", False, True, None, [], ranks="2-3")]
-    assert DeadRankGuard(run=None, grace_s=-1, say=said.append).stopped_the_rest(["a", "b"], states)
-    assert said == ["[red]rank on v100b (ranks 2-3) stopped; stopping the others[/]"] and stopped == [["a", "b"]]
 
 
 def raised(error: str, host: str, rank: int, when: str = "02:58:07") -> list[str]:

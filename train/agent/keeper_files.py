@@ -1,0 +1,56 @@
+"""A run's keeper record on a host (RUN/keeper/), read by the keeper (train.agent.keeper) and by
+train.agent.state, which `fab status` and following ask: spec.json (what `fab train` told it),
+generation.json (the newest generation it knows), timeline.jsonl (every membership change, with its
+time, update and reason), keeper.pid (its supervisor), ended (why it ended: finished, stopped)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+
+def keeper_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "keeper"
+
+
+def read_json(path: Path, default=None):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def read_timeline(kdir: Path) -> list[dict]:
+    """The membership changes this host recorded, oldest first."""
+    try:
+        lines = (kdir / "timeline.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def supervisor_pid(run_dir: str) -> int | None:
+    """The keeper's supervisor on this host, if it runs."""
+    try:
+        pid = int((keeper_dir(run_dir) / "keeper.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"train.agent.keeper" in cmdline and run_dir.encode() in cmdline else None
+
+
+def show(run_dir: str) -> dict:
+    """What this host's keeper knows: alive?, its generation, why it ended, its timeline."""
+    kdir = keeper_dir(run_dir)
+    ended = kdir / "ended"
+    return {"keeper": supervisor_pid(run_dir) is not None, "spec": (kdir / "spec.json").exists(),
+            "generation": read_json(kdir / "generation.json"),
+            "ended": ended.read_text().strip() if ended.exists() else "",
+            "timeline": read_timeline(kdir)}
+
+
