@@ -305,7 +305,8 @@ class Keeper:
         if done.returncode != 0:
             _say(f"could not start this host's ranks: {done.stderr.strip()[-300:]}")
             return
-        self.active, self.active_members, self.seen = gen.number, list(gen.members), None
+        self.active, self.active_members = gen.number, list(gen.members)
+        self.seen = replica.seen_now(self.run_dir)  # what it resumes from: no save of this generation
         self._save_active()
         source = gen.source or {}
         _say(f"ranks of generation {gen.number} started (rank {gen.members.index(self.me)} host of "
@@ -345,6 +346,7 @@ class Keeper:
             try:
                 got = replica.fetch(url, self.spec["token"], self.run_dir, want)
                 self.checkpoint, self.fetch_error = Checkpoint.of(got), ""
+                self.seen = replica.seen_now(self.run_dir)
                 _say(f"checkpoint of update {want['update']} from {want['host']}: {want['size']:,} bytes, "
                      f"sha256 checked, in {time.monotonic() - started:.1f} s")
             except replica.FetchError as err:

@@ -95,6 +95,16 @@ def snapshot(run_dir: str | Path, generation: int, seen: Seen) -> tuple[Seen, di
     return now, data
 
 
+def seen_now(run_dir: str | Path) -> Seen:
+    """checkpoint_last.pt's inode and mtime now (None when there is none): a file this host's keeper
+    put there itself (fetched, restored) is not a save of its rank 0 to snapshot again."""
+    try:
+        st = paths(run_dir)[0].stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
 def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: float = 30.0) -> dict:
     """Copy the checkpoint `want` (a manifest: size, sha256, generation, update) from a peer's keeper
     at `url`, verify it, and make it this host's checkpoint. FetchError when it did not arrive whole."""

@@ -69,6 +69,11 @@ class Run:
                                f"{', '.join(by_name) or 'the hosts given'}")
         return chosen
 
+    def known_of(self, hosts: list[Host]) -> list[Host]:
+        """Those of `hosts` the run's keepers know (its members now and the hosts it may take back)."""
+        by_name = {h.name: h for h in hosts}
+        return [by_name[n] for n in (self.order or self.hosts) if n in by_name] or self.hosts_of(hosts)
+
     def resolved_preset(self) -> presets.Preset:
         """The preset with the user's overrides, and max_tokens as derived for the cluster unless the
         user set it; the heartbeat and collective timeouts sized to the bytes over the measured link."""

@@ -113,7 +113,15 @@ def summarize(states: list[HostState], console) -> list[HostState]:
 def show(run: Run, hosts: list[Host], console) -> bool:
     """`fab status`: the table, rank 0's progress, the last lines of a rank that died. False when a
     host could not be reached."""
-    states = summarize(launch.states(run, run.hosts_of(hosts)), console)
+    from . import keepers  # keepers builds on launch, as this module does
+
+    states = launch.states(run, run.known_of(hosts))
+    keepers.sync(run, states)
+    states = summarize(keepers.rank_order(run, states), console)
+    if changes := keepers.timeline(states):
+        console.print("membership (the hosts' keepers' record):")
+        for entry in changes:
+            console.print(f"  {keepers.change_line(entry)}", markup=False)
     rank0 = states[0].progress
     if rank0:
         console.print(f"{run.run_id}: update {rank0.update}/{rank0.max_update}, {describe(rank0)}")

@@ -1,0 +1,114 @@
+"""The hosts keep a run alive by themselves (train.agent.keeper), on the real lab: a laptop that loses
+a host or its own network changes nothing; a detached run goes on without a host whose cables are
+pulled and takes it back when they are plugged in; rank 0's host rebooted comes back by itself.
+Each scenario prints its measured times (README, "What happens when...")."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+from labtools import TOP, fab, set_links, ssh
+
+FAB = str(TOP / ".venv/bin/fab")
+
+
+def ranks(cfg, host: str, run_id: str) -> set[str]:
+    """The pids of the run's processes on `host` (every one names the run's save dir)."""
+    out = ssh(cfg, host, f"pgrep -f 'runs/{run_id}/checkpoints' || true").stdout
+    return set(out.split())
+
+
+def timeline(cfg, host: str, run_id: str) -> list[dict]:
+    import json
+    out = ssh(cfg, host, f"cat /data/tandem/runs/{run_id}/keeper/timeline.jsonl 2>/dev/null || true").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def wait_for(what, timeout: float, every: float = 2.0):
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if what():
+            return time.monotonic() - started
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__}")
+
+
+def update(cfg, run_id: str, host: str = "v100a") -> int:
+    out = ssh(cfg, host, f"grep -o '\"num_updates\": \"[0-9]*' /data/tandem/runs/{run_id}/train.log | tail -1").stdout
+    found = re.findall(r"\d+", out)
+    return int(found[-1]) if found else 0
+
+
+def test_a_laptop_that_loses_a_host_then_its_own_network_while_following_touches_nothing(data_ready):
+    cfg = data_ready.cfg
+    run_id = time.strftime("run-laptop-%Y%m%d-%H%M%S")
+    env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
+    follower = subprocess.Popen([FAB, "train", "--new", "--run", run_id, "--set", "max_update=100000"], cwd=TOP,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: update(cfg, run_id) >= 30, 120)
+        before = {h: ranks(cfg, h, run_id) for h in cfg.names}
+        assert all(before.values()), before
+        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "down"], check=True)  # its management link only
+        time.sleep(60)
+        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "up"], check=True)
+        for h in cfg.names:  # the controller offline: no host answers it
+            subprocess.run(["ip", "link", "set", cfg.veth(h), "down"], check=True)
+        time.sleep(60)
+        for h in cfg.names:
+            subprocess.run(["ip", "link", "set", cfg.veth(h), "up"], check=True)
+        at = update(cfg, run_id)
+        wait_for(lambda: update(cfg, run_id) > at + 20, 60)
+        after = {h: ranks(cfg, h, run_id) for h in cfg.names}
+        assert after == before, "a rank was restarted"
+        assert follower.poll() is None, "the follower ended"
+        assert [e["generation"] for e in timeline(cfg, "v100a", run_id)] == [1]
+    finally:
+        for h in cfg.names:
+            subprocess.run(["ip", "link", "set", cfg.veth(h), "up"], check=False)
+        fab(data_ready, "stop", "--run", run_id, check=False)
+        out, _ = follower.communicate(timeout=120)
+    assert "cannot reach any host from here" in out and "the hosts answer again after" in out, out[-3000:]
+    print(f"followed {run_id} through 60 s without v100b's management link and 60 s offline: same ranks")
+
+
+def test_a_detached_run_goes_on_without_a_lost_host_takes_it_back_and_survives_rank_0s_reboot(data_ready):
+    cfg = data_ready.cfg
+    run_id = time.strftime("run-keepers-%Y%m%d-%H%M%S")
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000")
+    try:
+        wait_for(lambda: update(cfg, run_id) >= 60, 120)  # a checkpoint (every 50) made and replicated
+        set_links(cfg, "v100b", "down")
+        alone = wait_for(lambda: any(e["hosts"] == ["v100a"] for e in timeline(cfg, "v100a", run_id))
+                         and ranks(cfg, "v100a", run_id), 180)
+        at = update(cfg, run_id)
+        wait_for(lambda: update(cfg, run_id) > at, 60)  # training again, alone
+        set_links(cfg, "v100b", "up")
+        back = wait_for(lambda: any(e["hosts"] == ["v100a", "v100b"] and e["generation"] > 1
+                                    for e in timeline(cfg, "v100a", run_id)) and ranks(cfg, "v100b", run_id), 300)
+        joined = timeline(cfg, "v100a", run_id)[-1]
+        assert "v100b rejoined" in joined["why"], joined
+        started = time.monotonic()
+        subprocess.run([str(TOP / ".venv/bin/python"), "-m", "lab", "--prefix", cfg.prefix, "reboot", "v100a"],
+                       cwd=TOP, check=True, capture_output=True)
+        wait_for(lambda: any(e["hosts"] == ["v100b"] for e in timeline(cfg, "v100b", run_id)), 180)
+        rank0_lost = time.monotonic() - started
+        survivor = next(e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"])
+        assert survivor["source"] == "v100b" and survivor["from_update"] >= joined["from_update"], survivor
+        wait_for(lambda: any(e["hosts"] == ["v100a", "v100b"] and e["generation"] > survivor["generation"]
+                             for e in timeline(cfg, "v100b", run_id)) and ranks(cfg, "v100a", run_id), 300)
+        rebooted_back = time.monotonic() - started
+        status = fab(data_ready, "status", "--run", run_id, check=False).stdout
+        for said in ("v100b lost at update", "v100b rejoined at update", "v100a lost at update",
+                     "v100a rejoined at update"):
+            assert said in status, status
+    finally:
+        set_links(cfg, "v100b", "up")
+        fab(data_ready, "stop", "--run", run_id, check=False)
+    assert not any(ranks(cfg, h, run_id) for h in cfg.names)
+    print(f"cables of v100b pulled: v100a trained alone after {alone:.0f} s; plugged back: v100b training again "
+          f"after {back:.0f} s; v100a rebooted: v100b alone after {rank0_lost:.0f} s, both again after "
+          f"{rebooted_back:.0f} s")
