@@ -51,6 +51,7 @@ from train.report import logparse
 from train.run import launch, preflight, presets
 from train.run.comm import SYNC_UPDATES_OPTION, CommError, Strategy
 from train.run.command import default_precision
+from train.run.lease import HostLease
 from train.run.params import preset_params
 from train.run.record import Run
 from train.run.remote import agent_command
@@ -397,7 +398,10 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
                      master_port=port, precision=precision, comm=str(strategy))
     started, gpu_name = False, None
     follower = None
-    with signals_raise():
+    # a controller killed, asleep or offline never reaches clean_up: each host undoes by itself then
+    undo = {h.name: f"{agent_command(h, 'stop', '--run', run.remote_dir)}; {link.host_cap_command(h, 'none')}"
+            for h in hosts}
+    with signals_raise(), HostLease(hosts, run.run_id, undo):
         try:
             links, effective = measure_links(hosts, rates, params * strategy.bytes_per_element(precision), ranks,
                                              port, say)

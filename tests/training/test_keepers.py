@@ -94,9 +94,14 @@ def test_a_detached_run_goes_on_without_a_lost_host_takes_it_back_and_survives_r
         started = time.monotonic()
         subprocess.run([str(TOP / ".venv/bin/python"), "-m", "lab", "--prefix", cfg.prefix, "reboot", "v100a"],
                        cwd=TOP, check=True, capture_output=True)
-        wait_for(lambda: any(e["hosts"] == ["v100b"] for e in timeline(cfg, "v100b", run_id)), 180)
+        def v100b_alone():
+            """v100b trains alone, after the rejoin"""
+            return [e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"]
+                    and e["generation"] > joined["generation"]]
+
+        wait_for(v100b_alone, 180)
         rank0_lost = time.monotonic() - started
-        survivor = next(e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"])
+        survivor = v100b_alone()[-1]
         assert survivor["source"] == "v100b" and survivor["from_update"] >= joined["from_update"], survivor
         wait_for(lambda: any(e["hosts"] == ["v100a", "v100b"] and e["generation"] > survivor["generation"]
                              for e in timeline(cfg, "v100b", run_id)) and ranks(cfg, "v100a", run_id), 300)

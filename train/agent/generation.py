@@ -141,18 +141,22 @@ def progress(views: dict[str, View]) -> int | None:
     return max(updates) if updates else None
 
 
-def _new(number: int, members: list[str], views: dict[str, View], reason: str, now: float) -> Generation:
+def _new(number: int, members: list[str], views: dict[str, View], reason: str, now: float,
+         at: int | None) -> Generation:
     return Generation(number=number, members=tuple(members), reason=reason, time=round(now, 1),
-                      source=best_checkpoint(views, members), at_update=progress(views))
+                      source=best_checkpoint(views, members), at_update=at)
 
 
 def decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
-           lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3) -> Generation | None:
+           lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
+           elastic: bool = True) -> Generation | None:
     """The next generation, when `me` leads and one is due; else None. `views`: every host's last
-    heartbeat (`me`'s own included), `live`: the hosts heard from within `lost_after_s`."""
+    heartbeat (`me`'s own included), `live`: the hosts heard from within `lost_after_s`. Not
+    `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead."""
     live_order = [h for h in order if h in live]
     if not live_order or live_order[0] != me:
         return None
+    last_heard = views  # a lost host's last heartbeat still says where rank 0 was
     views = {h: v for h, v in views.items() if h in live}
     gen = current(views, order)
     if gen is None or gen.stopped or any(v.stopping or v.ranks == FINISHED for v in views.values()):
@@ -164,15 +168,19 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                               source=best_checkpoint(views, list(gen.members)), at_update=progress(views),
                               start=gen.start)
         return None
-    at = progress(views)
+    at = progress(last_heard)
     lost = [m for m in gen.members if m not in live]
+    if lost and not elastic:
+        return Generation(number=number, members=(), reason=f"{', '.join(lost)} lost at update {at} "
+                          f"(silent on the cluster network for {lost_after_s:g} s); --no-elastic: the run stops",
+                          time=round(now, 1), at_update=at, stopped="a host lost, not elastic")
     if lost:
         memory.ended_since = None
         return _new(number, live_order, views,
                     f"{', '.join(lost)} lost at update {at if at is not None else '?'} "
-                    f"(silent on the cluster network for {lost_after_s:g} s)", now)
+                    f"(silent on the cluster network for {lost_after_s:g} s)", now, at)
     joining = [h for h in live_order if h not in gen.members]
-    if joining:
+    if joining and elastic:
         rank0 = views.get(gen.members[0])
         saved = rank0.checkpoint.update if rank0 and rank0.checkpoint and rank0.checkpoint.generation == gen.number \
             else None
@@ -180,7 +188,7 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
         training = any(views[m].ranks == RUNNING for m in gen.members if m in views)
         if not training or (saved is not None and any(s is None or saved > s for s in seen)):
             return _new(number, live_order, views, f"{', '.join(joining)} rejoined at update "
-                        f"{saved if saved is not None else at if at is not None else '?'}", now)
+                        f"{saved if saved is not None else at if at is not None else '?'}", now, at)
         return None
     ended = [m for m in gen.members if views[m].ranks == ENDED and views[m].active == gen.number]
     if not ended:
@@ -192,12 +200,15 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
     memory.ended_since = None
     memory.restarts = [t for t in memory.restarts if now - t < 3600]
     how = "; ".join(f"{m}: {views[m].how or 'ended'}" for m in ended)
+    if not elastic:
+        return Generation(number=number, members=(), reason=f"ranks ended ({how}); --no-elastic: the run stops",
+                          time=round(now, 1), at_update=at, stopped="ranks ended, not elastic")
     if len(memory.restarts) >= max_restarts:
         return Generation(number=number, members=(), reason=f"ranks ended ({how}); {max_restarts} restarts in "
                           "the last hour already: the run stops", time=round(now, 1), at_update=at,
                           stopped="restarts exhausted")
     memory.restarts.append(now)
-    return _new(number, list(gen.members), views, f"ranks ended at update {at} ({how}): restarting", now)
+    return _new(number, list(gen.members), views, f"ranks ended at update {at} ({how}): restarting", now, at)
 
 
 def timeline_entry(gen: Generation, update_freq: int | None = None, ranks: int | None = None) -> dict:

@@ -241,7 +241,8 @@ class Keeper:
             if newest is not None and (mine is None or newest.key(self.order) > mine):
                 self.record(newest)
             decided = decide(self.me, self.order, seen, live, now, self.memory, self.lost_after_s,
-                             float(self.spec.get("ended_grace_s", 25)), int(self.spec.get("max_restarts", 3)))
+                             float(self.spec.get("ended_grace_s", 25)), int(self.spec.get("max_restarts", 3)),
+                             bool(self.spec.get("elastic", True)))
             if decided is not None:
                 self.record(decided)
             return self.act(seen)
@@ -257,7 +258,7 @@ class Keeper:
 
     def act(self, seen: dict[str, View]) -> str | None:
         gen = self.generation
-        stopping = [h for h, v in seen.items() if v.stopping and gen and h in gen.members]
+        stopping = [h for h, v in seen.items() if v.stopping and gen and h in gen.members and h != self.me]
         if (self.dir / "stop").exists() or stopping:
             stop_ranks(self.run_dir, mark=True)
             return f"stopped ({'fab stop' if not stopping else 'fab stop on ' + ', '.join(stopping)})"

@@ -51,19 +51,20 @@ def membership_commands(run: Run, hosts: list[Host]) -> tuple[dict, dict, dict]:
     return commands, update_freq, ranks
 
 
-def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None = None) -> dict:
+def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None = None, elastic: bool = True) -> dict:
     """What every host's keeper is told (its own name apart)."""
     commands, update_freq, ranks = membership_commands(run, hosts)
     return {"run_id": run.run_id, "order": [h.name for h in hosts], "members": [h.name for h in hosts],
             "addresses": {h.name: h.cluster_address for h in hosts}, "port": run.master_port + PORT_OFFSET,
             "token": token or secrets.token_hex(16), "start": f"{time.time():.3f}", "reason": reason,
-            "lost_after_s": LOST_AFTER_S, "commands": commands, "update_freq": update_freq, "ranks": ranks}
+            "lost_after_s": LOST_AFTER_S, "elastic": elastic, "commands": commands, "update_freq": update_freq,
+            "ranks": ranks}
 
 
-def start(run: Run, hosts: list[Host], reason: str = "start") -> None:
+def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = True) -> None:
     """Write each host's spec (over SFTP: 8 hosts' commands are MBs, beyond one shell argument) and
     launch its keeper; the keepers start the ranks among themselves."""
-    told = spec(run, hosts, reason)
+    told = spec(run, hosts, reason, elastic=elastic)
     kdir = f"{run.remote_dir}/keeper"
 
     def one(host: Host, conn):

@@ -103,7 +103,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
     run.order = [h.name for h in hosts]  # every host the keepers know, rank order
     run.save()
-    keepers.start(run, hosts)  # the hosts keep the run from here on, followed or not
+    keepers.start(run, hosts, elastic=request.elastic)  # the hosts keep the run from here on, followed or not
     every, step = interval.save_interval(run), interval.measured_step(run, hosts, resuming)
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
                   f"({run.preset}; {launch.batch(run, hosts)}; {interval.start_phrase(every, step)}; "
@@ -136,8 +136,9 @@ def follow_to_the_end(run: Run, hosts: list[Host], request: TrainRequest, known:
     states = follow(run, hosts, console, backup=backup_policy(request), known=known)
     summarize(states, console)
     ended = keepers.keeper_ended(states) or ""
-    if ended.startswith("stopped:"):  # the keepers gave up (restarts exhausted): say why
-        raise StoppedEarly(f"the hosts' keepers stopped the run: {ended.removeprefix('stopped:').strip()}")
+    if ended.startswith("stopped:"):  # the keepers stopped it (--no-elastic, restarts exhausted): say why
+        raise StoppedEarly(why_stopped_early(states)
+                           or f"the hosts' keepers stopped the run: {ended.removeprefix('stopped:').strip()}")
     why = why_stopped_early(states) if ended != "finished" and not ended.startswith("stopped") else None
     if why and ended:
         raise StoppedEarly(why)

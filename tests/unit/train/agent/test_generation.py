@@ -101,3 +101,12 @@ def test_a_start_waits_for_every_member_then_takes_the_newest_checkpoint_among_t
     resolved = decide("v100a", ORDER, views, set(ORDER), 1, LeaderMemory())
     assert not resolved.pending and resolved.number == 4 and resolved.source["host"] == "v100b"
     assert resolved.key(ORDER) > start.key(ORDER)
+
+
+def test_a_lost_rank_0_host_is_named_at_its_last_heard_update_and_not_elastic_stops_the_run():
+    g1 = gen(1, ORDER)
+    views = {"v100a": view("v100a", g1, ckpt(1, 40), update=57), "v100b": view("v100b", g1, ckpt(1, 40))}
+    new = decide("v100b", ORDER, views, {"v100b"}, 100, LeaderMemory())
+    assert "v100a lost at update 57" in new.reason and new.at_update == 57
+    stopped = decide("v100b", ORDER, views, {"v100b"}, 100, LeaderMemory(), elastic=False)
+    assert stopped.members == () and stopped.stopped and "--no-elastic" in stopped.reason

@@ -107,7 +107,8 @@ def test_a_stop_on_one_host_stops_every_host_and_a_finished_run_ends_every_keepe
         launch(d, spec(dirs, host, port, 100000))
     wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
     keeper.stop(str(dirs["v100a"]), wait_s=5)
-    wait_for(lambda: not keeper.run_pids(str(dirs["v100b"])) and keeper_files.supervisor_pid(str(dirs["v100b"])) is None)
+    b = str(dirs["v100b"])
+    wait_for(lambda: not keeper.run_pids(b) and keeper_files.supervisor_pid(b) is None)
     assert "stopped (fab stop on v100a)" in (dirs["v100b"] / "keeper" / "ended").read_text()
     for host, d in dirs.items():  # fab train again: a new start, which ends at update 40
         launch(d, spec(dirs, host, port, 40) | {"start": "s2"})
