@@ -228,25 +228,53 @@ def local_sgd_agrees_on_overflow() -> None:
     different collectives (a hang until the timeout, then a healthy host dropped). The ranks now
     all-reduce the overflow flag (one element) before stepping: one overflow skips the update on
     every rank, and every scaler lowers its scale alike. Only where a scaler exists (fp32 and bf16
-    have none: no overflow to agree on) or a test injects one (TANDEM_TEST_OVERFLOW, below)."""
+    have none: no overflow to agree on) or a test injects one (TANDEM_TEST_OVERFLOW, below).
+
+    Two failures are agreed on too, so that no rank waits in a collective for one that left (then
+    a healthy host is blamed): a rank whose scaler reached its minimum raises FloatingPointError
+    (fairseq's "Minimum loss scale reached"), and every rank raises it, naming that rank; a
+    non-finite gradient norm where no scaler exists (bf16, fp32) is skipped as an overflow by every
+    rank (fairseq would raise on that rank alone). TANDEM_TEST_FATAL=RANK:UPDATE injects the first."""
     from fairseq.optim.bmuf import FairseqBMUF
 
     if getattr(FairseqBMUF, "_tandem_overflow", False):
         return
     clip = FairseqBMUF.clip_grad_norm
     injected = _injected_overflows()
+    fatal_at = _injected_overflows("TANDEM_TEST_FATAL")
 
     def clip_agreeing_on_overflow(self, max_norm, aggregate_norm_fn=None):
+        import torch
+        import torch.distributed as dist
+
         scaler = getattr(self._optimizer, "scaler", None)
-        overflow, norm = None, None
+        overflow, fatal, norm = None, None, None
         try:
             if injected(self.get_num_updates()):
                 raise OverflowError("injected by TANDEM_TEST_OVERFLOW")
+            if fatal_at(self.get_num_updates()):
+                raise FloatingPointError("Minimum loss scale reached (injected by TANDEM_TEST_FATAL)")
             norm = clip(self, max_norm, aggregate_norm_fn)
         except OverflowError as error:
             overflow = error
-        agree = self.world_size > 1 and (scaler is not None or injected.active)  # the same on every rank
-        if agree and _any_rank(overflow is not None, next(iter(self.params)).device) and overflow is None:
+        except FloatingPointError as error:
+            fatal = error
+        if overflow is None and fatal is None and scaler is None and norm is not None \
+                and not torch.isfinite(torch.as_tensor(norm)).all():
+            overflow = OverflowError(f"gradient norm {float(norm)} on rank {dist.get_rank()}: skipped on every rank")
+        if self.world_size <= 1:
+            if fatal is not None:
+                raise fatal
+            if overflow is not None:
+                raise overflow
+            return norm
+        device = next(iter(self.params)).device
+        worst = _max_over_ranks(2 + dist.get_rank() if fatal is not None else 1 if overflow is not None else 0,
+                                device)  # the same on every rank: 0 step, 1 skip, 2+R rank R cannot go on
+        if worst >= 2:  # the same words on every rank: `fab status` then blames no host
+            raise FloatingPointError(f"rank {worst - 2}: minimum loss scale reached; every rank stops with it "
+                                     "(the loss diverged: lower the learning rate or clip the gradients)")
+        if worst == 1 and overflow is None:
             overflow = OverflowError("another rank's gradients overflowed")
             if scaler is not None:
                 try:  # the scale lowered as on the rank that overflowed
@@ -261,21 +289,21 @@ def local_sgd_agrees_on_overflow() -> None:
     FairseqBMUF._tandem_overflow = True
 
 
-def _any_rank(flag: bool, device) -> bool:
+def _max_over_ranks(value: int, device) -> int:
     import torch
     import torch.distributed as dist
 
-    mine = torch.tensor([1.0 if flag else 0.0], device=device)
+    mine = torch.tensor([float(value)], device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    return bool(mine.item() > 0)
+    return int(mine.item())
 
 
-def _injected_overflows():
+def _injected_overflows(variable: str = "TANDEM_TEST_OVERFLOW"):
     """Test-only: TANDEM_TEST_OVERFLOW=RANK:UPDATE[:UPDATE...] has that rank's loss scaler report
     an overflow once at each of those updates (fp16 cannot run on the lab's CPU hosts, its scaler's
     OverflowError can). The trainer's overflow branch puts a 0 on the GPU (`.cuda()`), which a CPU
     host lacks: there it stays on the CPU."""
-    spec = os.environ.get("TANDEM_TEST_OVERFLOW", "")
+    spec = os.environ.get(variable, "")
     rank, _, updates = spec.partition(":")
     pending = {int(u) for u in updates.split(":") if u}
 

@@ -162,3 +162,46 @@ def test_after_a_sync_the_fp16_model_holds_the_average():
     """)
     assert a == b, (a, b)
     assert a.startswith("[0.5, 0.5, 0.5, 0.5]"), a  # 1 − 0.5 × mean(0.5, 1.5)
+
+
+def test_a_rank_at_the_minimum_loss_scale_stops_every_rank_with_the_same_words():
+    """Rank 1's scaler reaches its minimum (fairseq's FloatingPointError) at update 2. Unpatched, rank 1
+    died and rank 0 waited in its next collective for the timeout, then a healthy host was blamed.
+    Both raise now, with the same line (status then blames no host)."""
+    a, b = run_two("""
+        model, fp16, bmuf = fp16_bmuf()
+        said = "none"
+        try:
+            for i in range(4):
+                backward(model, fp16, 0.1)
+                update(bmuf, fp16, sample_size=1.0)
+        except FloatingPointError as error:
+            said = f"{bmuf.get_num_updates()} {error}"
+        print(said)
+    """, env={"TANDEM_TEST_FATAL": "1:2"})
+    assert a == b, (a, b)
+    assert a.startswith("2 rank 1: minimum loss scale reached; every rank stops with it"), a
+
+
+def test_a_non_finite_gradient_on_one_bf16_or_fp32_rank_is_skipped_by_both():
+    """No loss scaler (bf16, fp32): fairseq raised "gradients are Nan/Inf" on the one rank after its
+    clip, and the other waited. Both skip that update now, and their counts stay equal."""
+    a, b = run_two("""
+        params = [torch.nn.Parameter(torch.ones(4))]
+        outer = SimpleNamespace(global_sync_iter=4, block_momentum=0.0, block_lr=1.0, warmup_iterations=0,
+                                use_nbm=True, average_sync=False, distributed_world_size=2)
+        bmuf = FairseqBMUF(outer, Plain(params))
+        skipped = []
+        for i in range(5):
+            params[0].grad = torch.full((4,), float("nan") if (rank == 1 and i == 2) else 0.1)
+            try:
+                bmuf.clip_grad_norm(0.0)
+                bmuf.step()
+                skipped.append(False)
+            except OverflowError:
+                skipped.append(True)
+            bmuf.zero_grad()
+        print(skipped, bmuf.get_num_updates())
+    """)
+    assert a == b, (a, b)
+    assert a == "[False, False, True, False, False] 4", a

@@ -1,8 +1,8 @@
 """fab train, following a run that ends early, names the culprit in one line and fails."""
 
 from train.report import logparse
-from train.run.status import why_stopped_early
 from train.run.launch import HostState
+from train.run.status import why_stopped_early
 
 # torchrun's summary when a worker dies, as it lands at the end of a host's train.log
 TORCHRUN_SIGKILL = """\
