@@ -17,7 +17,7 @@ FAB = str(TOP / ".venv/bin/fab")
 
 def ranks(cfg, host: str, run_id: str) -> set[str]:
     """The pids of the run's processes on `host` (every one names the run's save dir)."""
-    out = ssh(cfg, host, f"pgrep -f 'runs/{run_id}/checkpoints' || true").stdout
+    out = ssh(cfg, host, f"pgrep -f 'runs/{run_id}/checkpoint[s]' || true").stdout  # [s]: not itself
     return set(out.split())
 
 

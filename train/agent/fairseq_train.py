@@ -147,6 +147,9 @@ def local_sgd_state_in_checkpoints() -> None:
 
     def with_outer_state(self):
         state = dict(state_dict(self))
+        # BMUF counts its own updates and fairseq restores only the trainer's: a resume began at 0
+        # (the synchronous start again, the syncs shifted off the checkpoint interval)
+        state["tandem_bmuf_updates"] = self.get_num_updates()
         if self.block_momentum == 0:  # a plain average keeps no outer state: no 2 × the model's size to save
             return state
         state["tandem_bmuf"] = {"global_params": [p.detach().cpu() for p in self.global_params],
@@ -156,7 +159,10 @@ def local_sgd_state_in_checkpoints() -> None:
     def load_outer_state(self, state, optimizer_overrides=None):
         state = dict(state)
         outer = state.pop("tandem_bmuf", None)
+        updates = state.pop("tandem_bmuf_updates", None)
         load_state_dict(self, state, optimizer_overrides)
+        if isinstance(updates, int):
+            self.set_num_updates(updates)
         if outer and len(outer["global_params"]) == len(self.global_params):
             with torch.no_grad():
                 for mine, saved in zip(self.global_params, outer["global_params"], strict=True):
@@ -344,6 +350,39 @@ def local_sgd_saves_the_average() -> None:
     FairseqBMUF._tandem_refresh = True
 
 
+def sync_before_save(optimizer) -> bool:
+    """Local SGD's ranks averaged now, unless this update was a sync already: what a checkpoint then
+    saves is the average whatever H is (an interval, an epoch's end, the last update). Every rank
+    saves at the same update (fairseq decides it from the update count and the epoch), so every
+    rank takes part. True when it synced."""
+    from fairseq.optim.bmuf import FairseqBMUF
+
+    if not isinstance(optimizer, FairseqBMUF) or optimizer.world_size <= 1:
+        return False
+    if optimizer.get_num_updates() <= optimizer.warmup_iteration or optimizer._is_bmuf_iter():
+        return False
+    optimizer._block_sync()
+    return True
+
+
+def local_sgd_syncs_at_every_save() -> None:
+    """fairseq saves at its own updates (interval, epoch end, the end), which `--comm auto`'s H (136,
+    291, ...) rarely divides: a checkpoint held rank 0's un-averaged weights. Every save is a sync now."""
+    from fairseq import checkpoint_utils
+
+    save = checkpoint_utils.save_checkpoint
+    if getattr(save, "_tandem_sync", False):
+        return
+
+    def save_after_sync(cfg, trainer, epoch_itr, val_loss):
+        if not cfg.no_save:
+            sync_before_save(trainer.optimizer)
+        return save(cfg, trainer, epoch_itr, val_loss)
+
+    save_after_sync._tandem_sync = True  # type: ignore[attr-defined]
+    checkpoint_utils.save_checkpoint = save_after_sync
+
+
 def weights_digest(state: dict) -> str:
     """A digest of a model's state_dict (as fp32): equal on two ranks, or in a checkpoint, when the
     weights are."""
@@ -494,6 +533,7 @@ def main() -> None:
     weights_logged_at_syncs()
     iterator_position_across_world_sizes()
     atomic_checkpoint_copies()
+    local_sgd_syncs_at_every_save()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile
 

@@ -205,3 +205,24 @@ def test_a_non_finite_gradient_on_one_bf16_or_fp32_rank_is_skipped_by_both():
     """)
     assert a == b, (a, b)
     assert a == "[False, False, True, False, False] 4", a
+
+
+def test_every_checkpoint_save_is_a_sync_whatever_h_is():
+    """A save at an update H does not divide (an interval, an epoch's end) held rank 0's own weights;
+    the ranks average before it now, and a save at a sync update adds no second sync."""
+    a, b = run_two("""
+        params = [torch.nn.Parameter(torch.ones(4))]
+        outer = SimpleNamespace(global_sync_iter=10, block_momentum=0.0, block_lr=1.0, warmup_iterations=0,
+                                use_nbm=True, average_sync=False, distributed_world_size=2)
+        bmuf = FairseqBMUF(outer, Plain(params))
+        for i in range(3):  # update 3: no sync since the start, the ranks' weights differ
+            params[0].grad = torch.full((4,), 0.1 if rank == 0 else 0.3)
+            bmuf.step()
+        differed = params[0].tolist()
+        synced = fairseq_train.sync_before_save(bmuf)
+        bmuf.set_num_updates(10)
+        again = fairseq_train.sync_before_save(bmuf)  # a sync update: BMUF's own step synced already
+        print(synced, again, differed[0] != 0.0, params[0].tolist())
+    """)
+    assert a == b, (a, b)
+    assert a.startswith("True False True [0.7"), a  # 1 - 0.5 x 3 x mean(0.1, 0.3)

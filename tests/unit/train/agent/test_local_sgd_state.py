@@ -128,3 +128,15 @@ def test_the_first_updates_average_the_gradients_then_each_rank_steps_alone():
         # SGD, lr 0.1, momentum 0.9: the mean gradient 2.0 twice, then this rank's 3.0
         assert steps == [0.2, 0.38, 0.642], steps
     """)
+
+
+def test_bmufs_own_update_count_survives_a_checkpoint():
+    """fairseq restores the trainer's update count, never BMUF's: a resume began counting at 0, so the
+    synchronous start ran again (hours of all-reduce on a slow link) and the syncs shifted."""
+    run("""
+        bmuf = bmuf_around([torch.nn.Parameter(torch.ones(3))])
+        bmuf.set_num_updates(1234)
+        restarted = bmuf_around([torch.nn.Parameter(torch.ones(3))])
+        restarted.load_state_dict(bmuf.state_dict())
+        assert restarted.get_num_updates() == 1234, restarted.get_num_updates()
+    """)
