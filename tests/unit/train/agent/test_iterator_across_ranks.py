@@ -80,3 +80,61 @@ def test_tandem_goes_on_at_the_same_share_of_the_epoch():
     said = resume("patched")
     assert said["state"]["tandem_num_shards"] == 2 and said["state"]["iterations_in_epoch"] == 8
     assert said["epoch"] == 1 and said["left"] == 1  # 4 of 5 done: 16 of the epoch's 20 batches, as before
+
+
+SENTENCES = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import torch
+    from fairseq.data import iterators
+    from train.agent import fairseq_train
+
+    fairseq_train.iterator_position_across_world_sizes()
+    fairseq_train.epoch_resumes_with_the_sentences_left()
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 600
+
+        def __getitem__(self, i):
+            return i
+
+    data = Data()
+
+    def iterator(shards, shard_id, per_batch):
+        '''fairseq's iterator as the trainer makes it: batches of `per_batch` sentences (a max_tokens),
+        shuffled by epoch, one shard a rank.'''
+        batches = [np.arange(i, min(i + per_batch, 600)) for i in range(0, 600, per_batch)]
+        return iterators.EpochBatchIterator(dataset=data, collate_fn=lambda s: s, batch_sampler=batches, seed=1,
+                                            num_shards=shards, shard_id=shard_id)
+
+    # 3 ranks at 8 sentences a batch take 10 batches each: 240 sentences; the checkpoint is rank 0's state
+    seen = []
+    for rank in range(3):
+        itr = iterator(3, rank, 8).next_epoch_itr(shuffle=True)
+        for _ in range(10):
+            seen += [int(i) for i in next(itr)]
+    three = iterator(3, 0, 8)
+    itr = three.next_epoch_itr(shuffle=True)
+    for _ in range(10):
+        next(itr)
+    state = three.state_dict()
+    # resumed on 2 ranks, whose derived max_tokens holds 12 sentences a batch, to the epoch's end
+    for rank in range(2):
+        two = iterator(2, rank, 12)
+        two.load_state_dict(state)
+        seen += [int(i) for batch in two.next_epoch_itr(shuffle=True) for i in batch]
+    print(json.dumps({"seen": len(seen), "distinct": len(set(seen)), "epoch": two.epoch}))
+""")
+
+
+def test_a_resume_on_another_world_and_batch_size_sees_every_sentence_once():
+    """The epoch saved at 240 of 600 sentences on 3 ranks of 8-sentence batches goes on on 2 ranks of
+    12-sentence batches (another max_tokens, derived for the new world): fairseq's scaled position
+    skipped or repeated sentences; now every sentence is seen once in the epoch."""
+    done = subprocess.run([sys.executable, "-c", SENTENCES], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said == {"seen": 600, "distinct": 600, "epoch": 1}, said
