@@ -54,11 +54,12 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     "detach": "start and return without following",
     "accept_slow_network": "start even when the network would take most of each step, or fewer hosts would "
                            "train faster (see fab predict)",
-    "elastic": "when a host is lost, go on from the last checkpoint on the hosts left (default; --no-elastic stops)",
+    "elastic": "the hosts' keepers go on without a lost host and take it back when it returns (default); "
+               "--no-elastic: they stop the run instead",
     "comm": "how ranks share updates: sync (default), fp16 (compressed gradients), local-sgd:H (average every H "
             "updates), auto (the least invasive that reaches 90% on the measured link; see fab predict)",
-    "rejoin": "grow the run back to every host it lost (its first membership): at its next checkpoint if it is "
-              "training, else resume on them; --hosts naming hosts it lost does the same",
+    "rejoin": "start the keeper of every host the run lost whose own does not run (a replaced VM): the run "
+              "takes it back at its next checkpoint; a stopped run resumes on them; --hosts naming them does the same",
     "backup": "the controller's copy of rank 0's newest checkpoint (the last resort: the hosts hold each "
               "other's): every:MIN (at most every MIN minutes; default every:60), last (when the run ends), off",
 })

@@ -158,12 +158,15 @@ def start_hosts(cfg: LabConfig, public_key: str) -> dict[str, str]:
     return devices
 
 
-def reboot(cfg: LabConfig, name: str) -> None:
-    """What a VM's reboot does to tandem: every process gone, the data volume kept, sshd back by itself,
-    and the host's init (mount -a, tandem-boot) run again."""
+def reboot(cfg: LabConfig, name: str, down_for_s: float = 60.0) -> None:
+    """What a VM's reboot does to tandem: every process gone, the host silent for `down_for_s` (a VM
+    takes a minute or so), the data volume kept, sshd back by itself, and the host's init (mount -a,
+    tandem-boot) run again."""
     if name not in cfg.names:
         raise LabError(f"no host {name} in this lab ({', '.join(cfg.names)})")
-    with step(f"rebooting {name}: every process ended, its disks kept"):
+    with step(f"rebooting {name}: every process ended, off for {down_for_s:g} s, its disks kept"):
+        hosts.stop(cfg, name)
+        time.sleep(down_for_s)
         for attempt in (1, 2):  # a launcher ended while its namespace's last processes went: once more
             hosts.stop(cfg, name)
             pid = hosts.start(cfg, name)
@@ -304,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p_reboot = sub.add_parser("reboot", help="end every process of a host and start it again, its disks kept "
                               "(a cloud maintenance event, a spot VM restarted)")
     p_reboot.add_argument("host")
+    p_reboot.add_argument("--down-for", type=float, default=60.0,
+                          help="seconds the host stays off, as a VM's reboot takes (default 60)")
     p_shape = sub.add_parser("shape", help="cap the link between hosts (tc tbf), or RATE=none")
     p_shape.add_argument("rate", help="e.g. 100mbit, 1gbit, none")
     args = parser.parse_args(argv)
@@ -319,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "status":
             return status(LabConfig(prefix=args.prefix))
         elif args.command == "reboot":
-            reboot(saved_config(args.prefix) or LabConfig(prefix=args.prefix), args.host)
+            reboot(saved_config(args.prefix) or LabConfig(prefix=args.prefix), args.host, args.down_for)
         elif args.command == "shape":
             shape(LabConfig(prefix=args.prefix), args.rate)
     except (LabError, ValueError) as err:

@@ -235,3 +235,33 @@ def test_interrupted_bench_step_leaves_no_cap_and_no_process(data_ready):
     assert "cap removed on v100a, v100b" in text, text
     assert "stopped bench-" in text, text
     assert not leftovers(data_ready.cfg)
+
+
+def test_a_killed_controller_mid_bench_step_leaves_no_cap_and_no_rank_within_two_minutes(data_ready):
+    """The controller's `fab` dies mid-sweep (SIGKILL: no `finally`; or a laptop asleep, offline): each
+    host's lease (train.agent.lease) is no longer renewed, and after its minute the host stops the
+    benchmark's ranks and removes the cap by itself."""
+    env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
+    proc = subprocess.Popen([FAB, "bench-step", "--rates", "100mbit,none", "--updates", "500"], cwd=TOP, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:
+            if "the cap changes under it" in line or time.monotonic() > deadline:
+                break
+        time.sleep(10)  # the cap is on, both ranks train
+        assert leftovers(data_ready.cfg), "nothing to leave behind: the sweep did not start"
+        proc.kill()  # by the PID this test started
+        proc.wait()
+        killed = time.monotonic()
+        while leftovers(data_ready.cfg) and time.monotonic() - killed < 120:
+            time.sleep(3)
+        took, left = time.monotonic() - killed, leftovers(data_ready.cfg)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if leftovers(data_ready.cfg):
+            data_ready.shape("none")
+            fab(data_ready, "stop", check=False)
+    assert not left, left
+    print(f"controller killed mid-bench-step: no rank and no cap left {took:.0f} s later (lease of 60 s)")

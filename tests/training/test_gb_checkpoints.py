@@ -92,16 +92,16 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
                             follower, poll_s=0.2)
             down = time.monotonic()
             set_links(cfg, "v100a", "down")
-            again, lost = follower.wait_for(r"v100a lost at update ([\d,]+) \(unreachable\); continuing on v100b "
-                                            r"from update (\d+), update-freq 2(; checkpoint from [^\n]*)?", 600)
-            resumed = int(lost.group(2))
+            again, lost = follower.wait_for(r"generation \d+: v100b from update (?P<resumed>\d+) \((?P<source>\S+)'s "
+                                            r"checkpoint\), update-freq 2; v100a lost at update (?P<at>[\d,]+)", 600)
+            resumed = int(lost.group("resumed"))
             wait_for(lambda: any(int(r["num_updates"]) > resumed for r in
                                  inner_records(log_of(cfg, "v100b", RUN).split("Loaded checkpoint")[-1])),
                      600, "v100b training again", follower)
             training_again = time.monotonic()
             set_links(cfg, "v100a", "up")
-            _, back = follower.wait_for(r"v100a is back: growing to v100a, v100b from update (\d+), update-freq 1",
-                                        600)
+            _, back = follower.wait_for(r"generation \d+: v100a, v100b from update (\d+) \(\S+'s checkpoint\), "
+                                        r"update-freq 1; v100a rejoined", 600)
             follower.proc.wait(timeout=900)
             follower.reader.join(timeout=10)
         finally:
@@ -115,12 +115,12 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
     out = follower.out
     grown = re.findall(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)", log)
     print(f"checkpoint {size / 1e6:.0f} MB, controller link {LAPTOP_LINK}: v100a lost with the controller's copy "
-          f"under way at update {lost.group(1)} -> went on from {lost.group(2)}, restart said in "
-          f"{again - down:.0f} s, training again in {training_again - down:.0f} s"
-          f"{lost.group(3) or ''}; grew back at update {back.group(1)}; the controller received "
+          f"under way at update {lost.group('at')} -> went on from {resumed} ({lost.group('source')}'s copy), "
+          f"restart said in {again - down:.0f} s, training again in {training_again - down:.0f} s; "
+          f"grew back at update {back.group(1)}; the controller received "
           f"{moved / 1e6:,.0f} MB from the hosts in all")
     assert follower.proc.returncode == 0, out[-4000:]
-    assert lost.group(3) == "; checkpoint from v100b, host to host", out[-3000:]
+    assert lost.group("source") == "v100b", out[-3000:]  # its own copy, fetched host to host
     said = re.search(r"checkpoints through the controller: ([\d,]+) MB \(--backup every:60\)", out)
     assert said, out[-3000:]
     assert grown and int(grown[-1][1]) == int(back.group(1)), grown

@@ -86,14 +86,18 @@ def test_a_detached_run_goes_on_without_a_lost_host_takes_it_back_and_survives_r
                          and ranks(cfg, "v100a", run_id), 180)
         at = update(cfg, run_id)
         wait_for(lambda: update(cfg, run_id) > at, 60)  # training again, alone
+        asked = time.monotonic()  # fab status names the host it cannot reach, without waiting out SSH
+        status = fab(data_ready, "status", "--run", run_id, check=False)
+        assert status.returncode != 0 and re.search(r"v100b\s*│[^│]*│\s*unreachable", status.stdout), status.stdout
+        assert time.monotonic() - asked < 30, f"fab status took {time.monotonic() - asked:.0f} s"
         set_links(cfg, "v100b", "up")
         back = wait_for(lambda: any(e["hosts"] == ["v100a", "v100b"] and e["generation"] > 1
                                     for e in timeline(cfg, "v100a", run_id)) and ranks(cfg, "v100b", run_id), 300)
         joined = timeline(cfg, "v100a", run_id)[-1]
         assert "v100b rejoined" in joined["why"], joined
         started = time.monotonic()
-        subprocess.run([str(TOP / ".venv/bin/python"), "-m", "lab", "--prefix", cfg.prefix, "reboot", "v100a"],
-                       cwd=TOP, check=True, capture_output=True)
+        subprocess.run([str(TOP / ".venv/bin/python"), "-m", "lab", "--prefix", cfg.prefix, "reboot", "v100a",
+                        "--down-for", "40"], cwd=TOP, check=True, capture_output=True)
         def v100b_alone():
             """v100b trains alone, after the rejoin"""
             return [e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"]

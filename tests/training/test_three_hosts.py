@@ -128,8 +128,9 @@ def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, 
         wait_for_update(cfg, run_id, 30)  # past the first checkpoint (25)
         down = time.monotonic()
         set_links(cfg, "v100c", "down")
-        said_at, lost = follower.wait_for(r"v100c lost at update ([\d,]+) \(unreachable\); continuing on v100a, "
-                                          r"v100b from update (\d+), update-freq 2", timeout=180)
+        said_at, lost = follower.wait_for(r"generation \d+: v100a, v100b from update (?P<resumed>\d+) \(\S+'s "
+                                          r"checkpoint\), update-freq 2; v100c lost at update (?P<at>[\d,]+)",
+                                          timeout=180)
         up = time.monotonic()  # back as soon as the run went on without it
         set_links(cfg, "v100c", "up")
         deadline = time.monotonic() + 120
@@ -137,16 +138,14 @@ def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, 
             time.sleep(1)
         trained_at = time.monotonic()
         loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)
-        assert loaded and int(loaded[-1]) == int(lost.group(2)), loaded
-        print(f"v100c lost at update {lost.group(1)}: said {said_at - down:.0f} s after its link went down; "
+        assert loaded and int(loaded[-1]) == int(lost.group("resumed")), loaded
+        print(f"v100c lost at update {lost.group('at')}: said {said_at - down:.0f} s after its link went down; "
               f"v100a, v100b logged update {trained_since(log, 1)[0]} {trained_at - down:.0f} s after")
         assert trained_at - down <= 90, "the run did not go on on v100a, v100b within 90 s"
 
-        ready_at, _ = follower.wait_for(r"v100c answers again and passed the preflight", timeout=120)
-        back_at, back = follower.wait_for(r"v100c is back: growing to v100a, v100b, v100c from update (\d+), "
-                                          r"update-freq 1", timeout=300)
-        print(f"v100c's link up: preflight passed {ready_at - up:.0f} s after, grown to 3 hosts at update "
-              f"{back.group(1)} {back_at - up:.0f} s after")
+        back_at, back = follower.wait_for(r"generation \d+: v100a, v100b, v100c from update (\d+) \(\S+'s "
+                                          r"checkpoint\), update-freq 1; v100c rejoined", timeout=300)
+        print(f"v100c's link up: grown to 3 hosts at update {back.group(1)} {back_at - up:.0f} s after")
         follower.proc.wait(timeout=600)
         follower.reader.join(timeout=10)
     finally:
@@ -158,7 +157,7 @@ def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, 
     print(f"disturbed: {MAX_UPDATE} updates in {time.monotonic() - started:.0f} s")
     assert follower.proc.returncode == 0, out[-4000:]
     grown = int(back.group(1))
-    assert int(lost.group(2)) < grown < MAX_UPDATE
+    assert int(lost.group("resumed")) < grown < MAX_UPDATE
     log = log_of(cfg, "v100a", run_id)
     assert re.findall(r"training on (\d+) devices", log) == ["3", "2", "3"]
     last = log.split("Loaded checkpoint")[-1]  # the three hosts again, from the checkpoint at `grown`
@@ -167,16 +166,17 @@ def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, 
     assert after and after[0] > grown and after[-1] >= MAX_UPDATE - 10 and "done training" in last, after
     assert log_of(cfg, "v100c", run_id).count("initialized host v100c as rank 2") == 2  # at the start, and back
     members = json.loads((TOP / "reports" / run_id / "run.json").read_text())["members"]
-    assert [m["hosts"] for m in members] == [["v100a", "v100b", "v100c"], ["v100a", "v100b"],
-                                             ["v100a", "v100b", "v100c"]], members
-    assert [m["update_freq"] for m in members] == [1, 2, 1] and members[2]["why"] == f"v100c rejoined at update {grown}"
+    # the history the run went on with: v100a, v100b's, or v100c's (cut off, it trained alone too)
+    assert [m["hosts"] for m in members] in ([["v100a", "v100b", "v100c"], side, ["v100a", "v100b", "v100c"]]
+                                             for side in (["v100a", "v100b"], ["v100c"])), members
+    assert members[0]["update_freq"] == members[2]["update_freq"] == 1 and "v100c rejoined" in members[2]["why"]
     for name in cfg.names:
         assert training_processes(cfg, name) == [], name
 
     fab(three_hosts, "report", "--run", run_id)
     answers = {a["key"]: a for a in json.loads((TOP / "reports" / run_id / "answers.json").read_text())["answers"]}
-    assert answers["members"]["numbers"]["changes"] == [f"v100c lost at {lost.group(1)}",
-                                                        f"v100c rejoined at {grown:,}"], answers["members"]
+    changes = answers["members"]["numbers"]["changes"]
+    assert len(changes) == 2 and " lost at " in changes[0] and changes[1] == f"v100c rejoined at {grown:,}", changes
     assert "Membership (which hosts trained when)" in (TOP / "reports" / run_id / "index.html").read_text()
 
     reference = final_valid_loss(log_of(cfg, "v100a", undisturbed[0]))

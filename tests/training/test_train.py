@@ -142,22 +142,27 @@ def test_stop_then_resume_continues_from_the_saved_update_on_both_hosts(data_rea
     assert check.stdout.strip().endswith("True"), check.stdout + check.stderr
 
 
-def test_killing_one_rank_stops_the_other_within_a_minute(data_ready):
+def test_a_killed_rank_is_restarted_by_the_hosts_keepers_from_the_newest_checkpoint(data_ready):
+    """v100b's rank dies as in a crash or the OOM killer, nobody following: the hosts' keepers start the
+    same hosts again from the newest checkpoint (no host is lost: both answer), and `fab status` lists
+    the restart with its reason."""
     cfg = data_ready.cfg
-    fab(data_ready, "train", "--new", "--detach", "--set", "max_update=100000")
-    run_id = latest_run_id()
-    wait_for_update(cfg, run_id, 10)
-    # The rank dies as in a crash or the OOM killer.
+    run_id = time.strftime("run-killed-%Y%m%d-%H%M%S")
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000")
+    wait_for_update(cfg, run_id, 60)  # past the first checkpoint (50)
     ssh(cfg, "v100b", KILL_THE_RANK)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and training_processes(cfg, "v100a"):
-        time.sleep(2)
-    left = training_processes(cfg, "v100a")
-    fab(data_ready, "stop", check=False)
-    assert left == [], f"v100a still trains a minute after v100b's rank died: {left}"
-    status = fab(data_ready, "status", check=False).stdout
-    assert re.search(r"v100b\s*│\s*1\s*│\s*died: killed by SIGKILL", status), status
-    assert "ended early: v100b: rank 1 killed by SIGKILL at update" in status, status
+    killed = time.monotonic()
+    try:
+        while time.monotonic() - killed < 120 and log_of(cfg, "v100a", run_id).count("Loaded checkpoint") < 2:
+            time.sleep(2)
+        took = time.monotonic() - killed
+        status = fab(data_ready, "status", "--run", run_id, check=False).stdout
+    finally:
+        fab(data_ready, "stop", "--run", run_id, check=False)
+    assert log_of(cfg, "v100a", run_id).count("Loaded checkpoint") == 2, f"no restart in {took:.0f} s"
+    assert re.search(r"generation 2: v100a, v100b from update \d+ \(v100a's checkpoint\).*ranks ended at update",
+                     " ".join(status.split())), status
+    print(f"v100b's rank killed: both hosts training again from the checkpoint {took:.0f} s later")
 
 
 def test_following_a_run_whose_rank_is_killed_fails_naming_the_culprit(data_ready):
@@ -183,27 +188,21 @@ def test_following_a_run_whose_rank_is_killed_fails_naming_the_culprit(data_read
     assert re.search(r"v100b: rank 1 killed by SIGKILL at update \d+; the others stopped", out), out[-3000:]
 
 
-def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_ready):
-    """Rank 0's host (v100a) vanishes once the controller holds a checkpoint, and v100b's own copy
-    is removed as it goes, so the controller's copy is the only one left: the run goes on on v100b
-    alone from it (update-freq 2), reaches its last update, and `fab report` marks the change.
+def test_losing_rank_0s_host_goes_on_on_v100b_from_its_own_copy(data_ready):
+    """Rank 0's host (v100a) vanishes (both cables) while `fab train` follows: v100b's keeper, which
+    fetched each of rank 0's checkpoints, goes on alone from its copy (update-freq 2), reaches the
+    last update, the follower ends with it, and `fab report` marks the change.
     The run is named: reports/latest is shared by everyone training from this checkout. (Losing
     a host that is not rank 0's: tests/training/test_three_hosts.py.)"""
     cfg = data_ready.cfg
     env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
     run_id = time.strftime("run-rank0-lost-%Y%m%d-%H%M%S")
-    copy = TOP / "reports" / run_id / "checkpoints" / "checkpoint_last.pt"
     follower = subprocess.Popen([FAB, "train", "--new", "--run", run_id, "--set",
                                  f"max_update=70,save_interval_updates=10,{QUICK_HEARTBEAT}"], cwd=TOP, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_update(cfg, run_id, 22)
-        deadline = time.monotonic() + 90  # the follower backs rank 0's checkpoint up every 30 s
-        while not copy.exists() and time.monotonic() < deadline:
-            time.sleep(1)
-        assert copy.exists(), "the controller holds no copy of rank 0's checkpoint"
         set_links(cfg, "v100a", "down")
-        ssh(cfg, "v100b", f"rm -f {RUNS}/{run_id}/checkpoints/checkpoint_*.pt")
         out, _ = follower.communicate(timeout=600)
     finally:
         set_links(cfg, "v100a", "up")
@@ -216,10 +215,10 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_rea
                       r"(checkpoint\s+every\s+10\s+updates\s+\([^)]*\));", out)
     assert start, out[:3000]  # bounded loss: the interval, and its time or that it is unmeasured
     print(" ".join(start.group(1).split()))
-    said = re.search(r"v100a lost at update ([\d,]+) \(unreachable\); continuing on v100b from update (\d+), "
-                     r"update-freq 2", out)
+    said = re.search(r"generation 2: v100b from update (\d+) \(v100b's checkpoint\), update-freq 2; "
+                     r"v100a lost at update ([\d,]+)", out)
     assert said, out[-4000:]
-    resumed = int(said.group(2))
+    resumed, lost_at = int(said.group(1)), said.group(2)
     log = log_of(cfg, "v100b", run_id)
     loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)
     assert loaded and int(loaded[-1]) == resumed, loaded
@@ -228,11 +227,11 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_the_controllers_copy(data_rea
     assert "done training" in log
     members = json.loads((TOP / "reports" / run_id / "run.json").read_text())["members"]
     assert [m["hosts"] for m in members] == [["v100a", "v100b"], ["v100b"]], members
-    print(f"v100a lost at update {said.group(1)}; v100b went on from {resumed} (the controller's copy)")
+    print(f"v100a lost at update {lost_at}; v100b went on from {resumed} (its own copy)")
 
     fab(data_ready, "report", "--run", run_id)
     answers = {a["key"]: a for a in json.loads((TOP / "reports" / run_id / "answers.json").read_text())["answers"]}
-    assert answers["members"]["numbers"]["changes"] == [f"v100a lost at {said.group(1)}"], answers["members"]
+    assert answers["members"]["numbers"]["changes"] == [f"v100a lost at {lost_at}"], answers["members"]
     assert "Membership (which hosts trained when)" in (TOP / "reports" / run_id / "index.html").read_text()
     # the progress is v100a's log up to the loss, then v100b's: collected from both
     from train.report import answers as A
@@ -254,60 +253,32 @@ def run_processes(run_id: str) -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-def test_a_host_whose_network_vanishes_leaves_nothing_running_with_nobody_following(data_ready):
-    """v100b's link goes down while the run is detached: no controller will stop anything. Each
-    rank is blocked in an all_reduce. The heartbeat here is 10 minutes, as a slow link's all-reduce
-    of a large model needs (presets.failure_timeout_s): it cannot be what ends them in time. Each
-    host's watchdog asks its peer on the cluster network and ends its own ranks once the peer has
-    been silent 45 s (train.agent.monitor.PeerWatch)."""
-    cfg = data_ready.cfg
-    fab(data_ready, "train", "--new", "--detach", "--set", "max_update=100000,heartbeat_timeout=600")
-    run_id = latest_run_id()
-    wait_for_update(cfg, run_id, 10)
-    set_links(cfg, "v100b", "down")
-    cut = time.monotonic()
-    try:
-        while run_processes(run_id) and time.monotonic() - cut < 120:
-            time.sleep(2)
-        took, left = time.monotonic() - cut, run_processes(run_id)
-        started = time.monotonic()
-        status = fab(data_ready, "status", check=False)
-        status_s = time.monotonic() - started
-    finally:
-        set_links(cfg, "v100b", "up")
-    if left:
-        fab(data_ready, "stop", check=False)
-    assert left == [], f"{len(left)} processes of the run still up {took:.0f} s after v100b vanished: {left}"
-    assert took < 75, f"the run took {took:.0f} s to end"  # the peer silent 45 s (+ probes), then torchrun
-    print(f"every process of the run gone {took:.0f} s after v100b's link went down (heartbeat 600 s)")
-    assert re.search(r"tandem watchdog: peer \S+ has not answered on the cluster network for 45 s",
-                     log_of(cfg, "v100a", run_id))
-    # fab status names the host it cannot reach, and does not wait out SSH's patience
-    assert status.returncode != 0 and re.search(r"v100b\s*│\s*1\s*│\s*unreachable", status.stdout), status.stdout
-    assert status_s < 30, f"fab status took {status_s:.0f} s with v100b unreachable"
-
-
-def test_a_frozen_host_leaves_nothing_running_with_nobody_following(data_ready):
-    """v100b's ranks are frozen (SIGSTOP: a VM paused by its provider, a process stuck in the
-    kernel) while the run is detached. v100a's rank blocks on them; its heartbeat ends it, and the
-    frozen rank, which can end nothing itself, must not stay behind holding v100b's GPU."""
+def test_a_frozen_host_leaves_no_frozen_rank_behind_and_the_run_goes_on(data_ready):
+    """v100b's ranks are frozen (SIGSTOP: a VM paused by its provider, a process stuck in the kernel)
+    while the run is detached. v100a's rank blocks on them; its heartbeat ends it, the keepers start
+    both hosts again, and the frozen ranks, which can end nothing themselves, are killed on the way."""
     cfg = data_ready.cfg
     run_id = time.strftime("run-frozen-%Y%m%d-%H%M%S")  # named: reports/latest is shared by the checkout
     fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", f"max_update=100000,{QUICK_HEARTBEAT}")
-    wait_for_update(cfg, run_id, 10)
+    wait_for_update(cfg, run_id, 60)
+    frozen_pids = ssh(cfg, "v100b", "pgrep -f 'python[0-9.]* -u -m train[.]agent[.]fairseq_train'").stdout.split()
     ssh(cfg, "v100b", "pkill -STOP -f 'python[0-9.]* -u -m train[.]agent[.]fairseq_train'")
     frozen = time.monotonic()
-    while run_processes(run_id) and time.monotonic() - frozen < 120:
-        time.sleep(2)
-    took, left = time.monotonic() - frozen, run_processes(run_id)
-    if left:
-        fab(data_ready, "stop", check=False)
-    assert left == [], f"{len(left)} processes of the run still up {took:.0f} s after v100b froze: {left}"
-    assert took < 65, f"the run took {took:.0f} s to end"  # the heartbeat (20 s), the watchdog 15 s later
-    print(f"every process of the run gone {took:.0f} s after v100b's ranks froze")
-    status = fab(data_ready, "status", "--run", run_id, check=False)
-    assert re.search(r"v100b\s*│\s*1\s*│\s*died: frozen \(stopped \d+ s\), killed by tandem.s watchdog",
-                     status.stdout), status.stdout
+    try:
+        def frozen_left():
+            return [p for p in frozen_pids if ssh(cfg, "v100b", f"test -d /proc/{p}").returncode == 0]
+        while frozen_left() and time.monotonic() - frozen < 150:
+            time.sleep(2)
+        took = time.monotonic() - frozen
+        left = frozen_left()
+        while time.monotonic() - frozen < 240 and log_of(cfg, "v100a", run_id).count("Loaded checkpoint") < 2:
+            time.sleep(2)
+        again = time.monotonic() - frozen
+    finally:
+        fab(data_ready, "stop", "--run", run_id, check=False)
+    assert left == [], f"v100b's frozen ranks {left} still there {took:.0f} s after they froze"
+    assert log_of(cfg, "v100a", run_id).count("Loaded checkpoint") == 2, "the run did not go on"
+    print(f"v100b's ranks froze: gone {took:.0f} s later, both hosts training again after {again:.0f} s")
 
 
 @pytest.mark.parametrize("args, message", [

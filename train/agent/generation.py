@@ -216,7 +216,7 @@ def timeline_entry(gen: Generation, update_freq: int | None = None, ranks: int |
     entry = {"generation": gen.number, "hosts": list(gen.members), "time": gen.time, "why": gen.reason,
              "from_update": (gen.source or {}).get("update", 0) if gen.members else None,
              "at_update": gen.at_update, "update_freq": update_freq, "ranks": ranks,
-             "source": (gen.source or {}).get("host")}
+             "source": (gen.source or {}).get("host"), "source_generation": (gen.source or {}).get("generation")}
     if "lost at update" in gen.reason:
         entry["lost"] = gen.reason.split(" lost at update")[0].split(", ")
         entry["lost_at"] = gen.at_update

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,15 @@ def _write_json(path: Path, data) -> None:
 
 def _say(text: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}", flush=True)
+
+
+ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception)\b.*|exitcode\s*:.*|.*Killing job.*)$")
+
+
+def how_ranks_ended(lines: list[str]) -> str:
+    """The last line of the log that says why the ranks ended (an exception, torchrun's exit code)."""
+    said = [line.strip() for line in lines if ERROR_LINE.match(line)]
+    return said[-1][-200:] if said else "its ranks exited"
 
 
 class Keeper:
@@ -164,8 +174,7 @@ class Keeper:
         ranks = self.ranks()
         how = ""
         if ranks == ENDED:
-            errors = [line for line in tail(self.log(), 40) if "Error" in line or "error" in line]
-            how = (errors[-1].strip()[-200:] if errors else "its ranks exited")
+            how = how_ranks_ended(tail(self.log(), 80))
         return View(host=self.me, generation=self.generation, checkpoint=self.checkpoint, ranks=ranks,
                     active=self.active, update=self.last_update(), how=how,
                     stopping=(self.dir / "stop").exists())

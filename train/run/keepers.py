@@ -18,7 +18,7 @@ import json
 import secrets
 import time
 
-from ..cluster import ClusterError, Host, on_each, run_all, world_size
+from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
 from . import batching
 from .elastic import scaled_update_freq
 from .launch import host_commands
@@ -78,6 +78,29 @@ def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = Tr
         raise ClusterError("could not start the run's keepers (the others were stopped):\n  " + "\n  ".join(problems))
 
 
+def add(run: Run, current: list[Host], joining: list[Host]) -> None:
+    """Start the keeper of hosts the run lost whose own keeper does not run (a replaced VM, a keeper that
+    ended): each gets the spec the current keepers hold (their token, every membership's commands), and
+    the leader takes it back at rank 0's next checkpoint. Only hosts the run started with: a host it
+    never had needs a new start (`fab train --hosts ...` on the stopped run)."""
+    kdir = f"{run.remote_dir}/keeper"
+    with connect(current[0]) as conn:
+        told = json.loads(conn.run(f"cat {kdir}/spec.json", hide=True, in_stream=False).stdout)
+    strangers = [h.name for h in joining if h.name not in told["order"]]
+    if strangers:
+        raise ClusterError(f"{', '.join(strangers)} never trained in {run.run_id} (it started on "
+                           f"{', '.join(told['order'])}): `fab stop`, then `fab train --hosts ...` on all of them")
+
+    def one(host: Host, conn):
+        conn.run(f"mkdir -p {kdir} && rm -f {kdir}/stop {kdir}/ended", hide=True, in_stream=False)
+        conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
+        return conn.run(agent_command(host, "keeper", "launch", "--run", run.remote_dir), hide=True, in_stream=False)
+
+    problems = on_each(joining, one).problems()
+    if problems:
+        raise ClusterError("could not start the keepers of the hosts rejoining:\n  " + "\n  ".join(problems))
+
+
 def stop(run: Run, hosts: list[Host], wait_s: float = 20):
     """Every host's keeper told to stop (its peers hear it), then its ranks: launch.stop's answers."""
     return run_all(hosts, agent_command(hosts[0], "keeper", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}"),
@@ -108,6 +131,26 @@ def timeline(states) -> list[dict]:
     return sorted(out, key=lambda e: (e.get("generation") or 0, e.get("time") or 0))
 
 
+def lineage(entries: list[dict]) -> list[dict]:
+    """The generations the run's newest checkpoint descends from, oldest first: after a split, the side
+    whose history was set aside is left out (`fab status` still lists it)."""
+    by_generation: dict[int, list[dict]] = {}
+    for entry in entries:
+        by_generation.setdefault(entry.get("generation") or 0, []).append(entry)
+    chain, entry = [], entries[-1] if entries else None
+    while entry is not None:
+        chain.append(entry)
+        parent = entry.get("source_generation")
+        if not parent or parent >= (entry.get("generation") or 0):
+            # a start from no checkpoint, or one made before the keepers: the previous generation
+            earlier = [e for e in entries if (e.get("generation") or 0) < (entry.get("generation") or 0)]
+            entry = None if not parent and entry.get("from_update") in (0, None) else (earlier[-1] if earlier else None)
+            continue
+        held = [e for e in by_generation.get(parent, []) if entry.get("source") in (e.get("hosts") or [])]
+        entry = (held or by_generation.get(parent) or [None])[-1]
+    return chain[::-1]
+
+
 def sync(run: Run, states) -> list[dict]:
     """The run record brought up to what the keepers decided (its hosts, update-freq, membership);
     returns the changes it did not know yet."""
@@ -117,7 +160,7 @@ def sync(run: Run, states) -> list[dict]:
     known = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in run.members}
     fresh = [e for e in entries if (e.get("generation"), tuple(e.get("hosts") or ())) not in known]
     last = entries[-1]
-    run.members = entries
+    run.members = lineage(entries)
     if last.get("hosts"):
         run.hosts = list(last["hosts"])
         run.update_freq = int(last.get("update_freq") or run.update_freq)
@@ -154,4 +197,6 @@ def change_line(entry: dict) -> str:
     if entry.get("source"):
         start += f" ({entry['source']}'s checkpoint)"
     freq = f", update-freq {entry['update_freq']}" if entry.get("update_freq") else ""
+    if entry.get("ranks") and entry["ranks"] != len(entry.get("hosts") or []):
+        freq += f", {entry['ranks']} ranks"
     return f"{when} generation {entry.get('generation')}: {hosts} {start}{freq}; {entry.get('why', '')}"

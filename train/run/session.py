@@ -193,18 +193,14 @@ def rejoin_hosts(known: list[Host], run_id: str | None) -> list[Host]:
 
 def grow_running(run: Run, current: list[Host], joining: list[Host], known: list[Host], request: TrainRequest,
                  console) -> None:
-    """A run training on fewer hosts than asked: the joining hosts' preflight, then it grows at rank
-    0's next checkpoint (train.run.rejoin.grow_once), then following as usual."""
+    """A run training on fewer hosts than asked: the joining hosts' keepers started (where theirs does
+    not run), and the current ones take them back at rank 0's next checkpoint; then following as usual."""
     names = ", ".join(h.name for h in joining)
     console.print(f"{run.run_id} is training on {', '.join(h.name for h in current)}; "
                   f"{names} rejoin{'s' if len(joining) == 1 else ''} at its next checkpoint")
-    grown = rejoining.grow_once(run, current, joining, say=lambda text: console.print(f"[cyan]{text}[/]"))
-    if grown is None:
-        console.print(f"{run.run_id} stopped before its next checkpoint; `fab train` resumes it on "
-                      f"{', '.join(h.name for h in [*current, *joining])}")
-        return
+    keepers.add(run, current, joining)  # the hosts' keepers take them back; following only watches
     if not request.detach:
-        follow_to_the_end(run, grown, request, known, console)
+        follow_to_the_end(run, current, request, known, console)
 
 
 def set_comm(run: Run, comm: str, resuming: bool, console) -> None:

@@ -110,3 +110,13 @@ def test_a_lost_rank_0_host_is_named_at_its_last_heard_update_and_not_elastic_st
     assert "v100a lost at update 57" in new.reason and new.at_update == 57
     stopped = decide("v100b", ORDER, views, {"v100b"}, 100, LeaderMemory(), elastic=False)
     assert stopped.members == () and stopped.stopped and "--no-elastic" in stopped.reason
+
+
+def test_how_ranks_ended_is_the_logs_last_word_on_it_not_a_traceback_frame():
+    from train.agent.keeper import how_ranks_ended
+
+    lines = ['  File "/opt/tandem/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1028, in main',
+             "torch.distributed.elastic.multiprocessing.api.SignalException: Process 3033 got signal: 15"]
+    assert how_ranks_ended(lines).startswith("torch.distributed.elastic.multiprocessing.api.SignalException")
+    assert how_ranks_ended(["  exitcode  : -9 (pid: 1234)"]) == "exitcode  : -9 (pid: 1234)"
+    assert how_ranks_ended(["INFO | train_inner | {}"]) == "its ranks exited"

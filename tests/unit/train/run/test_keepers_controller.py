@@ -1,0 +1,64 @@
+"""What the controller tells the hosts' keepers, and how it reads their record (train.run.keepers)."""
+
+from train.cluster import Host
+from train.run import keepers
+from train.run.launch import HostState
+from train.run.record import Run
+
+HOSTS = [Host("v100a", "10.0.0.1", cluster_address="172.30.0.11"),
+         Host("v100b", "10.0.0.2", cluster_address="172.30.0.12")]
+
+
+def test_every_membership_gets_its_commands_with_the_batch_kept():
+    run = Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
+    told = keepers.spec(run, HOSTS)
+    assert set(told["commands"]) == {"v100a,v100b", "v100a", "v100b"}
+    assert told["update_freq"] == {"v100a,v100b": 1, "v100a": 2, "v100b": 2}
+    alone = told["commands"]["v100b"]["v100b"]
+    assert "--nnodes 1 --node_rank 0 --master_addr 172.30.0.12" in alone and "--update-freq 2" in alone
+    both = told["commands"]["v100a,v100b"]["v100b"]
+    assert "--nnodes 2 --node_rank 1 --master_addr 172.30.0.11" in both and "--update-freq" not in both
+    assert told["addresses"] == {"v100a": "172.30.0.11", "v100b": "172.30.0.12"}
+    assert told["port"] == run.master_port + keepers.PORT_OFFSET
+
+
+def keeper(timeline, alive=True, ended=""):
+    return {"keeper": alive, "ended": ended, "timeline": timeline, "generation": None}
+
+
+def test_the_record_merges_every_hosts_timeline_once_and_follows_the_newest_membership(tmp_path, monkeypatch):
+    monkeypatch.setattr("train.run.record.REPORTS", tmp_path)
+    run = Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
+    start = {"generation": 1, "hosts": ["v100a", "v100b"], "time": 1.0, "why": "start", "update_freq": 1}
+    lost = {"generation": 2, "hosts": ["v100b"], "time": 2.0, "why": "v100a lost at update 57", "update_freq": 2,
+            "from_update": 50, "source": "v100b"}
+    states = [HostState("v100a", False, False, None, []),
+              HostState("v100b", True, True, None, [], keeper=keeper([start, lost]))]
+    assert keepers.sync(run, states) == [start, lost]
+    assert run.hosts == ["v100b"] and run.update_freq == 2 and run.members == [start, lost]
+    assert keepers.sync(run, states) == []  # nothing new
+    assert keepers.rank_order(run, states)[0].name == "v100b"
+    assert keepers.keeper_ended(states) is None  # v100b's keeper keeps the run
+    assert "generation 2: v100b from update 50 (v100b's checkpoint), update-freq 2; v100a lost at update 57" \
+        in keepers.change_line(lost)
+
+
+def test_the_run_is_over_once_no_reachable_keeper_runs():
+    ended = [HostState(n, False, True, None, [], keeper=keeper([], alive=False, ended=why))
+             for n, why in (("v100a", "finished"), ("v100b", "stopped (fab stop on v100a)"))]
+    assert keepers.keeper_ended(ended) == "finished"
+
+
+def test_after_a_split_the_record_keeps_the_history_the_run_went_on_with():
+    def e(generation, hosts, source=None, source_generation=None, from_update=0):
+        return {"generation": generation, "hosts": hosts, "source": source, "source_generation": source_generation,
+                "from_update": from_update, "time": float(generation)}
+
+    start = e(1, ["v100a", "v100b"])
+    a_alone, b_alone = e(2, ["v100a"], "v100a", 1, 50), e(2, ["v100b"], "v100b", 1, 50)
+    merged_from_b = e(3, ["v100a", "v100b"], "v100b", 2, 120)
+    assert keepers.lineage([start, a_alone, b_alone, merged_from_b]) == [start, b_alone, merged_from_b]
+    merged_from_a = e(3, ["v100a", "v100b"], "v100a", 2, 110)
+    assert keepers.lineage([start, a_alone, b_alone, merged_from_a]) == [start, a_alone, merged_from_a]
+    restarted = e(4, ["v100a", "v100b"], "v100a", 3, 150)
+    assert keepers.lineage([start, a_alone, b_alone, merged_from_a, restarted])[-2:] == [merged_from_a, restarted]
