@@ -234,8 +234,11 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
 def report(c, hosts, run=None, link_mbps=None):
     """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
     from train.report.collect import report as make_report
+    from train.run import keepers
 
-    make_report(Run.load(run), hosts, float(link_mbps) if link_mbps else None, console)
+    the_run = Run.load(run)
+    keepers.sync(the_run, launch.states(the_run, the_run.known_of(hosts)))  # the hosts' membership record
+    make_report(the_run, hosts, float(link_mbps) if link_mbps else None, console)
 
 
 @task(help={

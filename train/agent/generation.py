@@ -29,6 +29,7 @@ Pure: data in, data out (tests/unit/train/agent/test_generation.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 RUNNING, ENDED, IDLE, FINISHED = "running", "ended", "idle", "finished"
@@ -223,3 +224,19 @@ def timeline_entry(gen: Generation, update_freq: int | None = None, ranks: int |
     if "rejoined at update" in gen.reason:
         entry["joined"] = gen.reason.split(" rejoined at update")[0].split(", ")
     return entry
+
+
+def change_line(entry: dict) -> str:
+    """A membership change in one line, as following, `fab status` and `fab watch` say it:
+    `04:34:02 generation 2: v100a from update 150 (v100a's checkpoint), update-freq 2; v100b lost at ...`."""
+    hosts = ", ".join(entry.get("hosts") or []) or "no host"
+    when = time.strftime("%H:%M:%S", time.localtime(entry["time"])) if entry.get("time") else "?"
+    start = f"from update {entry.get('from_update') or 0:,}"
+    if entry.get("source"):
+        start += f" ({entry['source']}'s checkpoint)"
+    if entry.get("update_freq"):
+        start += f", update-freq {entry['update_freq']}"
+    if entry.get("ranks") and entry["ranks"] != len(entry.get("hosts") or []):
+        start += f", {entry['ranks']} ranks"
+    return f"{when} generation {entry.get('generation')}: {hosts} {start}; {entry.get('why', '')}"
+

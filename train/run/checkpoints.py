@@ -1,8 +1,7 @@
-"""Where a run's checkpoints live and how they travel: host to host over the cluster network first,
-the controller's copy as the backup when rank 0's host is lost.
-
-fairseq saves on rank 0 only; at a resume a rank that finds no checkpoint skips the broadcast and
-deadlocks, so every host of a (re)start gets rank 0's checkpoint first (`share_checkpoint`).
+"""Where a run's checkpoints live besides the hosts' keepers' copies (train.agent.replica): the
+controller's bounded backup of rank 0's newest (`--backup`), read back onto a host where a resume
+finds no host holding one; what each host holds (`held`); the host-to-host rsync line prepare-data
+spreads datasets with (`to_peers_command`), and the push benchmarks/push_lab.py measures.
 """
 
 from __future__ import annotations
@@ -217,49 +216,6 @@ def controller_update(local: Path) -> int | None:
 
 
 @dataclass(frozen=True)
-class Shared:
-    """Where the checkpoint every host now holds came from, and the update it resumes from."""
-
-    update: int
-    source: str  # a host's name, or "the controller's copy"
-
-
-def share_checkpoint(run: Run, hosts: list[Host]) -> Shared | None:
-    """Make the newest checkpoint_last.pt (and best) that any of `hosts` holds available on every
-    one of them: fairseq saves on rank 0 only, and at a resume a rank that finds no checkpoint
-    skips the broadcast and deadlocks. Host to host over the cluster network; the controller's copy
-    only where no host holds one (or it is newer than every host's: rank 0's host lost before a
-    peer got its last save), then under CONTROLLER_COPY (a backup under way finishes first). A
-    restart that does not need the controller's copy never waits for it. None: no checkpoint
-    anywhere."""
-    save_dir = f"{run.remote_dir}/checkpoints"
-    local = run.local_dir / "checkpoints"
-    updates = held(run, hosts)
-    source = newest_holder(hosts, updates)
-    backup = controller_update(local)
-    if source is not None and (backup is None or updates[source.name] >= backup):
-        peers = [h for h in hosts if h is not source]
-        if not peers:
-            return Shared(updates[source.name], source.name)
-        try:
-            push_between_hosts(source, peers, save_dir)
-            return Shared(updates[source.name], source.name)
-        except LookupError:  # provisioned before the cluster key: through the controller
-            with CONTROLLER_COPY:
-                local.mkdir(parents=True, exist_ok=True)
-                fetched = fetch_checkpoints(source, save_dir, local)
-                upload_checkpoints(peers, save_dir, local, [n for n in CHECKPOINTS if (local / n).exists()], fetched)
-            return Shared(updates[source.name], source.name)
-    with CONTROLLER_COPY:  # the last resort: a backup under way is whole (or failed) before it is read
-        backup = controller_update(local)
-        if backup is None:
-            return None
-        upload_checkpoints(hosts, save_dir, local, [n for n in CHECKPOINTS if (local / n).exists()],
-                           ["checkpoint_last.pt"])
-    return Shared(backup, "the controller's copy")
-
-
-@dataclass(frozen=True)
 class BackupPolicy:
     """`--backup`: when the controller copies rank 0's newest checkpoint_last.pt off its host.
     `off`: never (the hosts hold each other's copies; losing every host that holds one loses the
@@ -295,19 +251,15 @@ DEFAULT_BACKUP = "every:60"  # README, "Checkpoints and the controller": why an 
 
 
 class Backup:
-    """While a run is followed, in the background (a GB copy must never hold up noticing a dead
-    rank): rank 0's every new checkpoint pushed to the next host over the cluster network (so a
-    survivor holds the newest when rank 0's host is lost), and, per `policy`, the newest
-    checkpoint_last.pt copied to the controller (the last resort), one at a time under
-    CONTROLLER_COPY. Neither is waited for by a restart that does not read the controller's
-    copy; `wait` only at the end."""
+    """While a run is followed, in the background: per `policy`, rank 0's newest checkpoint_last.pt
+    copied to the controller (the last resort, for a resume where no host holds one), one at a time
+    under CONTROLLER_COPY; `wait` only at the end. The hosts' keepers copy each save host to host
+    themselves (train.agent.replica)."""
 
     def __init__(self, run: Run, policy: BackupPolicy | None = None, say=print):
         self.run, self.policy, self.say = run, policy or BackupPolicy.parse(DEFAULT_BACKUP), say
-        self._push: threading.Thread | None = None
         self._fetch: threading.Thread | None = None
         self._copying: dict[str, str] = {}  # what each copy under way moves, in words
-        self._pushed: int | None = None
         self._fetched: int | None = None
         self._fetched_at: float | None = None
 
@@ -319,11 +271,6 @@ class Backup:
         """Start what is due and not under way; `saved`: rank 0's last saved update."""
         if saved is None:
             return
-        if len(hosts) > 1 and saved != self._pushed and not (self._push and self._push.is_alive()):
-            self._copying["push"] = f"update {saved} from {hosts[0].name} to {hosts[1].name}"
-            self._push = threading.Thread(target=self._to_peers, args=(list(hosts), saved), daemon=True,
-                                          name="push")
-            self._push.start()
         every = self.policy.every_s
         due = every is not None and saved != self._fetched and (
             self._fetched_at is None or time.monotonic() - self._fetched_at >= every)
@@ -333,18 +280,6 @@ class Backup:
             self._fetch = threading.Thread(target=self._to_controller, args=(hosts[0], saved), daemon=True,
                                            name="backup")
             self._fetch.start()
-
-    def _to_peers(self, hosts: list[Host], saved: int) -> None:
-        """To the next host only: one copy off rank 0's host is what losing it needs (a restart then
-        spreads the newest to every host), and every save to all N-1 peers would send 2.5 GB x (N-1)
-        from rank 0's NIC every few minutes, beside the all-reduce, for the big preset."""
-        try:
-            push_between_hosts(hosts[0], hosts[1:2], self.save_dir)
-            self._pushed = saved
-        except LookupError:
-            self._pushed = saved  # no cluster key: the controller's copy is all there is
-        except Exception as err:  # a peer gone mid-copy: the run goes on, and says so
-            self.say(f"checkpoint copy to the peers failed (training goes on): {type(err).__name__}: {err}")
 
     def _to_controller(self, source: Host, saved: int | None) -> None:
         try:
@@ -358,8 +293,7 @@ class Backup:
 
     def under_way(self) -> list[str]:
         """The copies under way, in words (`update 40 from v100a to v100b`)."""
-        return [self._copying[name] for name, thread in (("push", self._push), ("backup", self._fetch))
-                if thread is not None and thread.is_alive()]
+        return [self._copying["backup"]] if self._fetch is not None and self._fetch.is_alive() else []
 
     def wait(self, say=None) -> None:
         """Until the copies under way (if any) are whole or have failed; `say`, where given, is told
@@ -367,9 +301,8 @@ class Backup:
         if say is not None and (busy := self.under_way()):
             say(f"waiting for the checkpoint copy under way ({'; '.join(busy)}); Ctrl-C leaves it unfinished "
                 "(a partial copy is never used)")
-        for thread in (self._push, self._fetch):
-            if thread is not None:
-                thread.join()
+        if self._fetch is not None:
+            self._fetch.join()
 
     def leave(self) -> None:
         """A copy to the controller left unfinished (Ctrl-C twice): its partial file goes now, not

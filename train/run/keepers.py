@@ -18,6 +18,7 @@ import json
 import secrets
 import time
 
+from ..agent.generation import change_line  # noqa: F401 (what following and status say)
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
 from . import batching
 from .elastic import scaled_update_freq
@@ -187,16 +188,3 @@ def rank_order(run: Run, states):
     members = run.hosts
     first = [s for name in members for s in states if s.name == name]
     return first + [s for s in states if s.name not in members]
-
-
-def change_line(entry: dict) -> str:
-    """A membership change in one line, as following and `fab status` say it."""
-    hosts = ", ".join(entry.get("hosts") or []) or "no host"
-    when = time.strftime("%H:%M:%S", time.localtime(entry["time"])) if entry.get("time") else "?"
-    start = f"from update {entry.get('from_update') or 0:,}"
-    if entry.get("source"):
-        start += f" ({entry['source']}'s checkpoint)"
-    freq = f", update-freq {entry['update_freq']}" if entry.get("update_freq") else ""
-    if entry.get("ranks") and entry["ranks"] != len(entry.get("hosts") or []):
-        freq += f", {entry['ranks']} ranks"
-    return f"{when} generation {entry.get('generation')}: {hosts} {start}{freq}; {entry.get('why', '')}"

@@ -97,6 +97,12 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         if source := checkpoints.newest_holder([*current, *joining], held):
             console.print(f"resuming {run.run_id} from update {held[source.name]} (the newest checkpoint, on "
                           f"{source.name}; the hosts' keepers copy it to the others)")
+        elif (backup := checkpoints.controller_update(run.local_dir / "checkpoints")) is not None:
+            local = run.local_dir / "checkpoints"  # no host holds one: the controller's copy, to rank 0's host
+            checkpoints.upload_checkpoints(hosts[:1], f"{run.remote_dir}/checkpoints", local, ["checkpoint_last.pt"],
+                                           ["checkpoint_last.pt"])
+            console.print(f"resuming {run.run_id} from update {backup} (no host holds a checkpoint: the "
+                          f"controller's copy, uploaded to {hosts[0].name})")
         if joining:
             at = held[source.name] if source else 0
             console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at, hosts[0].ranks)}[/]")

@@ -24,6 +24,7 @@ KEEP_LOG_LINES = 50_000  # rank 0 logs a statistics line every log_interval upda
 CONNECT_S = 10.0  # SSH connect and handshake; a host never reached yet is "connecting" meanwhile
 GIVE_UP_S = 20.0  # a request this old is abandoned (its connection closed) and the host reconnected
 SECTION = "@@tandem-watch"
+TIMELINE = "keeper/timeline.jsonl"  # every membership change the host's keeper recorded
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Reading:
     error: str | None = None
     answered_at: float | None = None  # time.time() of the last answer
     ranks: int | None = None  # ranks on this host (train.cluster.Host.ranks); None: one per GPU, at least one
+    membership: list[dict] = field(default_factory=list)  # its keeper's record (train.agent.keeper), oldest first
 
 
 def read_command(run_dir: str, offsets: dict[str, int], with_log: bool) -> str:
@@ -49,7 +51,7 @@ def read_command(run_dir: str, offsets: dict[str, int], with_log: bool) -> str:
     # `[-]-save-dir` matches the run's processes but not this shell, whose command line holds the pattern
     parts = [f"if pgrep -f -- {q('[-]-save-dir ' + save_dir)} >/dev/null; then echo {SECTION} running; "
              f"else echo {SECTION} stopped; fi"]
-    for name in ("samples.jsonl", "train.log") if with_log else ("samples.jsonl",):
+    for name in ("samples.jsonl", "train.log", TIMELINE) if with_log else ("samples.jsonl", TIMELINE):
         path, offset = q(f"{run_dir}/{name}"), offsets.get(name, 0)
         parts.append(
             f"s=$(stat -c %s {path} 2>/dev/null || echo 0); o={offset}; "
@@ -105,6 +107,8 @@ class HostFeed:
         lines = complete.splitlines() if complete else []
         if name == "train.log":
             self.reading.log_lines = (self.reading.log_lines + lines)[-KEEP_LOG_LINES:]
+        elif name == TIMELINE:
+            self.reading.membership += [e for e in (_json(line) for line in lines) if isinstance(e, dict)]
         else:
             self.reading.samples = (self.reading.samples + samples_of(lines))[-KEEP_SAMPLES:]
 
@@ -123,6 +127,13 @@ class HostFeed:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _json(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def samples_of(lines: list[str]) -> list[dict]:

@@ -112,7 +112,9 @@ def run_lines(screen: Screen) -> list[Text]:
             else f"link: {screen.link_source}")
     verdict = Text("⇒ " + screen.verdict, style="bold yellow" if screen.verdict.startswith("network-bound")
                    else "bold")
-    return [Text(first), Text(step), Text(link, style="dim", overflow="ellipsis", no_wrap=True), verdict]
+    changes = [Text(f"  {line}", style="cyan", overflow="ellipsis", no_wrap=True) for line in screen.membership]
+    return [Text(first), Text(step), Text(link, style="dim", overflow="ellipsis", no_wrap=True), verdict,
+            *([Text("membership (the hosts' keepers):", style="bold")] + changes if changes else [])]
 
 
 def render(screen: Screen, width: int = 80, height: int = 24, every_s: float | None = 2.0) -> Group:

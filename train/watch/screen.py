@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..agent.generation import change_line
 from ..cluster import ranks_label
 from ..report import answers
 from ..report.logparse import progress
@@ -68,6 +69,7 @@ class Screen:
     hosts: list[HostRow]
     run: RunRow
     verdict: str
+    membership: tuple[str, ...] = ()  # the keepers' last membership changes, one line each (oldest first)
 
 
 def ranks_of(host_index: int, per_host: int) -> str:
@@ -116,4 +118,20 @@ def build(run: dict, readings: list[Reading], now: float, link_mbps: float | Non
                      p.wps, p.eta_seconds, p.finished)
     hosts = [host_row(r, now) for r in readings]
     return Screen(str(run.get("run_id", "?")), now, rate, source, hosts, run_row,
-                  answers.verdict_line(net, gpus) if data.samples else "waiting for samples")
+                  answers.verdict_line(net, gpus) if data.samples else "waiting for samples",
+                  membership_lines(readings))
+
+
+def membership_lines(readings: list[Reading], last: int = 3) -> tuple[str, ...]:
+    """The last membership changes any host's keeper recorded (each once), in a line each."""
+    seen, entries = set(), []
+    for reading in readings:
+        for entry in reading.membership:
+            key = (entry.get("generation"), tuple(entry.get("hosts") or ()))
+            if key not in seen:
+                seen.add(key)
+                entries.append(entry)
+    entries.sort(key=lambda e: (e.get("generation") or 0, e.get("time") or 0))
+    if len(entries) < 2:  # the start alone is no change
+        return ()
+    return tuple(change_line(e) for e in entries[-last:])

@@ -7,7 +7,7 @@ import pytest
 
 from train.cluster import ClusterError, Host
 from train.report import logparse, members
-from train.run import checkpoints, launch, record, rejoin, session
+from train.run import record, rejoin, session
 
 START = {"hosts": ["v100a", "v100b", "v100c"], "from_update": 0, "why": "start", "update_freq": 1}
 LOST_C = {"hosts": ["v100a", "v100b"], "from_update": 30, "why": "v100c lost at update 34 (unreachable)",
@@ -74,19 +74,6 @@ def test_a_round_trip_through_a_loss_keeps_the_update_freq():
 # when to grow
 
 
-def test_it_grows_at_the_first_checkpoint_saved_after_the_host_was_back():
-    assert not rejoin.due(progress(43, saved=40), since=40)  # the one already seen
-    assert rejoin.due(progress(51, saved=50), since=40)
-    assert rejoin.due(progress(12, saved=10), since=None)  # none seen when it came back: the first
-
-
-def test_it_does_not_grow_a_run_that_is_done_or_has_not_saved():
-    assert not rejoin.due(None, since=None)
-    assert not rejoin.due(progress(5, saved=None), since=None)
-    assert not rejoin.due(progress(100, saved=100), since=90)  # its last checkpoint: nothing left to train
-    assert not rejoin.due(progress(95, saved=90, finished=True), since=80)
-
-
 def test_the_log_says_which_checkpoint_was_saved_last():
     lines = [
         "2026-11-23 09:00:01 | INFO | fairseq.checkpoint_utils | Saved checkpoint /data/tandem/runs/r/checkpoints/"
@@ -129,50 +116,6 @@ def test_two_hosts_back_at_once_are_said_together():
 # grow, with the hosts faked
 
 
-@pytest.fixture
-def cluster(monkeypatch):
-    """launch's host-touching parts replaced by a record of what was asked."""
-    calls = []
-    monkeypatch.setattr(record.Run, "save", lambda self: calls.append(("save", list(self.hosts))))
-    monkeypatch.setattr(launch, "stop", lambda run, hosts, **kw: calls.append(("stop", [h.name for h in hosts])))
-    monkeypatch.setattr(checkpoints, "share_checkpoint", lambda run, hosts: calls.append(
-        ("share", [h.name for h in hosts])) or checkpoints.Shared(60, hosts[0].name))
-    monkeypatch.setattr(launch, "start", lambda run, hosts: calls.append(("start", [h.name for h in hosts])))
-    return calls
-
-
-def test_grow_stops_shares_from_the_current_rank_0_and_restarts_on_every_host(cluster):
-    run, said = a_run(["v100a", "v100b"], [START, LOST_C]), []
-    hosts = rejoin.grow(run, [HOSTS["v100a"], HOSTS["v100b"]], [HOSTS["v100c"]], say=said.append)
-    assert [h.name for h in hosts] == ["v100a", "v100b", "v100c"]
-    assert cluster == [("stop", ["v100a", "v100b"]), ("share", ["v100a", "v100b", "v100c"]),
-                       ("save", ["v100a", "v100b", "v100c"]), ("start", ["v100a", "v100b", "v100c"])]
-    assert said == ["v100c is back: growing to v100a, v100b, v100c from update 60, update-freq 1"]
-
-
-def test_rank_0_back_gets_the_checkpoint_of_the_rank_0_that_trained_meanwhile(cluster):
-    run = a_run(["v100b", "v100c"], [START, LOST_A])
-    hosts = rejoin.grow(run, [HOSTS["v100b"], HOSTS["v100c"]], [HOSTS["v100a"]], say=lambda _: None)
-    assert [h.name for h in hosts] == ["v100a", "v100b", "v100c"]
-    assert ("share", ["v100b", "v100c", "v100a"]) in cluster  # v100b's copy, not v100a's stale one
-
-
-def test_a_joiner_gone_again_at_the_start_leaves_the_run_on_its_hosts(cluster, monkeypatch):
-    started = []
-
-    def start(run, hosts):
-        started.append([h.name for h in hosts])
-        if len(hosts) == 3:
-            raise ClusterError("could not start every rank (the others were stopped):\n  v100c: timed out")
-
-    monkeypatch.setattr(launch, "start", start)
-    run, said = a_run(["v100a", "v100b"], [START, LOST_C]), []
-    hosts = rejoin.grow(run, [HOSTS["v100a"], HOSTS["v100b"]], [HOSTS["v100c"]], say=said.append)
-    assert [h.name for h in hosts] == ["v100a", "v100b"] and started[-1] == ["v100a", "v100b"]
-    assert run.hosts == ["v100a", "v100b"] and run.update_freq == 2 and len(run.members) == 2
-    assert said[0].startswith("could not grow back to v100c (") and said[0].endswith("going on on v100a, v100b")
-
-
 # the follower's Watch
 
 
@@ -202,70 +145,6 @@ def a_watch(monkeypatch, back, problems=()):
 def settle(watch):
     if watch._asking is not None:
         watch._asking.join()
-
-
-def test_the_watch_asks_the_lost_host_every_interval_and_not_in_between(monkeypatch):
-    watch, clock, asked, grown, said = a_watch(monkeypatch, back=[])
-    current = [HOSTS["v100a"], HOSTS["v100b"]]
-    assert watch.step(current, progress(20, 20)) is None and asked == []  # not yet one interval
-    clock.now += watch.every_s
-    watch.step(current, progress(25, 20))
-    settle(watch)
-    assert asked == [["v100c"]]
-    watch.step(current, progress(26, 20))  # the answer: still gone
-    clock.now += watch.every_s / 2
-    watch.step(current, progress(30, 30))
-    assert asked == [["v100c"]] and not watch.ready and grown == [] and said == []
-
-
-def test_the_watch_grows_back_at_the_checkpoint_after_the_host_passed_its_preflight(monkeypatch):
-    watch, clock, asked, grown, said = a_watch(monkeypatch, back=["v100c"])
-    current = [HOSTS["v100a"], HOSTS["v100b"]]
-    clock.now += watch.every_s
-    watch.step(current, progress(42, 40))
-    settle(watch)
-    assert watch.step(current, progress(43, 40)) is None  # the answer: back, ready
-    assert [h.name for h in watch.ready] == ["v100c"] and watch.since == 40
-    assert said == ["v100c answers again and passed the preflight; growing back at the next checkpoint "
-                    "(after update 40)"]
-    assert watch.step(current, progress(48, 40)) is None and grown == []  # no new checkpoint yet
-    hosts = watch.step(current, progress(51, 50))
-    assert grown == [["v100c"]] and [h.name for h in hosts] == ["v100a", "v100b", "v100c"]
-    assert not watch.ready
-
-
-def test_a_host_back_that_fails_its_preflight_is_named_once_and_not_grown_to(monkeypatch):
-    problem = "v100c: packages differ from the pins: torch 2.4.0 (pinned 2.5.1); re-run provision.yml"
-    watch, clock, asked, grown, said = a_watch(monkeypatch, back=["v100c"], problems=[problem])
-    current = [HOSTS["v100a"], HOSTS["v100b"]]
-    for _ in range(2):
-        clock.now += watch.every_s
-        watch.step(current, progress(42, 40))
-        settle(watch)
-        watch.step(current, progress(43, 40))
-    assert said == [f"back but not rejoining: {problem}"] and not watch.ready and len(asked) == 2
-    watch.step(current, progress(51, 50))
-    assert grown == []
-
-
-def test_a_run_that_lost_nothing_asks_no_one(monkeypatch):
-    watch, clock, asked, grown, said = a_watch(monkeypatch, back=["v100c"])
-    watch.run.hosts = ["v100a", "v100b", "v100c"]
-    clock.now += 2 * watch.every_s
-    watch.step(list(HOSTS.values()), progress(42, 40))
-    settle(watch)
-    assert asked == [] and watch._asking is None
-
-
-def test_a_host_of_the_run_gone_as_it_grows_leaves_it_to_the_elastic_restart(cluster, monkeypatch):
-    def stop(run, hosts, **kw):
-        raise ClusterError("stop incomplete:\n  v100b: unreachable (timed out); its rank may still run")
-
-    monkeypatch.setattr(launch, "stop", stop)
-    run, said = a_run(["v100a", "v100b"], [START, LOST_C]), []
-    hosts = rejoin.grow(run, [HOSTS["v100a"], HOSTS["v100b"]], [HOSTS["v100c"]], say=said.append)
-    assert [h.name for h in hosts] == ["v100a", "v100b"] and cluster == [] and len(run.members) == 2
-    assert said[0].startswith("could not stop the run to grow back to v100c: stop incomplete")
 
 
 # fab train: --hosts naming hosts the run lost, --rejoin
@@ -300,26 +179,6 @@ def test_rejoin_picks_every_host_the_run_lost_that_the_inventory_has(lost_c):
 
 TWO_BY_TWO = {n: Host(name=n, address=f"10.0.0.{i}", vars={"cpu_ranks": 2})
               for i, n in enumerate(["v100a", "v100b"], 11)}
-
-
-def test_losing_v100b_of_two_by_two_ranks_goes_on_on_v100as_two_ranks_at_update_freq_2_and_grows_back(cluster):
-    from test_why_stopped import TORCHRUN_EXIT, state
-
-    from train.run import elastic
-
-    run, said = a_run(["v100a", "v100b"], [], update_freq=1), []
-    hosts = [TWO_BY_TWO["v100a"], TWO_BY_TWO["v100b"]]
-    states = [state("v100a", lines=TORCHRUN_EXIT), state("v100b", reachable=False)]
-    left = elastic.continue_without(run, hosts, states, say=said.append, at=64)
-    assert [h.name for h in left] == ["v100a"] and run.update_freq == 2  # 4 ranks -> 2: x2
-    assert said == ["v100b lost at update 64 (unreachable); continuing on v100a from update 60, update-freq 2 "
-                    "(2 ranks); checkpoint from v100a, host to host"]
-    assert [(m["hosts"], m["ranks"], m["update_freq"]) for m in run.members] == [
-        (["v100a", "v100b"], 4, 1), (["v100a"], 2, 2)]
-    grown = rejoin.grow(run, left, [TWO_BY_TWO["v100b"]], say=said.append)
-    assert [h.name for h in grown] == ["v100a", "v100b"] and run.update_freq == 1
-    assert said[-1] == "v100b is back: growing to v100a, v100b from update 60, update-freq 1 (4 ranks)"
-    assert run.members[-1]["ranks"] == 4
 
 
 def test_update_freq_scales_by_ranks_not_hosts():
