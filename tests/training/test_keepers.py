@@ -27,6 +27,12 @@ def timeline(cfg, host: str, run_id: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def started(cfg, host: str, run_id: str, generation: int) -> bool:
+    """`host`'s keeper started its ranks for that generation (its own log says so)."""
+    log = ssh(cfg, host, f"cat /data/tandem/runs/{run_id}/keeper/keeper.log 2>/dev/null || true").stdout
+    return f"ranks of generation {generation} started" in log
+
+
 def wait_for(what, timeout: float, every: float = 2.0):
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -92,8 +98,10 @@ def test_a_detached_run_goes_on_without_a_lost_host_takes_it_back_and_survives_r
         assert time.monotonic() - asked < 30, f"fab status took {time.monotonic() - asked:.0f} s"
         set_links(cfg, "v100b", "up")
         back = wait_for(lambda: any(e["hosts"] == ["v100a", "v100b"] and e["generation"] > 1
-                                    for e in timeline(cfg, "v100a", run_id)) and ranks(cfg, "v100b", run_id), 300)
+                                    for e in timeline(cfg, "v100a", run_id)), 300)
         joined = timeline(cfg, "v100a", run_id)[-1]
+        back = max(back, wait_for(lambda: started(cfg, "v100b", run_id, joined["generation"])
+                                  and started(cfg, "v100a", run_id, joined["generation"]), 120))
         assert "v100b rejoined" in joined["why"], joined
         started = time.monotonic()
         subprocess.run([str(TOP / ".venv/bin/python"), "-m", "lab", "--prefix", cfg.prefix, "reboot", "v100a",

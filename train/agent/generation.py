@@ -94,7 +94,8 @@ class View:
     generation: Generation | None
     checkpoint: Checkpoint | None
     ranks: str = IDLE  # running, ended (died before the run's end), idle, finished
-    active: int | None = None  # the generation its ranks run in (or last ran in)
+    active: int | None = None  # the generation its ranks run in (or last ran in): its number,
+    active_members: tuple[str, ...] = ()  # and its members (the two sides of a split may share a number)
     update: int | None = None  # the last update its log shows (rank 0's host only)
     how: str = ""  # how its ranks ended, in words
     stopping: bool = False  # `fab stop` asked it to stop
@@ -102,14 +103,21 @@ class View:
     def to_dict(self) -> dict:
         return {"host": self.host, "generation": self.generation.to_dict() if self.generation else None,
                 "checkpoint": asdict(self.checkpoint) if self.checkpoint else None, "ranks": self.ranks,
-                "active": self.active, "update": self.update, "how": self.how, "stopping": self.stopping}
+                "active": self.active, "active_members": list(self.active_members), "update": self.update,
+                "how": self.how, "stopping": self.stopping}
 
     @classmethod
     def of(cls, data: dict) -> View:
         return cls(host=data["host"], generation=Generation.of(data.get("generation")),
                    checkpoint=Checkpoint.of(data.get("checkpoint")), ranks=data.get("ranks", IDLE),
-                   active=data.get("active"), update=data.get("update"), how=data.get("how", ""),
+                   active=data.get("active"), active_members=tuple(data.get("active_members") or ()),
+                   update=data.get("update"), how=data.get("how", ""),
                    stopping=bool(data.get("stopping")))
+
+
+def runs_in(view: View, gen: Generation) -> bool:
+    """Whether that host's ranks were started for `gen` (a number alone is not enough: see View)."""
+    return view.active == gen.number and tuple(view.active_members) == tuple(gen.members)
 
 
 def current(views: dict[str, View], order: list[str]) -> Generation | None:
@@ -191,7 +199,7 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
             return _new(number, live_order, views, f"{', '.join(joining)} rejoined at update "
                         f"{saved if saved is not None else at if at is not None else '?'}", now, at)
         return None
-    ended = [m for m in gen.members if views[m].ranks == ENDED and views[m].active == gen.number]
+    ended = [m for m in gen.members if views[m].ranks == ENDED and runs_in(views[m], gen)]
     if not ended:
         memory.ended_since = None
         return None

@@ -176,7 +176,7 @@ class Keeper:
         if ranks == ENDED:
             how = how_ranks_ended(tail(self.log(), 80))
         return View(host=self.me, generation=self.generation, checkpoint=self.checkpoint, ranks=ranks,
-                    active=self.active, update=self.last_update(), how=how,
+                    active=self.active, active_members=tuple(self.active_members), update=self.last_update(), how=how,
                     stopping=(self.dir / "stop").exists())
 
     # --- the others
@@ -238,7 +238,7 @@ class Keeper:
         self.snapshot()
         with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
             answers = dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))
-        with self.lock:
+        with self.lock:  # what the heartbeat reads; never held while acting (a stop takes seconds)
             for peer, said in answers.items():
                 if said is not None:
                     self.views[peer], self.heard[peer] = said, now
@@ -249,12 +249,13 @@ class Keeper:
             mine = self.generation.key(self.order) if self.generation else None
             if newest is not None and (mine is None or newest.key(self.order) > mine):
                 self.record(newest)
-            decided = decide(self.me, self.order, seen, live, now, self.memory, self.lost_after_s,
+            # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
+            decided = decide(self.me, self.order, dict(self.views), live, now, self.memory, self.lost_after_s,
                              float(self.spec.get("ended_grace_s", 25)), int(self.spec.get("max_restarts", 3)),
                              bool(self.spec.get("elastic", True)))
             if decided is not None:
                 self.record(decided)
-            return self.act(seen)
+        return self.act(seen)
 
     def snapshot(self) -> None:
         """On rank 0's host, each new save becomes the snapshot peers fetch."""
@@ -280,11 +281,11 @@ class Keeper:
             stop_ranks(self.run_dir, mark=False)
             return f"stopped: {gen.reason}"
         if self.me in gen.members:
-            if self.active != gen.number:
+            if (self.active, tuple(self.active_members)) != (gen.number, gen.members):
                 self.start(gen)
             else:
                 self.replicate(gen, seen)
-        elif self.active is not None and self.active < gen.number and run_pids(self.run_dir) \
+        elif self.active is not None and self.active <= gen.number and run_pids(self.run_dir) \
                 and set(self.active_members) & set(gen.members) - {self.me}:
             _say(f"generation {gen.number} goes on without this host: its ranks of generation {self.active} stop")
             stop_ranks(self.run_dir, mark=False)

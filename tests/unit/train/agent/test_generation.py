@@ -25,7 +25,8 @@ def ckpt(generation, update, sha="s"):
 
 
 def view(host, g, checkpoint=None, ranks=RUNNING, active=None, update=None):
-    return View(host, g, checkpoint, ranks, active if active is not None else (g.number if g else None), update)
+    active = active if active is not None else (g.number if g else None)
+    return View(host, g, checkpoint, ranks, active=active, active_members=g.members if g else (), update=update)
 
 
 def test_a_member_silent_on_the_cluster_network_is_left_out_by_the_survivor():
@@ -120,3 +121,12 @@ def test_how_ranks_ended_is_the_logs_last_word_on_it_not_a_traceback_frame():
     assert how_ranks_ended(lines).startswith("torch.distributed.elastic.multiprocessing.api.SignalException")
     assert how_ranks_ended(["  exitcode  : -9 (pid: 1234)"]) == "exitcode  : -9 (pid: 1234)"
     assert how_ranks_ended(["INFO | train_inner | {}"]) == "its ranks exited"
+
+
+def test_two_sides_of_a_split_share_a_number_but_not_a_generation():
+    from train.agent.generation import runs_in
+
+    a_side, b_side, merged = gen(3, ["v100a"]), gen(3, ["v100b"]), gen(3, ORDER)
+    assert runs_in(view("v100b", b_side), b_side) and not runs_in(view("v100b", b_side), merged)
+    assert current({"v100a": view("v100a", merged), "v100b": view("v100b", b_side)}, ORDER) == merged
+    assert a_side.key(ORDER) > b_side.key(ORDER)  # the same number: the side led by the first host
