@@ -10,6 +10,7 @@ import re
 import subprocess
 import time
 
+import pytest
 from labtools import TOP, fab, set_links, ssh
 
 FAB = str(TOP / ".venv/bin/fab")
@@ -48,9 +49,11 @@ def update(cfg, run_id: str, host: str = "v100a") -> int:
     return int(found[-1]) if found else 0
 
 
-def test_a_laptop_that_loses_a_host_then_its_own_network_while_following_touches_nothing(data_ready):
+def follow_through(data_ready, run_id: str, outages: list[tuple[list[str], float]]) -> str:
+    """`fab train` following a new run while the controller loses its management link to `hosts` for
+    `seconds`, one outage after the other (the cluster network untouched); asserts the training
+    processes are the same before and after and the follower still follows. Returns what it said."""
     cfg = data_ready.cfg
-    run_id = time.strftime("run-laptop-%Y%m%d-%H%M%S")
     env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
     follower = subprocess.Popen([FAB, "train", "--new", "--run", run_id, "--set", "max_update=100000"], cwd=TOP,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -58,14 +61,12 @@ def test_a_laptop_that_loses_a_host_then_its_own_network_while_following_touches
         wait_for(lambda: update(cfg, run_id) >= 30, 120)
         before = {h: ranks(cfg, h, run_id) for h in cfg.names}
         assert all(before.values()), before
-        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "down"], check=True)  # its management link only
-        time.sleep(60)
-        subprocess.run(["ip", "link", "set", cfg.veth("v100b"), "up"], check=True)
-        for h in cfg.names:  # the controller offline: no host answers it
-            subprocess.run(["ip", "link", "set", cfg.veth(h), "down"], check=True)
-        time.sleep(60)
-        for h in cfg.names:
-            subprocess.run(["ip", "link", "set", cfg.veth(h), "up"], check=True)
+        for hosts, seconds in outages:
+            for h in hosts:
+                subprocess.run(["ip", "link", "set", cfg.veth(h), "down"], check=True)
+            time.sleep(seconds)
+            for h in hosts:
+                subprocess.run(["ip", "link", "set", cfg.veth(h), "up"], check=True)
         at = update(cfg, run_id)
         wait_for(lambda: update(cfg, run_id) > at + 20, 60)
         after = {h: ranks(cfg, h, run_id) for h in cfg.names}
@@ -78,7 +79,24 @@ def test_a_laptop_that_loses_a_host_then_its_own_network_while_following_touches
         fab(data_ready, "stop", "--run", run_id, check=False)
         out, _ = follower.communicate(timeout=120)
     assert "cannot reach any host from here" in out and "the hosts answer again after" in out, out[-3000:]
+    return out
+
+
+def test_a_laptop_that_loses_a_host_then_its_own_network_while_following_touches_nothing(data_ready):
+    """(a) one host unreachable from the controller for a minute, then the controller offline for a minute."""
+    run_id = time.strftime("run-laptop-%Y%m%d-%H%M%S")
+    follow_through(data_ready, run_id, [(["v100b"], 60), (data_ready.cfg.names, 60)])
     print(f"followed {run_id} through 60 s without v100b's management link and 60 s offline: same ranks")
+
+
+@pytest.mark.sweep
+def test_a_following_laptop_offline_for_five_minutes_reconnects_and_the_run_was_never_touched(data_ready):
+    """(d) ~6 min: a sweep (`make bench-targets`), not `make test`; the same path as (a)'s minute."""
+    run_id = time.strftime("run-offline-%Y%m%d-%H%M%S")
+    out = follow_through(data_ready, run_id, [(data_ready.cfg.names, 300)])
+    back = re.search(r"the hosts answer again after (\d+) s", out)
+    print(f"followed {run_id} through 300 s offline: same ranks; it said so, and reconnected "
+          f"({back.group(0) if back else '?'})")
 
 
 def test_a_detached_run_goes_on_without_a_lost_host_takes_it_back_and_survives_rank_0s_reboot(data_ready):

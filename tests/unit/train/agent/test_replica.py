@@ -1,0 +1,66 @@
+"""A checkpoint copy replaces a host's previous one only whole (size and sha256 as the manifest says),
+and a checkpoint of another history is set aside, never overwritten (train.agent.replica)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from train.agent import replica
+
+
+@pytest.fixture
+def serving():
+    """An HTTP server on loopback that serves whatever bytes the test sets (a peer's keeper)."""
+    body = {"bytes": b""}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body["bytes"])))
+            self.end_headers()
+            self.wfile.write(body["bytes"])
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield body, f"http://127.0.0.1:{server.server_address[1]}/checkpoint"
+    server.shutdown()
+
+
+def hold(run_dir, data: bytes, generation: int, update: int) -> dict:
+    """This host holds a whole checkpoint (its file, snapshot and manifest)."""
+    last, snap, man = replica.paths(run_dir)
+    snap.parent.mkdir(parents=True)
+    last.write_bytes(data)
+    snap.hardlink_to(last)
+    held = {"generation": generation, "update": update, "size": len(data), "sha256": replica.sha256_of(last)}
+    man.write_text(json.dumps(held))
+    return held
+
+
+def test_a_torn_copy_never_replaces_the_whole_one_the_host_holds(tmp_path, serving):
+    body, url = serving
+    held = hold(tmp_path, b"update 40 " * 1000, 1, 40)
+    new = b"update 50 " * 1000
+    want = {"generation": 1, "update": 50, "size": len(new), "sha256": __import__("hashlib").sha256(new).hexdigest()}
+    body["bytes"] = new[: len(new) // 2] + b"x" * (len(new) - len(new) // 2)  # torn: the size right, not the bytes
+    with pytest.raises(replica.FetchError, match="not replaced"):
+        replica.fetch(url, "t", tmp_path, want)
+    assert replica.manifest(tmp_path) == held and replica.paths(tmp_path)[0].read_bytes() == b"update 40 " * 1000
+    assert not list((tmp_path / "checkpoints").glob(".*incoming*"))  # no partial file left
+    body["bytes"] = new
+    assert replica.fetch(url, "t", tmp_path, want) == want
+    assert replica.manifest(tmp_path) == want and replica.paths(tmp_path)[0].read_bytes() == new
+
+
+def test_another_historys_checkpoint_is_set_aside_by_generation_and_update(tmp_path):
+    hold(tmp_path, b"the other side", 2, 90)
+    aside = replica.set_aside(tmp_path, {"generation": 2, "update": 90})
+    assert aside.name == "checkpoint_last.g2-u90.pt" and aside.read_bytes() == b"the other side"
+    assert replica.manifest(tmp_path) is None and not replica.paths(tmp_path)[0].exists()
