@@ -107,7 +107,7 @@ def resumed(two_by_two, started):
         print(f"v100b's link cut at update {lost.group('at')}: v100a's 2 ranks went on from update "
               f"{lost.group('resumed')} {time.monotonic() - down:.0f} s later")
         _, back = follower.wait_for(r"generation \d+: v100a, v100b from update (\d+) \(\S+'s checkpoint\), "
-                                    r"update-freq 1; v100b rejoined", timeout=300)
+                                    r"update-freq 1, 4 ranks; v100b rejoined", timeout=300)
         follower.proc.wait(timeout=600)
         follower.reader.join(timeout=10)
     finally:
