@@ -115,8 +115,11 @@ def trained_since(log: str, loaded: int) -> list[int]:
     return [int(r["num_updates"]) for r in inner_records(parts[loaded])] if len(parts) > loaded else []
 
 
+@pytest.mark.sweep
 def test_losing_v100c_goes_on_on_two_hosts_and_grows_back_to_three(three_hosts, undisturbed):
-    """v100c's link goes down past update 30: the run goes on on v100a, v100b within 90 s
+    """~2.5 min: a sweep (`make bench-targets`); tests/training/test_keepers.py and test_two_ranks.py lose
+    and take back a host in `make test`.
+v100c's link goes down past update 30: the run goes on on v100a, v100b within 90 s
     (update-freq 2); its link comes back: the follower finds it, and the run grows back to three
     hosts at the next checkpoint (update-freq 1), reaches its last update, `fab report` shows both
     changes, and the final validation loss is within 5% of the undisturbed run's."""

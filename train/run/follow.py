@@ -106,6 +106,7 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
     everyone = [pool[n] for n in (run.order or run.hosts) if n in pool] or hosts
     copies = Backup(run, backup, say=say("yellow"))
     away = Reconnecting(say("yellow"))
+    said = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in run.members}  # changes said once
     detached = False
     states: list[HostState] = []
     with ProgressView(run, hosts, console) as view:
@@ -116,7 +117,7 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
                     time.sleep(away.lost())
                     continue
                 away.answered()
-                for entry in keepers.sync(run, states):
+                for entry in keepers.sync(run, states, said):
                     if len(run.members) > 1 or entry.get("generation", 1) > 1:
                         console.print(f"[cyan]{keepers.change_line(entry)}[/]", markup=True)
                 states = keepers.rank_order(run, states)

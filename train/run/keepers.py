@@ -152,20 +152,24 @@ def lineage(entries: list[dict]) -> list[dict]:
     return chain[::-1]
 
 
-def sync(run: Run, states) -> list[dict]:
-    """The run record brought up to what the keepers decided (its hosts, update-freq, membership);
-    returns the changes it did not know yet."""
+def _key(entry: dict) -> tuple:
+    return entry.get("generation"), tuple(entry.get("hosts") or ())
+
+
+def sync(run: Run, states, said: set | None = None) -> list[dict]:
+    """The run record brought up to what the keepers decided (its hosts, update-freq, and the history
+    it went on with); returns the changes not in `said` (default: the record's), adding them to it."""
     entries = timeline(states)
     if not entries:
         return []
-    known = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in run.members}
-    fresh = [e for e in entries if (e.get("generation"), tuple(e.get("hosts") or ())) not in known]
-    last = entries[-1]
-    run.members = lineage(entries)
-    if last.get("hosts"):
-        run.hosts = list(last["hosts"])
-        run.update_freq = int(last.get("update_freq") or run.update_freq)
-    if fresh:
+    said = {_key(e) for e in run.members} if said is None else said
+    fresh = [e for e in entries if _key(e) not in said]
+    said.update(_key(e) for e in fresh)
+    members, last = lineage(entries), entries[-1]
+    hosts = list(last["hosts"]) if last.get("hosts") else run.hosts
+    update_freq = int(last.get("update_freq") or run.update_freq) if last.get("hosts") else run.update_freq
+    if (members, hosts, update_freq) != (run.members, run.hosts, run.update_freq):
+        run.members, run.hosts, run.update_freq = members, hosts, update_freq
         run.save()
     return fresh
 

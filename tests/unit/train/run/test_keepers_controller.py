@@ -62,3 +62,20 @@ def test_after_a_split_the_record_keeps_the_history_the_run_went_on_with():
     assert keepers.lineage([start, a_alone, b_alone, merged_from_a]) == [start, a_alone, merged_from_a]
     restarted = e(4, ["v100a", "v100b"], "v100a", 3, 150)
     assert keepers.lineage([start, a_alone, b_alone, merged_from_a, restarted])[-2:] == [merged_from_a, restarted]
+
+
+def test_following_says_each_change_once_even_the_side_of_a_split_that_was_set_aside(tmp_path, monkeypatch):
+    monkeypatch.setattr("train.run.record.REPORTS", tmp_path)
+    run = Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
+    start = {"generation": 1, "hosts": ["v100a", "v100b"], "time": 1.0, "why": "start", "from_update": 0}
+    a_alone = {"generation": 2, "hosts": ["v100a"], "time": 2.0, "why": "v100b lost", "source": "v100a",
+               "source_generation": 1, "from_update": 50}
+    b_alone = {**a_alone, "hosts": ["v100b"], "why": "v100a lost", "source": "v100b"}
+    merged = {"generation": 3, "hosts": ["v100a", "v100b"], "time": 3.0, "why": "v100b rejoined",
+              "source": "v100a", "source_generation": 2, "from_update": 90}
+    states = [HostState("v100a", True, True, None, [], keeper=keeper([start, a_alone, merged])),
+              HostState("v100b", True, True, None, [], keeper=keeper([start, b_alone]))]
+    said: set = set()
+    assert len(keepers.sync(run, states, said)) == 4
+    assert keepers.sync(run, states, said) == [] and keepers.sync(run, states, said) == []
+    assert run.members == [start, a_alone, merged] and run.hosts == ["v100a", "v100b"]
