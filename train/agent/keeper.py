@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -105,6 +106,8 @@ class Keeper:
                                          reason=spec.get("reason", "start"), time=round(started, 1), pending=True,
                                          start=spec["start"])
             _write_json(self.dir / "generation.json", self.generation.to_dict())
+            # nothing runs for this start yet: a finished run resumed for more updates is not finished
+            self.active, self.active_members, self.log_offset = None, [], 0
             self._save_active(start=spec["start"])
         self.checkpoint = Checkpoint.of(replica.manifest(run_dir))
         if self.checkpoint is None and replica.paths(run_dir)[0].exists():  # a checkpoint from before keepers
@@ -274,7 +277,7 @@ class Keeper:
             return f"stopped ({'fab stop' if not stopping else 'fab stop on ' + ', '.join(stopping)})"
         if any(v.ranks == FINISHED for v in seen.values()):
             self.wait_for_ranks(60)
-            return "finished"
+            return None if self.final_copy_pending(gen, seen) else "finished"
         if gen is None or gen.pending:
             return None
         if gen.stopped:
@@ -290,6 +293,22 @@ class Keeper:
             _say(f"generation {gen.number} goes on without this host: its ranks of generation {self.active} stop")
             stop_ranks(self.run_dir, mark=False)
         return None
+
+    def final_copy_pending(self, gen: Generation | None, seen: dict[str, View]) -> bool:
+        """The run is done, and the host after rank 0 does not hold rank 0's last save yet: both keepers
+        stay (the one fetching, the one serving) until it does, or that host is lost."""
+        if gen is None or len(gen.members) < 2:
+            return False
+        first, second = gen.members[0], gen.members[1]
+        if first not in seen or second not in seen:
+            return False
+        last = self.checkpoint if self.me == first else seen[first].checkpoint
+        held = self.checkpoint if self.me == second else seen[second].checkpoint
+        if last is None or (held is not None and held.key() >= last.key()):
+            return False
+        if self.me == second:
+            self.replicate(gen, seen)
+        return True
 
     def wait_for_ranks(self, seconds: float) -> None:
         """The run is done: this host's ranks end by themselves, or are stopped after `seconds`."""
@@ -325,7 +344,7 @@ class Keeper:
 
     def ready_checkpoint(self, gen: Generation) -> bool:
         """This host holds `gen`'s checkpoint (or none, when it starts from none); False while a fetch runs."""
-        want = gen.source
+        want = self.newest_of_holder(gen.source)
         mine = self.checkpoint
         if want is None:
             if mine is not None:  # ranks elsewhere start from scratch: one finding a checkpoint would hang
@@ -348,6 +367,16 @@ class Keeper:
             self.checkpoint = None
         self.fetch_from(want)
         return False
+
+    def newest_of_holder(self, want: dict | None) -> dict | None:
+        """The checkpoint to start from: `want`, or the newer one its holder snapshotted since (its
+        ranks of the previous generation saved again before they stopped). The holder resumes from
+        its newest; so does every member, all from the same file."""
+        holder = self.views.get(want["host"]) if want and want["host"] != self.me else None
+        newer = holder.checkpoint if holder else None
+        if newer is not None and newer.key() > (want["generation"], want["update"]):
+            return {"host": want["host"], **asdict(newer)}
+        return want
 
     def fetch_from(self, want: dict) -> None:
         url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"

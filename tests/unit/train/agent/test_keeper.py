@@ -114,4 +114,34 @@ def test_a_stop_on_one_host_stops_every_host_and_a_finished_run_ends_every_keepe
         launch(d, spec(dirs, host, port, 40) | {"start": "s2"})
     wait_for(lambda: all((d / "keeper" / "ended").exists() for d in dirs.values()), timeout=60)
     assert all((d / "keeper" / "ended").read_text().strip() == "finished" for d in dirs.values())
+    assert replica.manifest(dirs["v100b"])["update"] == 40  # rank 0's last save, on the next host too
     assert [g for g, _ in members(dirs["v100a"])] == [1, 2]
+
+
+def test_a_finished_run_started_again_for_more_updates_is_not_finished_at_once(tmp_path):
+    """`fab train --set max_update=MORE` on a finished run: rank 0's log says "done training" from the
+    last time; the new start's keeper must not read that as this start's end."""
+    run = tmp_path / "r1"
+    (run / "keeper").mkdir(parents=True)
+    (run / "train.log").write_text("... done training in 12.0 seconds\n")
+    (run / "keeper" / "active.json").write_text(json.dumps({"active": 2, "members": ["v100a"], "log_offset": 0,
+                                                            "start": "s1"}))
+    spec_ = {"run_id": "r1", "me": "v100a", "order": ["v100a"], "members": ["v100a"], "addresses": HOSTS,
+             "port": 1, "token": "t", "start": "s2", "commands": {}}
+    k = keeper.Keeper(str(run), spec_)
+    assert k.view().ranks == "idle" and k.generation.pending
+
+
+def test_a_member_starts_from_the_holders_newest_when_it_saved_again_before_stopping(tmp_path):
+    from train.agent.generation import Checkpoint, View
+
+    spec_ = {"run_id": "r1", "me": "v100b", "order": list(HOSTS), "members": list(HOSTS), "addresses": HOSTS,
+             "port": 1, "token": "t", "start": "s1", "commands": {}}
+    (tmp_path / "keeper").mkdir()
+    k = keeper.Keeper(str(tmp_path), spec_)
+    want = {"host": "v100a", "generation": 2, "update": 80, "sha256": "old", "size": 10}
+    assert k.newest_of_holder(want) == want
+    k.views["v100a"] = View("v100a", None, Checkpoint(2, 90, "new", 12))
+    assert k.newest_of_holder(want) == {"host": "v100a", "generation": 2, "update": 90, "sha256": "new", "size": 12}
+    k.views["v100a"] = View("v100a", None, Checkpoint(2, 70, "older", 12))
+    assert k.newest_of_holder(want) == want
