@@ -62,10 +62,9 @@ def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None =
             "ranks": ranks}
 
 
-def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = True) -> None:
-    """Write each host's spec (over SFTP: 8 hosts' commands are MBs, beyond one shell argument) and
-    launch its keeper; the keepers start the ranks among themselves."""
-    told = spec(run, hosts, reason, elastic=elastic)
+def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
+    """Each host's spec written (over SFTP: 8 hosts' commands are MBs, beyond one shell argument) and its
+    keeper launched; `host: why` for each that failed."""
     kdir = f"{run.remote_dir}/keeper"
 
     def one(host: Host, conn):
@@ -73,7 +72,14 @@ def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = Tr
         conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
         return conn.run(agent_command(host, "keeper", "launch", "--run", run.remote_dir), hide=True, in_stream=False)
 
-    problems = on_each(hosts, one).problems()
+    return on_each(hosts, one).problems()
+
+
+def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = True) -> None:
+    """Every host's keeper launched with this start's spec; the keepers start the ranks among themselves."""
+    told = spec(run, hosts, reason, elastic=elastic)
+
+    problems = launch_keepers(run, hosts, told)
     if problems:
         stop(run, hosts)
         raise ClusterError("could not start the run's keepers (the others were stopped):\n  " + "\n  ".join(problems))
@@ -92,12 +98,7 @@ def add(run: Run, current: list[Host], joining: list[Host]) -> None:
         raise ClusterError(f"{', '.join(strangers)} never trained in {run.run_id} (it started on "
                            f"{', '.join(told['order'])}): `fab stop`, then `fab train --hosts ...` on all of them")
 
-    def one(host: Host, conn):
-        conn.run(f"mkdir -p {kdir} && rm -f {kdir}/stop {kdir}/ended", hide=True, in_stream=False)
-        conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
-        return conn.run(agent_command(host, "keeper", "launch", "--run", run.remote_dir), hide=True, in_stream=False)
-
-    problems = on_each(joining, one).problems()
+    problems = launch_keepers(run, joining, told)
     if problems:
         raise ClusterError("could not start the keepers of the hosts rejoining:\n  " + "\n  ".join(problems))
 
