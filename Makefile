@@ -1,5 +1,5 @@
 # tandem: `make demo` and `make test` do all the set-up they need on a fresh machine (Debian, root);
-# `make setup` alone is a controller's (a laptop's: Linux or macOS, no root), the lab's packages apart.
+# `make setup` alone is a controller's (a laptop's: Linux or macOS, no root, no torch), the lab's packages apart.
 SHELL := /bin/bash
 export TANDEM_CACHE ?= $(HOME)/.cache/tandem
 PY := .venv/bin/python
@@ -18,13 +18,13 @@ LAB := $(PY) -m lab
 
 .PHONY: bench-targets require-root setup lab-setup test-setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
 
-setup:  ## the controller: .venv with requirements.txt, tandem editable in it (no root; packages cached in $TANDEM_CACHE)
+setup:  ## the controller: .venv with requirements.txt (no torch, no compiler, no root), tandem editable in it; packages cached in $TANDEM_CACHE
 	@bash lab/bootstrap.sh
 
-lab-setup: setup  ## + the lab's system packages (Debian or Ubuntu, root): mmdebstrap, apt-utils, iproute2
+lab-setup:  ## the lab: its system packages (Debian or Ubuntu, root: mmdebstrap, apt-utils, iproute2), .venv with requirements-dev.txt
 	@bash lab/bootstrap.sh lab
 
-test-setup: setup  ## + what the lab tests run here besides: iperf3, ethtool, xfsprogs, chromium
+test-setup:  ## the lab's, and what the lab tests run here besides: iperf3, ethtool, xfsprogs, chromium
 	@bash lab/bootstrap.sh test
 
 wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PYTHON=3.12 ACCELERATOR=cu128 (default: this Python, cpu)
@@ -39,20 +39,20 @@ lab-up: require-root lab-setup  ## start the local lab (HOSTS=2, SUBNET=10.77.0.
 lab-down:  ## remove everything the lab made
 	@if [ -x $(PY) ]; then $(LAB) down; else bash lab/bootstrap.sh && $(LAB) down; fi
 
-lab-status: setup require-root
+lab-status: lab-setup require-root
 	@$(LAB) status
 
-lab-shape: setup require-root  ## cap the link between the lab hosts: RATE=100mbit, RATE=none
+lab-shape: lab-setup require-root  ## cap the link between the lab hosts: RATE=100mbit, RATE=none
 	@$(LAB) shape $(RATE)
 
 demo: lab-setup  ## the main job end to end on the lab
 	@$(PY) -m lab.demo
 
-lint: setup
+lint: test-setup
 	@.venv/bin/ruff check lab train benchmarks tests fabfile.py
 	@.venv/bin/ansible-lint --offline --profile production provision.yml playbooks roles
 
-unit: setup
+unit: test-setup
 	@.venv/bin/pytest -m "not lab"
 
 test: test-setup lint  ## everything, the lab included, but the speed targets (make bench-targets)

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Set up this machine, idempotently:
 #   bash lab/bootstrap.sh        the controller (make setup): a Python >= 3.11, ssh and rsync, then the
-#                                checkout's virtualenv .venv. No root needed; Linux or macOS.
-#   bash lab/bootstrap.sh lab    the lab's system packages besides (make lab-setup: Debian or Ubuntu, root)
+#                                checkout's virtualenv .venv with requirements.txt. No root, no compiler;
+#                                Linux or macOS.
+#   bash lab/bootstrap.sh lab    the lab's system packages, and .venv with requirements-dev.txt (the
+#                                training environment and the test tools besides; make lab-setup, root)
 #   bash lab/bootstrap.sh test   the lab's, and what the lab tests use on this machine (make test-setup)
 # Slow work is cached outside the checkout ($TANDEM_CACHE, default ~/.cache/tandem)
 # and shared by every checkout on the machine (a developer's, CI's fresh clones):
 #   $TANDEM_CACHE/wheels/        the fairseq wheel, built once (it compiles C++ for ~3 min)
-#   $TANDEM_CACHE/venvs/<hash>/  everything in requirements.txt, one virtualenv per version of the
-#                                requirements files (and of the two functions below that build it)
+#   $TANDEM_CACHE/venvs/<kind>-<hash>/  the controller's (requirements.txt) or the lab's and tests'
+#                                (requirements-dev.txt) packages, one virtualenv per version of the
+#                                requirements files (and of the functions below that build it)
 # .venv is the checkout's own small virtualenv on top of that one (made in about 1 s): a .pth line puts
 # the shared site-packages on its path, tandem is installed in it editable (this checkout's code, never
 # another checkout's), and .venv/bin runs the shared tools (ansible-playbook, fab, pytest, ruff, torchrun,
@@ -141,38 +144,65 @@ fairseq_wheel_cached() {
   ls "$cache/wheels"/fairseq_fixed-"$version"-"$tag"-*.whl >/dev/null 2>&1
 }
 
-# The shared virtualenv: requirements.txt, and the build tools (requirements-build.txt: setuptools is
-# also what installs tandem editable, pyproject.toml's [build-system]). One set-up builds it at a time.
+# The collections the roles use, out of the pinned ansible release's wheel (PyPI; Galaxy may be
+# unreachable): ansible-core alone has only ansible.builtin.
+install_collections() {
+  local venv=$1 release names site
+  release=$(grep -E '^ansible==' "$top/requirements-collections.txt")
+  names=$(grep -vE '^(#|ansible==|$)' "$top/requirements-collections.txt" | tr '\n' ' ')
+  mkdir -p "$cache/downloads"
+  "$venv/bin/pip" download -q --no-deps --only-binary :all: -d "$cache/downloads" "$release"
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  "$venv/bin/python" - "$cache/downloads/ansible-${release#ansible==}-py3-none-any.whl" "$site" $names <<'PY'
+import sys, zipfile
+wheel, site, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+prefixes = tuple("ansible_collections/%s/" % n.replace(".", "/") for n in names)
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(site, [m for m in z.namelist() if m.startswith(prefixes)])
+PY
+}
+
+# A shared virtualenv, one of two kinds:
+#   controller  requirements.txt and the roles' collections: what a laptop runs (no torch, no compiler)
+#   dev         requirements-dev.txt: the controller's, the training environment (fairseq's wheel built
+#               here once), the whole ansible release and the test tools: the lab and the tests
+# One set-up builds it at a time.
 make_shared_venv() {
-  local venv=$1
+  local kind=$1 venv=$2
   mkdir -p "$cache/venvs"
   exec 9>"$venv.lock"
   flock -n 9 || { say "waiting for another set-up to finish $venv"; flock 9; }
   if [ ! -f "$venv/.complete" ]; then
-    say "creating the shared virtualenv $venv"
+    say "creating the shared $kind virtualenv $venv"
     rm -rf "$venv"
     "$python" -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q -r "$top/requirements-build.txt"
-    build_fairseq_wheel "$venv"
-    say "installing requirements.txt"
-    grep -v '^fairseq-fixed' "$top/requirements-train.txt" > "$venv/requirements-train.txt"
-    sed 's#^-r requirements-train.txt#-r '"$venv"'/requirements-train.txt#' "$top/requirements.txt" \
-      > "$venv/requirements.txt"
-    "$venv/bin/pip" install -q -r "$venv/requirements.txt"
-    # fairseq's metadata asks for torchaudio, which translation never imports: install
-    # its wheel without dependencies; requirements-train.txt lists the ones it needs.
-    "$venv/bin/pip" install -q --find-links "$cache/wheels" --no-deps \
-      "$(grep -E '^fairseq-fixed==' "$top/requirements-train.txt")"
+    if [ "$kind" = controller ]; then
+      say "installing requirements.txt"
+      "$venv/bin/pip" install -q -r "$top/requirements.txt"
+      install_collections "$venv"
+    else
+      "$venv/bin/pip" install -q -r "$top/requirements-build.txt"
+      build_fairseq_wheel "$venv"
+      say "installing requirements-dev.txt"
+      grep -v '^fairseq-fixed' "$top/requirements-train.txt" > "$venv/requirements-train.txt"
+      sed -e 's#^-r requirements-train.txt#-r '"$venv"'/requirements-train.txt#' \
+        -e 's#^-r requirements.txt#-r '"$top"'/requirements.txt#' "$top/requirements-dev.txt" > "$venv/requirements-dev.txt"
+      "$venv/bin/pip" install -q -r "$venv/requirements-dev.txt"
+      # fairseq's metadata asks for torchaudio, which translation never imports: install
+      # its wheel without dependencies; requirements-train.txt lists the ones it needs.
+      "$venv/bin/pip" install -q --find-links "$cache/wheels" --no-deps \
+        "$(grep -E '^fairseq-fixed==' "$top/requirements-train.txt")"
+    fi
     touch "$venv/.complete"
   fi
   exec 9>&-
 }
 
 shared_venv_hash() {
-  { cat "$top/requirements.txt" "$top/requirements-train.txt" "$top/requirements-build.txt"
+  { echo "$1"; cat "$top"/requirements*.txt
     "$python" -c 'import sys; print(sys.version)'
-    declare -f make_shared_venv build_fairseq_wheel; } | sha256
+    declare -f make_shared_venv build_fairseq_wheel install_collections; } | sha256
 }
 
 # .venv/bin: every executable of the shared venv that .venv lacks (its own python stays). A Python console
@@ -217,17 +247,21 @@ make_checkout_venv() {
   mv "$new" "$venv"
 }
 
+kind=controller
 case "${1:-controller}" in
   controller) ;;
-  lab) apt_install "${lab_apt[@]}"; exit ;;
-  test) apt_install "${lab_apt[@]}" "${test_apt[@]}"; exit ;;
+  lab) apt_install "${lab_apt[@]}"; kind=dev ;;
+  test) apt_install "${lab_apt[@]}" "${test_apt[@]}"; kind=dev ;;
   *) die "usage: bash lab/bootstrap.sh [lab|test]" ;;
 esac
 check_controller
-shared="$cache/venvs/$(shared_venv_hash)"
+shared="$cache/venvs/$kind-$(shared_venv_hash "$kind")"
 if [ ! -f "$shared/.complete" ]; then
-  fairseq_wheel_cached "$python" || check_build_tools
-  make_shared_venv "$shared"
+  [ "$kind" = controller ] || fairseq_wheel_cached "$python" || check_build_tools
+  make_shared_venv "$kind" "$shared"
 fi
+# TANDEM_SHARED_ONLY=1: the shared virtualenv alone, no .venv here (a test builds the controller's for a
+# user who cannot write the cache, without turning its own .venv into a controller's)
+if [ "${TANDEM_SHARED_ONLY:-0}" = 1 ]; then say "ready: $shared"; exit; fi
 make_checkout_venv "$shared"
 say "ready: .venv (tandem from $top, packages from $shared)"

@@ -106,7 +106,12 @@ def laptop(provisioned, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def set_up(laptop):
-    """The user's `make setup`: their own .venv on the shared virtualenv, no root, nothing installed."""
+    """The user's `make setup`: their own .venv on the controller's shared virtualenv (requirements.txt:
+    no torch, no fairseq), no root, nothing installed. Root builds that virtualenv first, where the cache
+    lacks it (the session's own .venv is the lab's and tests', requirements-dev.txt): once a machine."""
+    built = subprocess.run(["bash", "lab/bootstrap.sh"], cwd=TOP, capture_output=True, text=True,
+                           env=os.environ | {"TANDEM_CACHE": str(laptop.cache), "TANDEM_SHARED_ONLY": "1"})
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     start = time.monotonic()
     done = laptop.run("make setup", TANDEM_CACHE=str(laptop.cache), TANDEM_PYTHON=os.path.realpath(sys.executable))
     out = done.stdout + done.stderr
@@ -122,6 +127,9 @@ def fab(user: LaptopUser, *args: str) -> subprocess.CompletedProcess:
 
 def test_a_user_who_is_not_root_sets_up_the_controller_and_asks_every_host(set_up):
     assert set_up.run("id -u").stdout.strip() == str(set_up.uid) != "0"
+    light = set_up.run(".venv/bin/python -c 'import importlib.util as u; "
+                       "print([m for m in (\"torch\", \"fairseq\", \"ansible_collections.ansible.posix\") if u.find_spec(m)])'")
+    assert light.stdout.strip() == "['ansible_collections.ansible.posix']", light.stdout + light.stderr
     assert set_up.run(".venv/bin/python -c 'import train, sys; print(train.__file__)'").stdout.strip() == \
         str(set_up.checkout / "train" / "__init__.py")  # their checkout's tandem, not the session's
     info = fab(set_up, "info")

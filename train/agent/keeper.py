@@ -34,7 +34,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -173,14 +173,22 @@ class Keeper:
         from train.agent.state import last_update
         return last_update(self.log())
 
-    def view(self) -> View:
-        ranks = self.ranks()
+    def view(self, ranks: str | None = None) -> View:
+        ranks = ranks or self.ranks()
         how = ""
         if ranks == ENDED:
             how = how_ranks_ended(tail(self.log(), 80))
         return View(host=self.me, generation=self.generation, checkpoint=self.checkpoint, ranks=ranks,
                     active=self.active, active_members=tuple(self.active_members), update=self.last_update(), how=how,
                     stopping=(self.dir / "stop").exists())
+
+    def answer(self) -> View:
+        """What a peer hears: this moment's view, but "finished" only once a round has snapshot the
+        last save (a peer that heard "finished" beside the save before it would end without it)."""
+        now, last = self.view(), self.views.get(self.me)
+        if now.ranks == FINISHED and (last is None or last.ranks != FINISHED):
+            return replace(now, ranks=last.ranks if last else RUNNING)
+        return now
 
     # --- the others
 
@@ -206,7 +214,7 @@ class Keeper:
                     return
                 if self.path == "/state":
                     with keeper.lock:
-                        body = json.dumps(keeper.view().to_dict()).encode()
+                        body = json.dumps(keeper.answer().to_dict()).encode()
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
@@ -238,6 +246,7 @@ class Keeper:
     def step(self) -> str | None:
         """Listen to the peers, decide (as leader), act. Returns why the keeper ends, or None."""
         now = self.clock()
+        ranks = self.ranks()  # before the snapshot: "done training" is logged after the last save
         self.snapshot()
         with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
             answers = dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))
@@ -245,7 +254,7 @@ class Keeper:
             for peer, said in answers.items():
                 if said is not None:
                     self.views[peer], self.heard[peer] = said, now
-            self.views[self.me] = self.view()
+            self.views[self.me] = self.view(ranks)
             live = {self.me} | {p for p in self.peers if now - self.heard[p] < self.lost_after_s}
             seen = {h: v for h, v in self.views.items() if h in live}
             newest = current(seen, self.order)
