@@ -16,7 +16,7 @@ RANKS ?= 1
 DATA_DISK_GB ?= 4
 LAB := $(PY) -m lab
 
-.PHONY: bench-targets require-root setup lab-setup test-setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
+.PHONY: test-labs bench-targets require-root setup lab-setup test-setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
 
 setup:  ## the controller: .venv with requirements.txt (no torch, no compiler, no root), tandem editable in it; packages cached in $TANDEM_CACHE
 	@bash lab/bootstrap.sh
@@ -56,7 +56,10 @@ unit: test-setup
 	@.venv/bin/pytest -m "not lab"
 
 test: test-setup lint  ## everything, the lab included, but the speed targets (make bench-targets)
-	@.venv/bin/pytest -m "not sweep"
+	@.venv/bin/pytest -m "not sweep and not own_lab"
+
+test-labs: test-setup  ## the tests that bring up labs of their own: three hosts, Debian 13 hosts (~8 min)
+	@.venv/bin/pytest -m own_lab
 
 bench-targets: test-setup  ## the benchmarks' targets on the lab, the step-time sweeps and the all_reduce bandwidth included (~17 min)
 	@.venv/bin/pytest tests/bench -v

@@ -21,6 +21,9 @@ from lab.config import LabConfig
 RUN = time.strftime("run-debian13-%Y%m%d-%H%M%S")
 
 
+pytestmark = pytest.mark.own_lab  # a lab of its own: `make test-labs` (docs/lab.md has its last figures)
+
+
 @pytest.fixture(scope="module")
 def debian13(tmp_path_factory):
     if os.geteuid() != 0:

@@ -26,6 +26,9 @@ MAX_UPDATE = 300
 SETTINGS = f"max_update={MAX_UPDATE},save_interval_updates=25,max_tokens=1024,{QUICK_HEARTBEAT}"
 
 
+pytestmark = pytest.mark.own_lab  # a lab of its own: `make test-labs` (docs/lab.md has its last figures)
+
+
 @pytest.fixture(scope="module")
 def three_hosts(tmp_path_factory):
     if os.geteuid() != 0:

@@ -38,7 +38,7 @@ from dataclasses import asdict, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from train.agent import replica
+from train.agent import replica, tracker
 from train.agent.generation import (
     ENDED,
     FINISHED,
@@ -340,7 +340,10 @@ class Keeper:
             self.log_offset = self.log().stat().st_size
         except OSError:
             self.log_offset = 0
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+        env = tracker.rank_environment(command, os.environ)
+        if env.get("WANDB_MODE") == "offline" and "WANDB_MODE" not in os.environ:
+            _say("W&B logs offline (no key here: this keeper was started without the controller, e.g. at boot)")
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
         if done.returncode != 0:
             _say(f"could not start this host's ranks: {done.stderr.strip()[-300:]}")
             return
@@ -469,8 +472,9 @@ def supervise(run_dir: str) -> int:
     return 0
 
 
-def launch(run_dir: str, user: tuple[int, int] | None = None) -> int:
-    """Start the keeper's supervisor, detached; a no-op where it runs. Returns its pid."""
+def launch(run_dir: str, user: tuple[int, int] | None = None, keys: dict[str, str] | None = None) -> int:
+    """Start the keeper's supervisor, detached; a no-op where it runs. Returns its pid. `keys`: the
+    experiment trackers' (train.agent.tracker), in its environment only."""
     if pid := supervisor_pid(run_dir):
         return pid
     kdir = keeper_dir(run_dir)
@@ -479,7 +483,8 @@ def launch(run_dir: str, user: tuple[int, int] | None = None) -> int:
     log = (kdir / "keeper.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "train.agent.keeper", "supervise", "--run", run_dir],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                            cwd=run_dir, **({"user": user[0], "group": user[1]} if user else {}))
+                            cwd=run_dir, env=os.environ | (keys or {}),
+                            **({"user": user[0], "group": user[1]} if user else {}))
     return proc.pid
 
 
@@ -521,11 +526,14 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--run", required=True, help="the run's directory on this host (/data/tandem/runs/RUN)")
         if name == "stop":
             s.add_argument("--wait", type=float, default=20)
+        if name == "launch":
+            s.add_argument("--keys-on-stdin", action="store_true",
+                           help="read the experiment trackers' keys, one JSON line, from standard input")
     b = sub.add_parser("boot")
     b.add_argument("--runs", default="/data/tandem/runs")
     args = p.parse_args(argv)
     if args.what == "launch":
-        print(launch(args.run))
+        print(launch(args.run, keys=tracker.read(sys.stdin) if args.keys_on_stdin else None))
     elif args.what == "run":
         return run(args.run)
     elif args.what == "supervise":

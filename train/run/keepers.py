@@ -15,9 +15,11 @@ import copy
 import io
 import itertools
 import json
+import os
 import secrets
 import time
 
+from ..agent import tracker
 from ..agent.generation import change_line  # noqa: F401 (what following and status say)
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
 from . import batching
@@ -67,10 +69,14 @@ def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
     keeper launched; `host: why` for each that failed."""
     kdir = f"{run.remote_dir}/keeper"
 
+    keys = tracker.from_environment(os.environ)  # on the keeper's standard input: never on the hosts' disk
+
     def one(host: Host, conn):
         conn.run(f"mkdir -p {kdir} && rm -f {kdir}/stop {kdir}/ended", hide=True, in_stream=False)
         conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
-        return conn.run(agent_command(host, "keeper", "launch", "--run", run.remote_dir), hide=True, in_stream=False)
+        flags = ["--keys-on-stdin"] if keys else []
+        launch = agent_command(host, "keeper", "launch", "--run", run.remote_dir, *flags)
+        return conn.run(launch, hide=True, in_stream=io.StringIO(json.dumps(keys) + "\n") if keys else False)
 
     return on_each(hosts, one).problems()
 

@@ -129,6 +129,9 @@ PRESETS: dict[str, dict[str, Value]] = {
 # (`train.run.command` sets the launch-related ones itself: data, save_dir, distributed_*,
 # update_freq, fp16/bf16, cpu.)
 EXTRA_OPTIONS: dict[str, type] = {
+    # W&B through fairseq's own logging (its key: WANDB_API_KEY in the controller's environment, passed to
+    # the hosts' keepers in memory only: train.agent.tracker)
+    "wandb_project": str,
     "attention_dropout": float,
     "activation_dropout": float,
     "activation_fn": str,
