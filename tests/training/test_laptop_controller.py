@@ -127,8 +127,9 @@ def fab(user: LaptopUser, *args: str) -> subprocess.CompletedProcess:
 
 def test_a_user_who_is_not_root_sets_up_the_controller_and_asks_every_host(set_up):
     assert set_up.run("id -u").stdout.strip() == str(set_up.uid) != "0"
-    light = set_up.run(".venv/bin/python -c 'import importlib.util as u; "
-                       "print([m for m in (\"torch\", \"fairseq\", \"ansible_collections.ansible.posix\") if u.find_spec(m)])'")
+    modules = ("torch", "fairseq", "ansible_collections.ansible.posix")  # the controller's: the last alone
+    light = set_up.run(".venv/bin/python -c " + shlex.quote(
+        f"import importlib.util as u; print([m for m in {modules!r} if u.find_spec(m)])"))
     assert light.stdout.strip() == "['ansible_collections.ansible.posix']", light.stdout + light.stderr
     assert set_up.run(".venv/bin/python -c 'import train, sys; print(train.__file__)'").stdout.strip() == \
         str(set_up.checkout / "train" / "__init__.py")  # their checkout's tandem, not the session's

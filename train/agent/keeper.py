@@ -434,6 +434,8 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     _say(f"keeper of {spec['run_id']} on {keeper.me}: peers {', '.join(keeper.peers) or 'none'}, "
          f"lost after {keeper.lost_after_s:g} s of silence")
     poll = poll_s or float(spec.get("poll_s", 2))
+    wake = threading.Event()  # SIGUSR1 (`keeper stop`): a round now, not at the next poll
+    signal.signal(signal.SIGUSR1, lambda *_: wake.set())
     try:
         while True:
             ended = keeper.step()
@@ -442,7 +444,8 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
                 _say(f"the keeper ends: {ended}")
                 time.sleep(linger_s(spec))  # its heartbeat says so a while longer: every peer hears it
                 return 0
-            time.sleep(poll)
+            wake.wait(poll)
+            wake.clear()
     finally:
         server.shutdown()
 
@@ -464,6 +467,7 @@ def supervise(run_dir: str) -> int:
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # meant for the keeper (its own handler), sent to the group
     while not (kdir / "stop").exists():
         child = subprocess.Popen([sys.executable, "-m", "train.agent.keeper", "run", "--run", run_dir])
         if child.wait() == 0:
@@ -475,9 +479,11 @@ def supervise(run_dir: str) -> int:
 def launch(run_dir: str, user: tuple[int, int] | None = None, keys: dict[str, str] | None = None) -> int:
     """Start the keeper's supervisor, detached; a no-op where it runs. Returns its pid. `keys`: the
     experiment trackers' (train.agent.tracker), in its environment only."""
-    if pid := supervisor_pid(run_dir):
-        return pid
     kdir = keeper_dir(run_dir)
+    if pid := supervisor_pid(run_dir):
+        if not (kdir / "ended").exists():
+            return pid
+        end_lingering(pid, run_dir)  # a keeper that ended (fab stop) and lingers for its peers: a new start
     for mark in ("stop", "ended"):
         (kdir / mark).unlink(missing_ok=True)
     log = (kdir / "keeper.log").open("ab")
@@ -488,19 +494,30 @@ def launch(run_dir: str, user: tuple[int, int] | None = None, keys: dict[str, st
     return proc.pid
 
 
+def end_lingering(pid: int, run_dir: str, wait_s: float = 5) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while supervisor_pid(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def stop(run_dir: str, wait_s: float = 20) -> str:
-    """`fab stop` on this host: the keeper told (its peers hear it in its heartbeat), then ended, then
-    every rank stopped (train.agent.stop). Returns train.agent.stop's word."""
+    """`fab stop` on this host: the keeper told and woken (SIGUSR1: a round now), it stops its ranks and
+    ends; then every rank confirmed stopped (train.agent.stop). Returns train.agent.stop's word. The
+    keeper's heartbeat says "stopping" a while longer (its peers hear it) in the background: the stop
+    returns once the ranks are gone, not after that linger."""
     kdir = keeper_dir(run_dir)
     if kdir.exists():
         (kdir / "stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
-    # the keeper stops its ranks and says so in its heartbeat before it ends: its peers hear it
-    deadline = time.monotonic() + wait_s + linger_s(read_json(kdir / "spec.json", {})) + 5
-    while supervisor_pid(run_dir) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    deadline = time.monotonic() + wait_s + 5
     if pid := supervisor_pid(run_dir):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, signal.SIGUSR1)
+        while supervisor_pid(run_dir) and not (kdir / "ended").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not (kdir / "ended").exists() and (pid := supervisor_pid(run_dir)):
+            end_lingering(pid, run_dir)  # a keeper that did not end in time: it would start ranks again
     outcome = stop_ranks(run_dir, wait_s, mark=True)
     return "stopped" if outcome == "none" and (kdir / "ended").exists() else outcome
 

@@ -58,7 +58,7 @@ def not_ours(foreign: dict[int, str]) -> str:
 STOPPED_MARK = "stopped"  # in the run's directory: `fab status` says "stopped by fab stop", not "died"
 
 
-def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.5, mark: bool = True) -> str:
+def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.1, mark: bool = True) -> str:
     """`mark`: the user asked (`fab stop`); the keeper stopping ranks for a new membership does not."""
     pids = run_pids(run_dir)
     if not pids:

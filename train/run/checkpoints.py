@@ -247,7 +247,7 @@ class BackupPolicy:
         return "last" if self.at_end else "off"
 
 
-DEFAULT_BACKUP = "every:60"  # README, "Checkpoints and the controller": why an hour
+DEFAULT_BACKUP = "every:60"  # docs/training.md, "Checkpoints and the controller": why an hour
 
 
 class Backup:
