@@ -4,27 +4,42 @@ Hosts come from the Ansible inventory (fabric.yaml `inventory`, or FABRIC_INVENT
 `--hosts a,b` picks some of them, in that order (the first is rank 0), else the
 inventory's `cluster` group. Each task: its options, a docstring, one call into train/ or
 benchmarks/, its output.
+
+Options are long only, and each value is checked before anything reaches a host (train.options);
+the exit status says how a task ended: 0 done, 1 failed, 2 bad input, 3 refused by a check that an
+--accept-... option overrides (docs/cli.md).
 """
 
 import sys
 
-from fabric import task
+import fabric.main
 
-from train.data.prepare import prepare_data as prepare
-from train.run import checkpoints, launch, presets, session
+from train import exits, options
+from train import version as tandem_version
+from train.run import checkpoints, launch, logtail, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
 from train.run.record import Run
 from train.run.remote import venv_of
-from train.tasks import cluster_task, console, known_hosts
+from train.tasks import bad_input_exits_2, cluster_task, console, known_hosts, task
+
+bad_input_exits_2(fabric.main.program)  # an unknown option is bad input too: exit 2, as a bad value
+
+
+@task
+def version(c):
+    """Say tandem's version and the checkout's commit (`fab --version` says Fabric's)."""
+    print(tandem_version.line())
 
 
 @task
 @cluster_task
 def info(c, hosts):
-    """Show every host's name, kernel, CPUs and memory, asked of all hosts in parallel."""
-    console.print(run_status.cluster_table(hosts))
+    """Show every host's name, kernel, CPUs and memory, asked of all hosts in parallel.
+
+    Exit 1 naming a host that cannot be reached."""
+    run_status.show_cluster(hosts, console)
 
 
 @task(help={
@@ -34,10 +49,13 @@ def info(c, hosts):
     "vocab_size": "joint sentencepiece vocabulary size (default 32000; the synthetic corpus uses 1000)",
     "lines": "synthetic corpus: training pairs (default 20000)",
 })
-@cluster_task
+@cluster_task(checks=[options.one_corpus], name=options.name, source=options.directory,
+              vocab_size=options.whole(2), lines=options.whole(1))
 def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None, lines=20000):
     """Prepare a corpus (clean, joint subwords, fairseq binaries) on rank 0's host, then copy it host to host."""
-    prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=int(lines))
+    from train.data.prepare import prepare_data as prepare  # numpy and the corpus code: only here
+
+    prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=lines)
 
 
 @task(help={
@@ -63,31 +81,38 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     "backup": "the controller's copy of rank 0's newest checkpoint (the last resort: the hosts hold each "
               "other's): every:MIN (at most every MIN minutes; default every:60), last (when the run ends), off",
 })
-@cluster_task
+@cluster_task(checks=[options.resumable_run, options.precision_fits_hosts], preset=options.preset,
+              set=options.overrides, dataset=options.name, run=options.name, update_freq=options.whole(1),
+              precision=options.precision, port=options.port, comm=options.comm, backup=options.backup)
 def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
           comm=None, rejoin=False, backup=checkpoints.DEFAULT_BACKUP):
-    """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume."""
+    """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume.
+
+    Exit 3 when the network check refuses (--accept-slow-network overrides it)."""
     request = session.TrainRequest(
-        preset=preset, overrides=tuple(presets.parse_overrides(set)), dataset=dataset, run_id=run, new=new,
-        update_freq=int(update_freq) if update_freq is not None else None, precision=precision, port=int(port),
+        preset=preset, overrides=tuple(set or ()), dataset=dataset, run_id=run, new=new,
+        update_freq=update_freq, precision=precision, port=port,
         dry_run=dry_run, detach=detach,
         accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin, backup=backup)
     session.train(request, hosts, known_hosts(c), console)
 
 
-@task(help={"run": "run id (default: the latest)"})
-@cluster_task
-def status(c, hosts, run=None):
-    """Per host: the ranks it runs, are they running, the last update, loss and s/update; why it stopped if it did."""
-    if not run_status.show(Run.load(run), hosts, console):
-        sys.exit(1)
+@task(help={"run": "run id (default: the latest)",
+            "json": "print it as JSON: the run's state and update, per host its ranks, state, update, loss, "
+                    "s/update, last log line and why it could not be reached"})
+@cluster_task(run=options.existing_run)
+def status(c, hosts, run=None, json=False):
+    """Per host: the ranks it runs, are they running, the last update, loss and s/update; why it stopped if it did.
+
+    Exit 1 naming a host that cannot be reached."""
+    run_status.show(Run.load(run), hosts, console, as_json=json)
 
 
 @task(help={"run": "run id (default: the latest)", "every": "seconds between refreshes (default 2)",
             "link_mbps": "the link's speed when the run measured none (default: the inventory's)",
             "once": "print one frame and return (no full screen)"})
-@cluster_task
+@cluster_task(run=options.existing_run, every=options.seconds, link_mbps=options.mbps)
 def watch(c, hosts, run=None, every=2.0, link_mbps=None, once=False):
     """Live full-screen view of a run: per host GPUs, NIC against the link, CPU; loss, s/update, ETA, verdict."""
     from dataclasses import asdict
@@ -96,31 +121,37 @@ def watch(c, hosts, run=None, every=2.0, link_mbps=None, once=False):
 
     the_run = Run.load(run)
     chosen = the_run.hosts_of(hosts)
-    expected = link_mbps or chosen[0].vars.get("network_expected_mbps")
-    watch_run(asdict(the_run), the_run.remote_dir, chosen, console, every_s=float(every),
+    expected = link_mbps or chosen[0].var("network_expected_mbps")
+    watch_run(asdict(the_run), the_run.remote_dir, chosen, console, every_s=every,
               link_mbps=float(expected) if expected else None, once=bool(once))
 
 
 @task(help={"run": "run id (default: the latest)", "port": "the local port to open it on (default 6006)"})
-@cluster_task
+@cluster_task(run=options.existing_run, port=options.port)
 def tensorboard(c, hosts, run=None, port=6006):
     """TensorBoard of a run on rank 0's host (127.0.0.1 there), forwarded over SSH to a local port; Ctrl-C stops it."""
     from train.watch import tensorboard as tb
 
     the_run = Run.load(run)
     host = the_run.hosts_of(hosts)[0]  # rank 0 writes the run's TensorBoard logs
-    tb.serve(host, venv_of(host), the_run.remote_dir, int(port), lambda line: console.print(line, markup=False))
+    tb.serve(host, venv_of(host), the_run.remote_dir, port, lambda line: console.print(line, markup=False))
 
 
-@task(help={"run": "run id (default: the latest)", "lines": "lines per host (default 20)"})
-@cluster_task
-def logs(c, hosts, run=None, lines=20):
-    """Tail every host's training log."""
-    run_status.show_logs(Run.load(run), hosts, int(lines), console)
+@task(help={"run": "run id (default: the latest)", "lines": "lines per host (default 20)",
+            "follow": "go on printing every host's new lines, each prefixed with its host, until Ctrl-C"})
+@cluster_task(run=options.existing_run, lines=options.whole(1))
+def logs(c, hosts, run=None, lines=20, follow=False):
+    """Tail every host's training log, or follow them all (--follow).
+
+    Exit 1 naming a host that cannot be reached."""
+    if follow:
+        logtail.follow(Run.load(run), hosts, lines, console)
+    else:
+        run_status.show_logs(Run.load(run), hosts, lines, console)
 
 
 @task(help={"run": "run id (default: the latest)"})
-@cluster_task
+@cluster_task(run=options.existing_run)
 def stop(c, hosts, run=None):
     """Stop every rank on every host and confirm none is left (non-zero exit naming a host that won't stop)."""
     the_run = Run.load(run)
@@ -131,7 +162,7 @@ def stop(c, hosts, run=None):
 
 
 @task(help={"run": "run id (default: the latest)", "checkpoint": "checkpoint file name (default checkpoint_best.pt)"})
-@cluster_task
+@cluster_task(run=options.existing_run, checkpoint=options.checkpoint)
 def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     """Translate the test set with the best checkpoint on the first host and print SacreBLEU."""
     the_run = Run.load(run)
@@ -157,7 +188,9 @@ def _say(message):
     "threshold": "fail (exit 1) when busbw / link at 256 MB and above is below this fraction, e.g. 0.85",
     "port": "the all_reduce's rendezvous port on the first host (default 29501)",
 })
-@cluster_task
+@cluster_task(checks=[options.sizes_in_order], min_size=options.size, max_size=options.size,
+              iters=options.whole(1), budget_s=options.seconds, iperf_seconds=options.seconds,
+              threshold=options.fraction, port=options.port)
 def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iperf_seconds=3, threshold=None,
               port=29501):
     """iperf3 between every pair of hosts, then an all_reduce sweep: nccl-tests table + busbw / link."""
@@ -181,7 +214,10 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
     "comm": "communication strategies, comma-separated, one training job each: sync (default), fp16, "
             "local-sgd:H, auto (fab train's pick at each capped rate); several are compared side by side at the end",
 })
-@cluster_task
+@cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset], rates=options.rates,
+              preset=options.preset, set=options.overrides_text, dataset=options.name, updates=options.whole(1),
+              cycles=options.whole(1), skip=options.whole(0), port=options.port, precision=options.precision,
+              comm=options.comm_list)
 def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
                updates=8, cycles=2, skip=1, port=29500, precision=None, comm="sync"):
     """Train on all hosts while capping the link at each rate (tc): s/update, wps, bytes sent; table + plot."""
@@ -206,7 +242,10 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "json": "print the figures as JSON",
     "comm": "sync (default), fp16, local-sgd:H, or auto: the least invasive that reaches 90% scaling efficiency",
 })
-@cluster_task
+@cluster_task(checks=[options.overrides_fit_preset], preset=options.preset, set=options.overrides_text,
+              dataset=options.name, link=options.link, compute_s=options.seconds, precision=options.precision,
+              update_freq=options.whole(1), max_update=options.whole(1), overlap=options.fraction,
+              comm=options.comm)
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
             precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync"):
     """Predict s/update, hours and dollars of every host subset x --comm, the verdict (exit 3 if network-bound
@@ -225,12 +264,12 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
         if verdict.comparison is not None:
             console.print(verdict.comparison.table())
     if verdict.network_bound or verdict.fewer_hosts_faster:
-        sys.exit(3)
+        sys.exit(exits.REFUSED)
 
 
 @task(help={"run": "run id (default: the latest)",
             "link_mbps": "the link's speed when no bench-net result exists (default: the inventory's)"})
-@cluster_task
+@cluster_task(run=options.existing_run, link_mbps=options.mbps)
 def report(c, hosts, run=None, link_mbps=None):
     """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
     from train.report.collect import report as make_report
@@ -238,7 +277,15 @@ def report(c, hosts, run=None, link_mbps=None):
 
     the_run = Run.load(run)
     keepers.sync(the_run, launch.states(the_run, the_run.known_of(hosts)))  # the hosts' membership record
-    make_report(the_run, hosts, float(link_mbps) if link_mbps else None, console)
+    make_report(the_run, hosts, link_mbps, console)
+
+
+def _quality_entries(text):
+    """bench-quality's --comm, checked as it reads it (update-freq:K among the strategies)."""
+    from benchmarks import quality
+
+    quality.parse_entries(text)
+    return text
 
 
 @task(help={
@@ -253,7 +300,9 @@ def report(c, hosts, run=None, link_mbps=None):
     "bleu": "also translate the test set with each final model (SacreBLEU, as fab evaluate); --no-bleu: loss only",
     "timeout": "seconds each run may take (default 3600)",
 })
-@cluster_task
+@cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset], comm=_quality_entries,
+              preset=options.preset, set=options.overrides_text, dataset=options.name, updates=options.whole(1),
+              port=options.port, precision=options.precision, timeout=options.seconds)
 def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=None, dataset="synthetic",
                   updates=300, port=29500, precision=None, bleu=True, timeout=3600):
     """Train once per strategy for the same samples: final valid loss (and BLEU) against sync's; table + JSON."""
@@ -261,3 +310,46 @@ def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=No
 
     quality.run(hosts, comm=comm, preset=preset, set_text=set, dataset=dataset, updates=updates, port=port,
                 precision=precision, bleu=bleu, timeout=timeout, say=_say)
+
+
+# ---- a newcomer's own hosts (train/inventory_init.py, train/hostcheck.py; issue 35) ----
+
+
+@task(help={
+    "hosts_at": "the hosts' addresses (as SSH reaches them), comma-separated, rank 0's first",
+    "user": "the login user, with passwordless sudo (ubuntu on Ubuntu images, debian on Debian)",
+    "key": "the SSH private key file (default: ssh's own keys and agent)",
+    "names": "the hosts' names in tandem, comma-separated (default gpu1,gpu2,...)",
+    "gpus": "GPUs each host has (default: as many as each shows, nvidia-smi's or its PCI bus's; 0: CPU hosts)",
+    "cluster_at": "where the hosts reach each other (private addresses), comma-separated, as --hosts-at "
+                  "(default: the --hosts-at addresses)",
+    "data_device": "the attached volume for /data on every host (e.g. /dev/nvme1n1), or none (default: /data on "
+                   "the root disk)",
+    "hourly_usd": "what one host costs per hour, US dollars (fab predict and fab status show dollars with it)",
+    "known_hosts": "a known_hosts file with the hosts' keys (default ~/.ssh/known_hosts): fab and Ansible check them",
+    "out": "the inventory file to write (default inventory/mine.yml)",
+    "force": "overwrite --out when it exists",
+    "check": "write nothing: check the inventory FABRIC_INVENTORY (else fabric.yaml) names",
+})
+def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_at=None, data_device=None,
+         hourly_usd=None, known_hosts=None, out=None, force=False, check=False):
+    """Write an inventory for your hosts (or --check yours), then check each: SSH, sudo, OS, Python, GPUs, NIC, disk.
+
+    One table, each problem with its fix under it. Exit 0 when every host passes, 1 when one fails,
+    2 for bad input (an address, a missing key file, an existing --out without --force)."""
+    from train import inventory_init
+    from train.cluster import ClusterError
+    from train.exits import BAD_INPUT, FAILED, OptionError
+    from train.tasks import say_error
+
+    try:
+        code = inventory_init.init(console, c.config.get("inventory"), check=check, out=out, force=force,
+                                   hosts_at=hosts_at, user=user, key=key, names=names, cluster_at=cluster_at,
+                                   gpus=gpus, data_device=data_device, hourly_usd=hourly_usd, known_hosts=known_hosts)
+    except OptionError as err:
+        say_error(err)
+        code = BAD_INPUT
+    except ClusterError as err:  # an inventory tandem cannot read: a value of the wrong type, no hosts
+        say_error(err, console)
+        code = FAILED
+    sys.exit(code)

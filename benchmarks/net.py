@@ -105,7 +105,7 @@ def host_info(hosts: list[Host]) -> dict[str, dict]:
                         "speed_mbps": int(lines[0]) if lines[0].lstrip("-").isdigit() else None,
                         "mtu": int(lines[1]) if lines[1].isdigit() else None,
                         "kernel": lines[2], "iperf3": lines[3],
-                        "expected_mbps": h.vars.get("network_expected_mbps")}
+                        "expected_mbps": h.var("network_expected_mbps")}
     return info
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from train.cluster import ClusterError, Host, connect, run_all, world_size
+from train.exits import OptionError
 from train.plan import measurements
 from train.report import logparse
 from train.run import command, launch, preflight, presets
@@ -116,7 +117,7 @@ def run_overrides(overrides: list[str], updates: int, bleu: bool) -> list[str]:
     end only, no checkpoint unless BLEU needs the final one (then none mid-epoch)."""
     owned = [o for o in overrides if o.split("=", 1)[0].strip() in OWNED]
     if owned:
-        raise ClusterError(f"--set {','.join(owned)}: bench-quality sets the updates itself (--updates N)")
+        raise OptionError("set", f"--set {','.join(owned)}: bench-quality sets the updates itself (--updates N)")
     ours = [f"max_update={updates}", f"validate_after_updates={updates}", "save_interval_updates=0"]
     return [*overrides, *ours, "no_save=false" if bleu else "no_save=true"]
 
@@ -388,7 +389,7 @@ def bench_quality(hosts: list[Host], entries: list[Entry], updates: int = 300, p
         try:
             presets.resolve(preset, run_overrides(overrides, e.updates(n), bleu))
         except presets.OverrideError as err:
-            raise ClusterError(str(err)) from err
+            raise OptionError("set", err) from None
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     if n != updates:
         say(f"{updates} updates rounded up to {n}: a multiple of every sync period and update-freq")

@@ -22,12 +22,11 @@ from fabric.exceptions import GroupException
 from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 
+from . import hostvars, inventory_cache
+from .errors import ClusterError  # below train.hostvars, which raises it too; callers import it from here
+
 TOP = Path(__file__).resolve().parent.parent
 CLUSTER_GROUP = "cluster"
-
-
-class ClusterError(RuntimeError):
-    """A problem with the cluster the user must fix; the message names host and cause."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,11 @@ class Host:
         if not self.cluster_address:
             object.__setattr__(self, "cluster_address", self.address)
 
+    def var(self, name: str) -> object:
+        """The inventory's `name` for this host, typed, its default when unset (train.hostvars defines
+        every name tandem reads; another raises)."""
+        return hostvars.get(self, name)
+
     @property
     def ranks(self) -> int:
         """How many ranks (training processes) this host runs: one per GPU on a GPU host; on a CPU
@@ -60,17 +64,7 @@ class Host:
         which ranks run where read it."""
         if self.gpus > 0:
             return self.gpus
-        return cpu_ranks(self.name, self.vars.get("cpu_ranks"))
-
-
-def cpu_ranks(name: str, value: object) -> int:
-    """The inventory's `cpu_ranks` for a CPU host: a whole number, 1 or more (unset: 1)."""
-    if value in (None, ""):
-        return 1
-    if isinstance(value, bool) or not str(value).strip().isdigit() or int(str(value).strip()) < 1:
-        raise ClusterError(f"{name}: cpu_ranks must be a whole number of ranks for a CPU host (1 or more), "
-                           f"the inventory gives {value!r}")
-    return int(str(value).strip())
+        return self.var("cpu_ranks")  # type: ignore[return-value]
 
 
 def rank_layout(ranks_per_host: Sequence[int]) -> list[range]:
@@ -114,34 +108,52 @@ def load_hosts(path: Path) -> list[Host]:
     """Every host of the inventory's `cluster` group, in inventory order (= node rank)."""
     if not path.exists():
         raise ClusterError(f"inventory {path} does not exist (lab: `make lab-up` writes inventory/lab.yml)")
+    cached = inventory_cache.read(path)
+    if cached is not None:
+        return [_host(name, variables) for name, variables in cached]
+    members = parse_inventory(path)
+    inventory_cache.write(path, members)
+    return [_host(name, variables) for name, variables in members]
+
+
+def parse_inventory(path: Path) -> list[tuple[str, dict]]:
+    """Ansible's own reading of the inventory: each `cluster` host's name and variables."""
     # Ansible's own parser: group_vars, host_vars and every inventory format just work.
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.utils.collection_loader import AnsibleCollectionConfig
     from ansible.vars.manager import VariableManager
 
+    if AnsibleCollectionConfig.collection_finder is None:  # as Ansible's CLIs do: a cloud inventory's plugin
+        init_plugin_loader()  # (amazon.aws.aws_ec2, docs/inventory.md) lives in a collection
     loader = DataLoader()
     manager = InventoryManager(loader=loader, sources=[str(path)])
     variables = VariableManager(loader=loader, inventory=manager)
     group = manager.groups.get(CLUSTER_GROUP)
     members = group.get_hosts() if group else manager.get_hosts()
     if not members:
-        raise ClusterError(f"inventory {path} lists no hosts (expected a `{CLUSTER_GROUP}` group)")
-    return [_host(h.name, variables.get_vars(host=h)) for h in members]
+        raise ClusterError(f"inventory {path} lists no hosts (expected a `{CLUSTER_GROUP}` group; Ansible's warnings "
+                           "above say why a source did not parse: a cloud's needs inventory/examples/requirements.*)")
+    return [(h.name, variables.get_vars(host=h)) for h in members]
 
 
-def _host(name: str, hostvars: dict) -> Host:
+def _host(name: str, variables: dict) -> Host:
+    def var(key: str):
+        return hostvars.value(variables, key, name)
+
     return Host(
         name=name,
-        address=str(hostvars.get("ansible_host", name)),
-        user=str(hostvars.get("ansible_user", os.environ.get("USER", "root"))),
-        port=int(hostvars.get("ansible_port", 22)),
-        key=hostvars.get("ansible_ssh_private_key_file"),
-        known_hosts=hostvars.get("tandem_known_hosts_file"),
-        gpus=int(hostvars.get("gpus", 0)),
-        nic=hostvars.get("cluster_nic"),
-        data_device=hostvars.get("data_device"),
-        vars=dict(hostvars),
-        cluster_address=str(hostvars.get("cluster_address") or ""),
+        address=var("ansible_host") or name,
+        user=var("ansible_user") or os.environ.get("USER", "root"),
+        port=var("ansible_port"),
+        key=var("ansible_ssh_private_key_file"),
+        known_hosts=var("tandem_known_hosts_file"),
+        gpus=var("gpus"),
+        nic=var("cluster_nic"),
+        data_device=var("data_device"),
+        vars=dict(variables),
+        cluster_address=var("cluster_address") or "",
     )
 
 

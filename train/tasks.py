@@ -5,22 +5,82 @@ serially, each with a Connection. A cluster job must act on all of them together
 rendezvous, ranks in host order), so tandem's fabric.yaml names `ClusterExecutor` as the
 executor (`tasks.executor_class`, Invoke's supported way to change it): it reads the same
 `--hosts` value Fabric's executor reads, hands the names to the task through the config
-(`cluster_hosts`) and calls the task once. `cluster_task` resolves them through the inventory.
+(`cluster_hosts`) and calls the task once. `cluster_task` resolves them through the inventory,
+checks every option first (train.options) and ends the task with its exit status (train.exits).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 
+import fabric
 from fabric import Connection
 from fabric.executor import Executor
+from invoke.exceptions import ParseError
 from rich.console import Console
+from rich.text import Text
 
 from .cluster import ClusterError, Host, inventory_path, load_hosts, select
+from .exits import BAD_INPUT, FAILED, REFUSED, OptionError, Refused
 
 console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)  # bad input: one line on stderr
+
+
+# The only short flags: each means the same in every task that has the option (`fab logs -f`, as tail -f).
+# Before the task's name `-f` stays Fabric's own --config.
+SHORT_FLAGS = {"follow": "f"}
+
+
+class TandemTask(fabric.tasks.Task):
+    """Fabric's task, its options long only (but SHORT_FLAGS) and their values text. Invoke derives
+    short flags from each task's own option names (`-c` was --comm in one task, --checkpoint in
+    another), and converts a value to its default's type while parsing, where a bad one ends in a
+    traceback; the task's parsers (train.options) convert it instead, and say what they accept."""
+
+    def __init__(self, body, **kwargs):
+        super().__init__(body, **{**kwargs, "auto_shortflags": False})
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        if opts.get("kind") in (int, float):
+            opts["kind"] = str
+        if name in SHORT_FLAGS:
+            opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
+        return opts
+
+
+def task(*args, **kwargs):
+    """`@task` for tandem's fabfile: fabric's, with TandemTask."""
+    return fabric.task(*args, **{"klass": TandemTask, **kwargs})
+
+
+def bad_input_exits_2(program) -> None:
+    """Invoke's parser refuses an unknown option or a flag without its value with exit 1; tandem says
+    2 for every bad input (train.exits). The fabfile is loaded before the tasks' options are parsed,
+    and Invoke has no setting for it, so the running program's parse step is wrapped from there."""
+    parse = program.parse_tasks
+    if getattr(parse, "exits_2", False):
+        return
+
+    def parse_tasks():
+        try:
+            parse()
+        except ParseError as err:  # Invoke names an option `<Argument: update_freq>`: as the user typed it
+            said = re.sub(r"<Argument: (\w+)[^>]*>", lambda m: "--" + m[1].replace("_", "-"), str(err))
+            say_error(f"{said} (fab -l lists the tasks, fab --help TASK a task's options)")
+            sys.exit(BAD_INPUT)
+
+    parse_tasks.exits_2 = True
+    program.parse_tasks = parse_tasks
+
+
+def say_error(message: object, out: Console = errors, label: str = "error:") -> None:
+    """`error: ...` as one line, the message printed as it is (never read as rich markup)."""
+    out.print(Text.assemble((label, "red"), " ", str(message)))
 
 
 class ClusterExecutor(Executor):
@@ -34,30 +94,72 @@ class ClusterExecutor(Executor):
 
 def cluster_hosts(c) -> list[Host]:
     """The inventory's hosts (`FABRIC_INVENTORY`, else fabric.yaml's `inventory`), those named with
-    --hosts when given."""
-    return select(load_hosts(inventory_path(c.config.get("inventory"))), c.config.get("cluster_hosts"))
+    --hosts when given; a name the inventory lacks, or given twice, is bad input."""
+    hosts, names = load_hosts(inventory_path(c.config.get("inventory"))), c.config.get("cluster_hosts") or []
+    unknown = [n for n in names if n not in {h.name for h in hosts}]
+    if unknown:
+        raise OptionError("hosts", f"unknown host {', '.join(unknown)}: the inventory has "
+                                   f"{', '.join(h.name for h in hosts)}")
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise OptionError("hosts", f"{', '.join(twice)} given twice: each host runs once")
+    return select(hosts, names)
 
 
-def cluster_task(body):
-    """Run the task body once for all selected hosts; turn ClusterError into a clean exit."""
+def cluster_task(body=None, /, *, checks=(), **parsers):
+    """Run the task body once for all selected hosts, its options checked first: each named in
+    `parsers` converted by its parser (train.options), then every check(hosts, values) of `checks`.
+    Ends the task with its exit status (train.exits): 2 for bad input, before any host is reached,
+    3 for a refusal an --accept-... option overrides, 1 for any other ClusterError."""
+    if body is None:
+        return functools.partial(cluster_task, checks=checks, **parsers)
+    signature = inspect.signature(body)
+    params = list(signature.parameters.values())
+    if unknown := set(parsers) - set(signature.parameters):
+        raise TypeError(f"{body.__name__} has no option {', '.join(sorted(unknown))} to parse")
 
     @functools.wraps(body)
     def wrapper(c, *args, **kwargs):
         if isinstance(c, Connection):  # Fabric's own executor: one call per host
-            console.print("[red]error:[/] fab expanded --hosts into one call per host: tandem's fabric.yaml sets "
-                          "tasks.executor_class: train.tasks.ClusterExecutor; run fab from the checkout")
-            sys.exit(2)
+            say_error("fab expanded --hosts into one call per host: tandem's fabric.yaml sets "
+                      "tasks.executor_class: train.tasks.ClusterExecutor; run fab from the checkout")
+            sys.exit(BAD_INPUT)
+        values: dict = {}
         try:
-            return body(c, cluster_hosts(c), *args, **kwargs)
+            bound = signature.bind(c, None, *args, **kwargs)
+            bound.apply_defaults()
+            values = {k: v for k, v in bound.arguments.items() if k not in (params[0].name, params[1].name)}
+            values = parsed(values, parsers)
+            hosts = cluster_hosts(c)
+            for check in checks:
+                check(hosts, values)
+            return body(c, hosts, **values)
+        except OptionError as err:
+            say_error(err)
+            sys.exit(BAD_INPUT)
+        except Refused as err:
+            say_error(err, errors if values.get("json") else console, "refused:")
+            sys.exit(REFUSED)
         except ClusterError as err:
-            console.print(f"[red]error:[/] {err}")
-            sys.exit(1)
+            say_error(err, errors if values.get("json") else console)  # --json keeps stdout for the JSON
+            sys.exit(FAILED)
 
     # Fabric reads the task's options from its signature: hide the `hosts` we pass in.
-    signature = inspect.signature(body)
-    params = list(signature.parameters.values())
     wrapper.__signature__ = signature.replace(parameters=[params[0], *params[2:]])
     return wrapper
+
+
+def parsed(values: dict, parsers: dict) -> dict:
+    """The options' values, each given one converted by its parser; whatever a parser raises about
+    its value (a ValueError, a ClusterError) is an OptionError naming the option."""
+    out = dict(values)
+    for option, parse in parsers.items():
+        if out[option] is None:  # not given, and no default to check
+            continue
+        try:
+            out[option] = parse(out[option])
+        except (ValueError, ClusterError) as err:
+            raise OptionError(option, err) from None
+    return out
 
 
 def known_hosts(c) -> list[Host]:

@@ -12,7 +12,8 @@ run's first checkpoint, which `fab evaluate` reads. `git clone` and
 a user who is not root).
 
 How an output is checked: each line the README shows must be a line of the real output once
-numbers, sizes and times are masked (`#`) and spaces collapsed; `...` stands for any lines."""
+numbers, sizes and times are masked (`#`) and spaces collapsed; a line `...` stands for any lines, ` ... `
+within a line for any text."""
 
 from __future__ import annotations
 
@@ -47,19 +48,32 @@ def console_blocks(readme: str) -> list[list[tuple[str, list[str]]]]:
 
 
 def masked(line: str) -> str:
-    line = re.sub(r"\d+([.,:]\d+)*", "#", line)
+    """Figures (and their units) as `#`, spaces collapsed: what differs between two hosts' runs."""
+    line = re.sub(r"\d+([.,:]\d+)*(\s?(kB|MB|GB|TB|ms|s|min|h)\b)?", "#", line)
     return " ".join(line.split())
 
 
+def matches(want: str, real: str) -> bool:
+    """`want`'s parts between ` ... ` appear in `real`, in order."""
+    at = 0
+    for part in (p.strip() for p in want.split("...")):
+        found = real.find(part, at)
+        if found < 0:
+            return False
+        at = found + len(part)
+    return True
+
+
 def shown_in(shown: list[str], output: str) -> list[str]:
-    """The README's lines missing from `output`, in order (`...`: any lines)."""
+    """The README's lines missing from `output`, in order (a line `...`: any lines; ` ... ` in a line: any
+    text)."""
     real = [masked(line) for line in output.splitlines()]
     missing, at = [], 0
     for line in shown:
         if line.strip() == "...":
             continue
         want = masked(line)
-        found = next((i for i in range(at, len(real)) if want in real[i]), None)
+        found = next((i for i in range(at, len(real)) if matches(want, real[i])), None)
         if found is None:
             missing.append(line)
         else:

@@ -190,7 +190,7 @@ def client_commands(batch: list[tuple[str, str]], by_name: dict[str, Host], port
     address, the one training uses (its ssh address may be a public one the firewall drops), with
     parallel streams where the sender's expected link calls for them (as provisioning measures)."""
     def streams(h: Host) -> int:
-        return iperf3.streams(h.vars.get("network_iperf_streams"), h.vars.get("network_expected_mbps"))
+        return iperf3.streams(h.var("network_iperf_streams"), h.var("network_expected_mbps"))
 
     return {a: iperf3.client_command(by_name[b].cluster_address, port, seconds, omit, streams(by_name[a]))
             for a, b in batch}

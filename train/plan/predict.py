@@ -141,8 +141,10 @@ def link_figure(hosts: list[Host], source: str,
                 gradient_bytes: float | None = None) -> tuple[float, str, float]:
     """The rate the model uses, where it came from, and iperf3's (steady-state) figure: a small
     all_reduce is latency-bound on any port, so the capped-port check looks at the latter."""
-    if source == "measure":
-        pairs, _ = link.iperf(hosts, "ring", seconds=2)
+    if source in ("measure", "quick"):
+        # quick: fab train's check before every start, 1 s a pair (a capped port is 10x off, not 10%)
+        pairs, _ = link.iperf(hosts, "ring", seconds=1, omit=0) if source == "quick" else \
+            link.iperf(hosts, "ring", seconds=2)
         link.require_reachable(pairs, hosts)
         mbps = link.link_mbps(pairs)
         if not mbps:
@@ -175,8 +177,8 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     (model.choose, with `overlaps` per strategy); a network-bound sync run is told which `--comm`
     would reach 90%. `sync_updates`: local SGD's synchronous start (train.run.comm.sync_start)."""
     ranks = world_size(hosts)
-    expected = hosts[0].vars.get("network_expected_mbps")
-    ratio = float(hosts[0].vars.get("network_min_ratio", 0.9))
+    expected = hosts[0].var("network_expected_mbps")
+    ratio = hosts[0].var("network_min_ratio")
     v = Verdict(params, ranks, link_mbps, link_source, compute_s, compute_source,
                 float(expected) if expected else None, ratio, port_mbps=port_mbps)
     overlaps = dict(overlaps or {"sync": overlap, "fp16": overlap})
@@ -313,7 +315,7 @@ def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:
     nothing refused) when it cannot be made."""
     if len(hosts) < 2:
         return None
-    return predict_for(hosts, run.preset, list(run.overrides), run.dataset, "measure",
+    return predict_for(hosts, run.preset, list(run.overrides), run.dataset, "quick",
                        precision=run.precision, update_freq=run.update_freq, max_update=run.max_update,
                        comm=comm if comm is not None else run.comm)
 

@@ -6,24 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from train.cluster import ClusterError, Host
+from train.cluster import Host
 
 PRICE_VAR = "hourly_usd"
 
 
 def hourly_usd(host: Host) -> float | None:
     """The host's price per hour in US dollars, None when the inventory gives none."""
-    value = host.vars.get(PRICE_VAR)
-    if value is None or value == "":
-        return None
-    try:
-        price = float(value)
-    except (TypeError, ValueError):
-        raise ClusterError(f"{host.name}: {PRICE_VAR} must be US dollars per hour (a number), "
-                           f"not {value!r}") from None
-    if price < 0:
-        raise ClusterError(f"{host.name}: {PRICE_VAR} must be zero or more, not {price}")
-    return price
+    return host.var(PRICE_VAR)  # type: ignore[return-value]
 
 
 def cluster_hourly_usd(hosts: Sequence[Host]) -> float | None:

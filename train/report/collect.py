@@ -65,7 +65,7 @@ def report(run: Run, hosts: list[Host], link_mbps: float | None, console) -> Pat
         console.print(f"[yellow]{name}: {problem}[/]")
     running = any(s.running for s in launch.states(run, run.hosts_of(hosts)))
     (run.local_dir / "cost.json").write_text(json.dumps(idle.cost(run, hosts, running).as_dict(), indent=1) + "\n")
-    expected = link_mbps or hosts[0].vars.get("network_expected_mbps")
+    expected = link_mbps or hosts[0].var("network_expected_mbps")
     with console.status("plots and answers"):
         page, lines = build_report(run.local_dir, float(expected) if expected else None)
     for line in lines:

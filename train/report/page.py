@@ -103,8 +103,21 @@ def host_rows(an: A.Analysis) -> list[dict]:
         rows.append({"name": host, "ranks": ranks.get(host, "-"), "log": bool(log), "samples": len(samples),
                      "gpus": gpus,
                      "nic": samples[0].get("nic", "?") if samples else "?", "state": state,
-                     "tail": d.tails.get(host, "")[:200]})
+                     "tail": host_doing(d, host, bool(done))})
     return rows
+
+
+def host_doing(d: A.RunData, host: str, done: bool) -> str:
+    """A host's last log line, or, for a host after rank 0's that erred in nothing, what it did: it
+    logs no update (rank 0 does), so its last line is a PyTorch warning's fragment or `initialized
+    host v100b as rank 1`."""
+    log = d.logs.get(host)
+    if host in d.rank0_logs or host == d.rank0 or not log or log.errors:
+        return d.tails.get(host, "")[:200]
+    updates = [r.update for r in d.log.records if r.update is not None]
+    if done:
+        return "finished with rank 0" + (f" at update {max(updates):,}" if updates else "")
+    return "in step with rank 0" + (f" (its last logged update: {max(updates):,})" if updates else "")
 
 
 MARKED = {"loss.png", "step_time.png", "wps.png", "timeline.png"}  # plots.mark_changes draws on these

@@ -69,7 +69,7 @@ def log_ages(run: Run, hosts: list[Host]) -> dict[str, float]:
 
 def stop_hint(hosts: list[Host]) -> str:
     """The inventory's `stop_command` of each host, else the providers' usual commands."""
-    given = [f"{h.name}: `{h.vars['stop_command']}`" for h in hosts if h.vars.get("stop_command")]
+    given = [f"{h.name}: `{command}`" for h in hosts if (command := h.var("stop_command"))]
     return "; ".join(given) if given else PROVIDERS_STOP
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 from ..agent import pins
 from ..agent.probe import agent_digest, versions_differ
@@ -46,8 +47,11 @@ def answer(result: HostResult) -> dict | None:
 def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
     """Every host's answers to train.agent.probe, in one round trip; an unreachable host raises,
     naming it and why."""
+    # --cache: provisioning's record of the versions (torch, fairseq), valid while no package, Python or
+    # driver changed: importing torch to ask again takes seconds on every host, at every start
+    cache = f"{Path(venv_of(hosts[0])).parent}/versions.json"
     results = run_all(hosts, agent_command(hosts[0], "probe", "--data", run.data_dir, "--port", run.master_port,
-                                           "--run", run.remote_dir, "--packages"))
+                                           "--run", run.remote_dir, "--packages", "--cache", cache))
     answers, problems = {}, []
     for host in hosts:
         result = results[host.name]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import shlex
 
-from ..cluster import ClusterError, Host
-from ..hostpaths import DEFAULT_VENV
+from ..cluster import Host
 
 
 def venv_of(host: Host) -> str:
     """The training venv on `host`: the inventory's (train_env's own variable, else the shared one)."""
-    return str(host.vars.get("train_env_venv") or host.vars.get("tandem_venv") or DEFAULT_VENV)
+    return str(host.var("train_env_venv") or host.var("tandem_venv"))
 
 
 def agent_command(host: Host, module: str, *args: object) -> str:
@@ -23,10 +22,4 @@ def train_threads(host: Host) -> int | None:
     """The inventory's `train_threads` for this host: CPU threads for each of its ranks
     (OMP_NUM_THREADS in every rank's environment; None: torch's default). A host running several
     ranks (`cpu_ranks`) wants cores / ranks, or they contend."""
-    value = host.vars.get("train_threads")
-    if value in (None, ""):
-        return None
-    if isinstance(value, bool) or not str(value).isdigit() or int(value) < 1:
-        raise ClusterError(f"{host.name}: train_threads must be a whole number of CPU threads per rank (1 or more), "
-                           f"the inventory gives {value!r}")
-    return int(value)
+    return host.var("train_threads")  # type: ignore[return-value]

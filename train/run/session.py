@@ -7,9 +7,11 @@ The fab task builds a `TrainRequest` from its options and calls `train` once.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..cluster import ClusterError, Host, placement, select
+from ..exits import OptionError, Refused
 from ..plan import predict
 from ..plan.link import PeerUnreachable
 from . import batching, checkpoints, command, interval, keepers, launch, preflight, presets
@@ -50,6 +52,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     host of the inventory (a lost host can come back from there). Raises ClusterError naming host
     and cause for anything that stops it, StoppedEarly when the run ends before its last update."""
     backup_policy(request)  # a bad --backup is said before anything starts
+    wandb_key_given(request.overrides, os.environ)
     if request.rejoin:
         hosts = rejoin_hosts(known, request.run_id)
     precision = request.precision or command.default_precision([h.gpus for h in hosts])
@@ -130,11 +133,19 @@ def gpu_memory_after_choice(run: Run, hosts: list[Host], answers: dict[str, dict
     return [problem for problem in found if problem]
 
 
+def wandb_key_given(overrides: tuple[str, ...], environ) -> None:
+    """W&B needs its key from here (the hosts never store it: train.agent.tracker), or offline logging."""
+    if presets.overridden(overrides, "wandb_project") and not environ.get("WANDB_API_KEY") \
+            and not environ.get("WANDB_MODE"):
+        raise OptionError("set", "wandb_project needs WANDB_API_KEY in this shell's environment (the hosts' "
+                          "keepers get it in memory only), or WANDB_MODE=offline to log on the hosts alone")
+
+
 def backup_policy(request: TrainRequest) -> checkpoints.BackupPolicy:
     try:
         return checkpoints.BackupPolicy.parse(request.backup)
     except ValueError as err:
-        raise ClusterError(str(err)) from None
+        raise OptionError("backup", err) from None
 
 
 def follow_to_the_end(run: Run, hosts: list[Host], request: TrainRequest, known: list[Host], console) -> None:
@@ -182,8 +193,8 @@ def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[
 def _check_overrides(run: Run) -> None:
     try:
         run.resolved_preset()
-    except presets.OverrideError as err:
-        raise ClusterError(str(err)) from err
+    except presets.OverrideError as err:  # the run's preset types them: a resumed run's may not be --preset
+        raise OptionError("set", err) from None
 
 
 def rejoin_hosts(known: list[Host], run_id: str | None) -> list[Host]:
@@ -214,7 +225,7 @@ def set_comm(run: Run, comm: str, resuming: bool, console) -> None:
     try:
         chosen = str(Strategy.parse(comm))
     except CommError as err:
-        raise ClusterError(str(err)) from None
+        raise OptionError("comm", err) from None
     if resuming and chosen != run.comm:
         console.print(f"[yellow]{run.run_id} trained with --comm {run.comm}; it goes on with {chosen}[/]")
     run.comm = chosen
@@ -245,7 +256,7 @@ def network_check(run: Run, hosts: list[Host], accept: bool, console,
     fewer = verdict.fewer_hosts_faster
     if fewer is not None and not accept:
         n = len(fewer.hosts)
-        raise ClusterError(f"{n} host{'s' if n > 1 else ''} would train the same updates faster than "
+        raise Refused(f"{n} host{'s' if n > 1 else ''} would train the same updates faster than "
                            f"{len(hosts)} on this link, nothing started:\n  {text}\n"
                            f"run `fab train {fewer.flags()}` instead ({fewer.speed()} against "
                            f"{verdict.comparison.asked.speed()}), fix the link, or pass --accept-slow-network "
@@ -253,7 +264,7 @@ def network_check(run: Run, hosts: list[Host], accept: bool, console,
     if verdict.network_bound and not accept:
         better = (f"\n{verdict.choice.flag()} would reach {verdict.choice.prediction.efficiency:.0%} "
                   "(or --comm auto)" if verdict.choice and not auto else "")
-        raise ClusterError(f"the network would take most of each step, nothing started:\n  {text}{better}\n"
+        raise Refused(f"the network would take most of each step, nothing started:\n  {text}{better}\n"
                            "fix the link, choose a --comm strategy, or pass --accept-slow-network to train anyway")
     slow = verdict.network_bound or fewer is not None
     console.print("[yellow]network-bound or fewer hosts faster, accepted (--accept-slow-network):[/]" if slow

@@ -3,11 +3,14 @@ stopped early when it did (`fab status`, `fab train`'s end, `fab logs`)."""
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import asdict, dataclass
 
 from rich.table import Table
+from rich.text import Text
 
-from ..cluster import Host, run_all
+from ..cluster import ClusterError, Host, run_all
 from ..report import logparse
 from . import idle, launch
 from .launch import HostState
@@ -82,25 +85,85 @@ def run_state_line(states: list[HostState]) -> str:
     return f"[red]ended early[/]: {why_stopped_early(states)}"
 
 
-def table(states: list[HostState]) -> Table:
-    """Each host's real state, the ranks it runs (rank 0's host first: only it logs updates) and its
-    last meaningful log line."""
+@dataclass(frozen=True)
+class HostRow:
+    """One host as `fab status` shows it, in its table and its JSON."""
+
+    host: str
+    ranks: str
+    state: str
+    running: bool
+    reachable: bool
+    update: int | None
+    loss: float | None
+    s_per_update: float | None
+    last_line: str
+    error: str | None
+
+
+def doing(rank: int, s: HostState, states: list[HostState], finished: bool) -> str:
+    """What a host is doing, in a few words. Rank 0's host: its log's last meaningful line (it logs
+    the updates). A host after it logs no update: its last line is a PyTorch warning's fragment or
+    `initialized host v100b as rank 1`, so while its ranks run it says it trains in step with rank 0."""
+    own = logparse.message(s.tail[-1]) if s.tail else (s.error or "")
+    if rank == 0 or not s.reachable:
+        return own
+    if s.running:
+        return "training, in step with rank 0" if states[0].running else "its ranks run; rank 0's do not"
+    if finished and not s.ended:
+        return "finished with rank 0"
+    return own
+
+
+def rows(states: list[HostState]) -> list[HostRow]:
+    """Each host's row, rank 0's host first. Only rank 0 logs updates: a host training in step with
+    it (or finished with it) shows rank 0's update."""
     rank0 = states[0].progress if states else None
     finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
+    out = []
+    for rank, s in enumerate(states):
+        p = s.progress if rank == 0 else None
+        in_step = rank > 0 and rank0 is not None and (s.running or (finished and not s.ended)) and s.reachable
+        update = p.update if p else (rank0.update if in_step else None)
+        out.append(HostRow(s.name, s.ranks or str(rank), s.describe(finished), s.running, s.reachable, update,
+                           p.loss if p else None, p.seconds_per_update if p else None,
+                           doing(rank, s, states, finished), s.error))
+    return out
+
+
+def table(states: list[HostState]) -> Table:
+    """Each host's real state, the ranks it runs (rank 0's host first: only it logs updates) and
+    what it is doing (its last meaningful log line)."""
     out = Table()
     for column in ("host", "ranks", "state", "update", "loss", "s/update"):
         out.add_column(column)
     out.add_column("last log line", overflow="fold")  # folded, never cut with an ellipsis
-    for rank, s in enumerate(states):
-        p = s.progress if rank == 0 else None  # only rank 0 logs updates
-        state = s.describe(finished)
-        colour = {"running": "", "finished": "green", "stopped by fab stop": "yellow"}.get(state, "red")
-        out.add_row(s.name, s.ranks or str(rank), f"[{colour}]{state}[/]" if colour else state,
-                    str(p.update) if p else "-",
-                    f"{p.loss:.3f}" if p and p.loss is not None else "-",
-                    f"{p.seconds_per_update:.2f}" if p and p.seconds_per_update else "-",
-                    logparse.message(s.tail[-1])[:70] if s.tail else (s.error or "")[:70])
+    for row in rows(states):
+        colour = {"running": "", "finished": "green", "stopped by fab stop": "yellow"}.get(row.state, "red")
+        out.add_row(row.host, row.ranks, f"[{colour}]{row.state}[/]" if colour else row.state,
+                    str(row.update) if row.update is not None else "-",
+                    f"{row.loss:.3f}" if row.loss is not None else "-",
+                    f"{row.s_per_update:.2f}" if row.s_per_update else "-",
+                    Text(row.last_line[:70]))
     return out
+
+
+def status_json(run: Run, states: list[HostState]) -> str:
+    """`fab status --json`: the run and every host, as the table says them."""
+    rank0 = states[0].progress if states else None
+    return json.dumps({
+        "run": run.run_id,
+        "state": Text.from_markup(run_state_line(states)).plain,
+        "update": rank0.update if rank0 else None,
+        "max_update": rank0.max_update if rank0 else run.max_update,
+        "hosts": [asdict(row) for row in rows(states)],
+    }, indent=1)
+
+
+def require_reachable(lost: dict[str, str]) -> None:
+    """A view that could not reach every host fails, naming them: {host: why}."""
+    if lost:
+        raise ClusterError("unreachable: " + "; ".join(f"{name} ({why})" for name, why in lost.items()))
 
 
 def summarize(states: list[HostState], console) -> list[HostState]:
@@ -110,14 +173,20 @@ def summarize(states: list[HostState], console) -> list[HostState]:
     return states
 
 
-def show(run: Run, hosts: list[Host], console) -> bool:
-    """`fab status`: the table, rank 0's progress, the last lines of a rank that died. False when a
-    host could not be reached."""
+def show(run: Run, hosts: list[Host], console, as_json: bool = False) -> None:
+    """`fab status`: the table, rank 0's progress, the last lines of a rank that died (or all of it as
+    JSON). Raises naming the hosts that could not be reached."""
     from . import keepers  # keepers builds on launch, as this module does
 
     states = launch.states(run, run.known_of(hosts))
     keepers.sync(run, states)
-    states = summarize(keepers.rank_order(run, states), console)
+    states = keepers.rank_order(run, states)
+    lost = {s.name: s.error or "no answer" for s in states if not s.reachable}
+    if as_json:
+        print(status_json(run, states))
+        require_reachable(lost)
+        return
+    summarize(states, console)
     if changes := keepers.timeline(states):
         console.print("membership (the hosts' keepers' record):")
         for entry in changes:
@@ -133,34 +202,42 @@ def show(run: Run, hosts: list[Host], console) -> bool:
                 console.print(f"  {line}")
     for line in idle.cost(run, hosts, running=any(s.running for s in states)).lines():
         console.print(line, markup=False)
-    return all(s.reachable for s in states)
+    require_reachable(lost)
 
 
 def show_logs(run: Run, hosts: list[Host], lines: int, console) -> None:
-    """`fab logs`: the last lines of every host's training log, a rule between hosts."""
+    """`fab logs`: the last lines of every host's training log, a rule between hosts. Raises naming
+    the hosts that could not be reached."""
     results = run_all(run.hosts_of(hosts), f"tail -n {int(lines)} {run.remote_dir}/train.log")
     for name, result in results.items():
         console.rule(name)
         if not result.reachable:
-            console.print(f"[red]unreachable: {result.error}[/]")
+            console.print(Text(f"unreachable: {result.error}", style="red"))
         elif not result.ok:
-            console.print(f"[red]no log: {result.stderr.strip()}[/]")
+            console.print(Text(f"no log: {result.stderr.strip()}", style="red"))
         else:
             console.print(result.stdout, markup=False)
+    require_reachable({name: str(r.error) for name, r in results.unreachable.items()})
 
 
-def cluster_table(hosts: list[Host]) -> Table:
-    """`fab info`: every host's name, kernel, CPUs and memory, asked of all hosts in parallel."""
+def show_cluster(hosts: list[Host], console) -> None:
+    """`fab info`: the table of every host; raises naming the hosts that could not be reached."""
     results = run_all(hosts, "hostname; uname -r; nproc; free -m | awk '/Mem:/ {print $2}'")
+    console.print(cluster_table(hosts, results))
+    require_reachable({name: str(r.error) for name, r in results.unreachable.items()})
+
+
+def cluster_table(hosts: list[Host], results) -> Table:
+    """Every host's name, kernel, CPUs and memory, from their answers (train.cluster.GroupResult)."""
     out = Table(title="cluster")
     for column in ("host", "address", "hostname", "kernel", "cpus", "memory (MiB)", "gpus"):
         out.add_column(column)
     for host in hosts:
         result = results[host.name]
         if not result.reachable:
-            out.add_row(host.name, host.address, f"[red]unreachable: {result.error}[/]", "", "", "", "")
+            out.add_row(host.name, host.address, Text(f"unreachable: {result.error}", "red"), "", "", "", "")
         elif not result.ok or len(result.stdout.split()) != 4:
-            out.add_row(host.name, host.address, f"[red]failed: {result.why}[/]", "", "", "", "")
+            out.add_row(host.name, host.address, Text(f"failed: {result.why}", "red"), "", "", "", "")
         else:
             hostname, kernel, cpus, memory = result.stdout.split()
             out.add_row(host.name, host.address, hostname, kernel, cpus, memory, str(host.gpus))

@@ -312,5 +312,5 @@ def test_the_fab_tasks_are_the_benchmarks_door_and_refuse_a_bad_option_before_to
     env = {**os.environ, "FABRIC_INVENTORY": "inventory/hosts.yml", "COLUMNS": "400"}
     proc = subprocess.run([str(Path(sys.executable).parent / "fab"), *args], cwd=top, env=env, capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 1 and said in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 2 and said in proc.stdout + proc.stderr, proc.stdout + proc.stderr  # bad input
 

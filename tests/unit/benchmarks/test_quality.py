@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import quality
 from train.cluster import ClusterError, Host
+from train.exits import OptionError
 from train.run import presets
 from train.run.comm import CommError
 
@@ -69,7 +70,7 @@ def test_the_runs_options_validate_once_at_the_end_and_save_only_for_bleu():
 
 
 def test_max_update_in_set_is_refused():
-    with pytest.raises(ClusterError, match="--updates"):
+    with pytest.raises(OptionError, match="--updates"):  # bad input: fab exits 2
         quality.run_overrides(["max_update=50"], 300, bleu=False)
 
 
@@ -184,7 +185,7 @@ def test_refuses_one_host_and_half_precision_on_cpu_before_touching_them():
 def test_bad_override_is_refused_before_any_run(monkeypatch):
     cpu = [Host(name, f"10.0.0.{i}") for i, name in enumerate(["a", "b"], 1)]
     monkeypatch.setattr(quality, "run_one", lambda *a, **k: pytest.fail("a run started"))
-    with pytest.raises(ClusterError, match="unknown option"):
+    with pytest.raises(OptionError, match="unknown option"):
         quality.bench_quality(cpu, entries("fp16"), overrides=["encoder_embed_dimm=256"])
 
 

@@ -29,7 +29,7 @@ def test_without_hosts_every_inventory_host_takes_part_and_a_stranger_is_named()
     out = fab("train", "--new", "--dry-run").stdout  # --new: whatever the latest run in reports/ was
     assert [line[:5] for line in out.splitlines() if line[:5] in ("v100a", "v100b")] == ["v100a", "v100b"]
     proc = fab("train", "--hosts", "v100c", "--new", "--dry-run")
-    assert proc.returncode == 1 and "unknown host v100c: the inventory has v100a, v100b" in proc.stdout
+    assert proc.returncode == 2 and "--hosts: unknown host v100c: the inventory has v100a, v100b" in proc.stderr
 
 
 def test_prepare_data_from_a_misaligned_source_says_which_file_before_touching_a_host(tmp_path):

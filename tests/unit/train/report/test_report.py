@@ -313,6 +313,21 @@ def test_every_rank_of_a_finished_run_is_finished_in_the_hosts_table(tmp_path):
     assert rows == {"v100a": "finished", "v100b": "finished"}
 
 
+def test_the_hosts_table_says_what_a_host_after_rank_0_did_not_its_warning_fragment(tmp_path):
+    """v100b (rank 1) logs no update: its last line is a PyTorch warning's fragment; the table says it
+    trained in step with rank 0, and rank 0's last update."""
+    from train.report import page
+
+    run_dir = copy_run(tmp_path / "run")
+    log = run_dir / "logs" / "v100b.log"
+    log.write_text(log.read_text().split("Traceback")[0] + "  key_padding_mask = _canonical_mask(\n")
+    an = A.analyze(A.load(run_dir), link_mbps=100)
+    tails = {row["name"]: row["tail"] for row in page.host_rows(an)}
+    last = max(r.update for r in an.data.log.records if r.update is not None)
+    assert tails["v100b"] == f"in step with rank 0 (its last logged update: {last:,})"
+    assert tails["v100a"] == an.data.tails["v100a"][:200]  # rank 0's own last line
+
+
 def test_the_report_says_which_ranks_each_host_ran(tmp_path):
     """A run on 2 hosts x 2 ranks (run.json's ranks_per_host): the header and the hosts table name
     each host's ranks; a run.json from before hosts ran several reads as one rank a host."""

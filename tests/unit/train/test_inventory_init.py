@@ -1,0 +1,167 @@
+"""`fab init` writes a newcomer's inventory (train/inventory_init.py): what it writes, what it refuses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from train import hostcheck, inventory_init
+from train.cluster import GroupResult, HostResult, load_hosts
+from train.exits import OptionError
+from train.inventory_init import render, write
+from train.inventory_spec import DEFAULT_GPUS, InventorySpec, NewHost, spec_from_options
+
+TOP = Path(__file__).resolve().parents[3]
+FAB = str(Path(sys.executable).parent / "fab")
+
+
+@pytest.fixture
+def key(tmp_path) -> str:
+    path = tmp_path / "id_ed25519"
+    path.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    return str(path)
+
+
+def test_the_written_inventory_is_what_fab_and_ansible_read(tmp_path, key):
+    spec = spec_from_options("203.0.113.10,203.0.113.11", "ubuntu", key, "gpu1,gpu2", "10.0.0.10,10.0.0.11", "2",
+                             "/dev/nvme1n1", "2.5")
+    hosts = load_hosts(write(spec, tmp_path / "mine.yml"))
+    assert [(h.name, h.address, h.cluster_address, h.user, h.key, h.gpus, h.data_device) for h in hosts] == [
+        ("gpu1", "203.0.113.10", "10.0.0.10", "ubuntu", key, 2, "/dev/nvme1n1"),
+        ("gpu2", "203.0.113.11", "10.0.0.11", "ubuntu", key, 2, "/dev/nvme1n1")]
+    assert [h.var("hourly_usd") for h in hosts] == [2.5, 2.5] and hosts[0].vars["ansible_become"] is True
+
+
+def test_the_defaults_name_the_hosts_count_their_gpus_and_keep_data_on_the_root_disk(tmp_path):
+    spec = spec_from_options("203.0.113.10, gpu-b.example.com", "debian").with_gpus({"gpu1": 2})  # gpu2 not asked
+    hosts = load_hosts(write(spec, tmp_path / "x.yml"))
+    assert [(h.name, h.address, h.cluster_address, h.gpus, h.data_device, h.key) for h in hosts] == [
+        ("gpu1", "203.0.113.10", "203.0.113.10", 2, "none", None),
+        ("gpu2", "gpu-b.example.com", "gpu-b.example.com", DEFAULT_GPUS, "none", None)]
+    assert [h.name for h in load_hosts(write(spec_from_options("203.0.113.10", "ubuntu", gpus="0"),
+                                             tmp_path / "cpu.yml"))] == ["cpu1"]
+    assert hosts[0].var("hourly_usd") is None  # no price given: none written, never guessed
+
+
+def test_it_refuses_to_overwrite_an_inventory_unless_forced(tmp_path):
+    path = tmp_path / "mine.yml"
+    path.write_text("# mine, by hand\n")
+    spec = InventorySpec((NewHost("gpu1", "203.0.113.10"),), "ubuntu", None)
+    with pytest.raises(OptionError, match=r"^--out: inventory/mine.yml exists: give --force to overwrite it"):
+        write(spec, path)
+    assert path.read_text() == "# mine, by hand\n"
+    write(spec, path, force=True)
+    assert "gpu1:" in path.read_text()
+
+
+def test_the_text_says_how_to_go_on():
+    text = render(InventorySpec((NewHost("gpu1", "203.0.113.10"),), "ubuntu", "~/.ssh/id_ed25519"), "inventory/m.yml")
+    assert "ansible-playbook -i inventory/m.yml provision.yml" in text
+    assert "FABRIC_INVENTORY=inventory/m.yml fab init --check" in text
+    assert "ansible_ssh_private_key_file: ~/.ssh/id_ed25519" in text  # as given: Ansible and fab expand ~
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"hosts_at": "203.0.113.300"}, "--hosts-at: '203.0.113.300' is not an IP address or a host name"),
+    ({"hosts_at": "a b"}, "--hosts-at: 'a b' is not an IP address or a host name"),
+    ({"hosts_at": "203.0.113.10,203.0.113.10"}, "--hosts-at: names an address twice"),
+    ({"hosts_at": ""}, "--hosts-at: give the hosts' addresses"),
+    ({"user": None}, "--user: give the hosts' login user"),
+    ({"user": "Ubuntu User"}, "--user: 'Ubuntu User' is not a login name"),
+    ({"key": "/no/such/key"}, "--key: no such key file: /no/such/key"),
+    ({"names": "gpu1"}, "--names: gives 1 names for 2 hosts"),
+    ({"names": "gpu1,cluster"}, "--names: 'cluster' cannot name a host"),
+    ({"names": "a,a"}, "--names: names a host twice"),
+    ({"cluster_at": "10.0.0.1"}, "--cluster-at: gives 1 addresses for 2 hosts"),
+    ({"gpus": "two"}, "--gpus: 'two' is not a whole number"),
+    ({"data_device": "sdb"}, "--data-device: 'sdb' is neither a block device"),
+    ({"known_hosts": "/no/such/file"}, "--known-hosts: no such file: /no/such/file"),
+    ({"hourly_usd": "cheap"}, "--hourly-usd: 'cheap' is not US dollars per hour"),
+    ({"hourly_usd": "-1"}, "--hourly-usd: '-1' is not US dollars per hour (0 or more)"),
+])
+def test_a_bad_option_is_named_with_what_it_must_be(options, said):
+    given = {"hosts_at": "203.0.113.10,203.0.113.11", "user": "ubuntu", **options}
+    with pytest.raises(OptionError) as err:
+        spec_from_options(**given)
+    assert str(err.value).startswith(said)
+
+
+def test_a_public_key_is_refused_naming_the_private_one(tmp_path):
+    (tmp_path / "id.pub").write_text("ssh-ed25519 AAAA")
+    with pytest.raises(OptionError, match=r"^--key: .*id.pub is a public key: give the private one \(.*/id\)"):
+        spec_from_options("203.0.113.10", "ubuntu", str(tmp_path / "id.pub"))
+
+
+def test_the_hosts_own_known_hosts_file_is_the_one_fab_and_ansible_check(tmp_path, key):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    spec = spec_from_options("203.0.113.10", "ubuntu", key, gpus="1", known_hosts=str(known))
+    host = load_hosts(write(spec, tmp_path / "k.yml"))[0]
+    assert host.known_hosts == str(known) and host.vars["ansible_ssh_common_args"] == f"-o UserKnownHostsFile={known}"
+
+
+def answers(shown: dict[str, str]) -> GroupResult:
+    """Each host's probe answer: {name: stdout}, or an error for a host that did not answer."""
+    return GroupResult((name, HostResult(name, stdout=out, exited=0) if isinstance(out, str) else
+                        HostResult(name, error=out)) for name, out in shown.items())
+
+
+READY = "uid=1000\nos_id=debian\nos_version=12\nos_name=Debian 12\npython=3.11.2\nsmi=absent\npci_gpus={pci}\n" \
+        "nics=lo eth0\naddress_local=yes\nroute=10.0.0.2 dev eth0 src 10.0.0.1\ndisk_path=/\ndisk_free_kb=90000000\n"
+
+
+def test_fab_init_writes_each_hosts_gpus_as_it_shows_them_and_checks_the_written_file(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(hostcheck, "ask", lambda hosts: asked.append([h.name for h in hosts]) or answers(
+        {"a": READY.format(pci=2), "b": TimeoutError("timed out")}))
+    console = Console(record=True, width=300, soft_wrap=True)
+    out = tmp_path / "mine.yml"
+    code = inventory_init.init(console, None, out=str(out), hosts_at="10.0.0.1,10.0.0.2", user="debian", names="a,b")
+    assert asked == [["a", "b"]] and code == 1  # b did not answer
+    assert [(h.name, h.gpus) for h in load_hosts(out)] == [("a", 2), ("b", DEFAULT_GPUS)]  # a: 2 on its PCI bus
+    said = console.export_text()
+    assert f"wrote {out}: 2 hosts" in said and "none (driver not installed yet: provisioning installs it); 2 on" in said
+    assert "b: nothing answers SSH at debian@10.0.0.2 (timed out)" in said
+    assert said.strip().splitlines()[-1] == f"1 problem(s) on b: fix them, then FABRIC_INVENTORY={out} fab init --check"
+
+
+def test_fab_init_refuses_an_existing_file_before_asking_a_host(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostcheck, "ask", lambda hosts: pytest.fail("a host was asked"))
+    (tmp_path / "mine.yml").write_text("# kept\n")
+    with pytest.raises(OptionError, match="^--out: "):
+        inventory_init.init(Console(), None, out=str(tmp_path / "mine.yml"), hosts_at="10.0.0.1", user="debian")
+    with pytest.raises(OptionError, match="^--check: checks the inventory you have .*--hosts-at, --out write a new"):
+        inventory_init.init(Console(), None, check=True, out="x.yml", hosts_at="10.0.0.1")
+
+
+def test_a_cluster_that_passes_exits_0(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"cpu1": READY.format(pci=0)}))
+    console = Console(record=True, width=300, soft_wrap=True)
+    out = tmp_path / "mine.yml"
+    assert inventory_init.init(console, None, out=str(out), hosts_at="10.0.0.1", user="debian", gpus="0") == 0
+    assert "every host is ready: ansible-playbook -i" in console.export_text()
+    assert [(h.name, h.gpus) for h in load_hosts(out)] == [("cpu1", 0)]
+
+
+def fab(*args: str, inventory: str = "inventory/hosts.yml") -> subprocess.CompletedProcess:
+    env = {**os.environ, "FABRIC_INVENTORY": inventory, "COLUMNS": "200"}
+    return subprocess.run([FAB, "init", *args], cwd=TOP, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_fab_init_says_bad_input_in_one_line_and_exits_2_before_writing_or_reaching_a_host(tmp_path, key):
+    out = tmp_path / "mine.yml"
+    proc = fab("--hosts-at", "203.0.113.300", "--user", "ubuntu", "--out", str(out))
+    assert proc.returncode == 2 and not out.exists()
+    assert proc.stderr.strip() == "error: --hosts-at: '203.0.113.300' is not an IP address or a host name"
+    out.write_text("# kept\n")
+    proc = fab("--hosts-at", "203.0.113.10", "--user", "ubuntu", "--key", key, "--out", str(out))
+    assert proc.returncode == 2 and out.read_text() == "# kept\n"
+    assert proc.stderr.strip() == f"error: --out: {out} exists: give --force to overwrite it, or another --out"
+    proc = fab("--check", inventory=str(tmp_path / "none.yml"))
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: --check: inventory {tmp_path}/none.yml does not")
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -1,0 +1,24 @@
+"""How every fab task ends (docs/cli.md): 0 done, 1 failed, 2 bad input, 3 refused by a check that an
+`--accept-...` option overrides. OptionError and Refused choose 2 and 3 (train.tasks.cluster_task);
+train.cluster.ClusterError, a problem with the cluster, is 1."""
+
+from __future__ import annotations
+
+from .cluster import ClusterError
+
+DONE, FAILED, BAD_INPUT, REFUSED = 0, 1, 2, 3
+
+
+class OptionError(ValueError):
+    """A bad option value or combination, said in one line that names the option and what it accepts:
+    `--update-freq: expected a whole number >= 1, got 'x'`."""
+
+    def __init__(self, option: str, message: object):
+        self.option = "--" + option.lstrip("-").replace("_", "-")
+        text = " ".join(str(message).split())  # one line, whatever the parser said
+        super().__init__(text if text.startswith(self.option) else f"{self.option}: {text}")
+
+
+class Refused(ClusterError):
+    """A check refused to start (the network would take most of each step, fewer hosts would be
+    faster) and an `--accept-...` option would let it through."""

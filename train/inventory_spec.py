@@ -1,0 +1,144 @@
+"""`fab init`'s options, checked into an InventorySpec: the first bad one raises OptionError naming it
+(`--hosts-at: '203.0.113.300' is not an IP address or a host name`), before anything is written or reached.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .cluster import CLUSTER_GROUP
+from .exits import OptionError
+
+DEFAULT_GPUS = 1  # what an unreachable host is written with when --gpus is not given: a rented GPU VM's usual
+_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_RESERVED = {"all", "ungrouped", CLUSTER_GROUP}  # Ansible's groups and tandem's: no host may be named so
+
+
+@dataclass(frozen=True)
+class NewHost:
+    name: str
+    address: str  # ansible_host
+    cluster_address: str | None = None
+    gpus: int | None = None  # None: as many as the host shows (fab init asks it before writing)
+
+
+@dataclass(frozen=True)
+class InventorySpec:
+    """What the new inventory says; every value checked."""
+
+    hosts: tuple[NewHost, ...]
+    user: str
+    key: str | None = None
+    known_hosts: str | None = None
+    data_device: str = "none"
+    hourly_usd: float | None = None
+
+    def with_gpus(self, found: dict[str, int]) -> InventorySpec:
+        """Each host whose GPUs were not given with the count `found` on it (DEFAULT_GPUS when not asked)."""
+        return replace(self, hosts=tuple(h if h.gpus is not None else replace(h, gpus=found.get(h.name, DEFAULT_GPUS))
+                                         for h in self.hosts))
+
+
+def split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def address(option: str, text: str) -> str:
+    """An IP address, or a DNS name (one made of numbers only must be an IP address: 203.0.113.300 is not)."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    labels = text.rstrip(".").split(".")
+    if len(text) > 253 or not all(_LABEL.match(label) for label in labels) or labels[-1].isdigit():
+        raise OptionError(option, f"{text!r} is not an IP address or a host name")
+    return text
+
+
+def addresses(option: str, text: str | None, count: int | None = None) -> list[str]:
+    found = [address(option, part) for part in split(text)]
+    if count is not None and len(found) != count:
+        raise OptionError(option, f"gives {len(found)} addresses for {count} hosts: one per host, in the same order")
+    if len(set(found)) != len(found):
+        raise OptionError(option, f"names an address twice ({', '.join(found)}): each host has its own")
+    return found
+
+
+def host_names(text: str | None, count: int, gpus: int | None) -> list[str]:
+    """The hosts' inventory names: --names, else gpu1, gpu2, ... (cpu1, ... with --gpus 0)."""
+    names = split(text) or [f"{'cpu' if gpus == 0 else 'gpu'}{i}" for i in range(1, count + 1)]
+    if len(names) != count:
+        raise OptionError("names", f"gives {len(names)} names for {count} hosts (--hosts-at): one per host")
+    for name in names:
+        if not _HOST_NAME.match(name) or name in _RESERVED:
+            raise OptionError("names", f"{name!r} cannot name a host: letters, digits, '-', '_' and '.', "
+                                    f"not {', '.join(sorted(_RESERVED))}")
+    if len(set(names)) != len(names):
+        raise OptionError("names", f"names a host twice ({', '.join(names)})")
+    return names
+
+
+def a_file(option: str, text: str | None) -> str | None:
+    """A file as the inventory will say it (~ kept, a relative path made absolute)."""
+    if not text:
+        return None
+    path = Path(os.path.expanduser(text))
+    if option == "key" and text.endswith(".pub"):
+        raise OptionError("key", f"{text} is a public key: give the private one ({text[:-4]})")
+    if not path.is_file():
+        raise OptionError(option, f"no such {'key ' if option == 'key' else ''}file: {text}")
+    return text if text.startswith("~") else str(path.resolve())
+
+
+def whole(option: str, text: str | None) -> int | None:
+    if text in (None, ""):
+        return None
+    if not str(text).strip().isdigit():
+        raise OptionError(option, f"{text!r} is not a whole number (0 or more)")
+    return int(str(text).strip())
+
+
+def price(text: str | None) -> float | None:
+    if text in (None, ""):
+        return None
+    try:
+        value = float(str(text))
+    except ValueError:
+        raise OptionError("hourly-usd", f"{text!r} is not US dollars per hour (a number, e.g. 2.5)") from None
+    if not value >= 0:
+        raise OptionError("hourly-usd", f"{text!r} is not US dollars per hour (0 or more)")
+    return value
+
+
+def device(text: str | None) -> str:
+    device = (text or "none").strip()
+    if device != "none" and not re.match(r"^/dev/[A-Za-z0-9/_-]+$", device):
+        raise OptionError("data-device", f"{device!r} is neither a block device (/dev/nvme1n1) nor `none`")
+    return device
+
+
+def spec_from_options(hosts_at: str | None, user: str | None, key: str | None = None, names: str | None = None,
+                      cluster_at: str | None = None, gpus: str | None = None, data_device: str | None = None,
+                      hourly_usd: str | None = None, known_hosts: str | None = None) -> InventorySpec:
+    """The options, checked in the order a user gives them."""
+    found = addresses("hosts-at", hosts_at)
+    if not found:
+        raise OptionError("hosts-at", "give the hosts' addresses, comma-separated (--hosts-at "
+                                      "203.0.113.10,203.0.113.11), or --check to check the inventory you have")
+    if not user:
+        raise OptionError("user", "give the hosts' login user (ubuntu on Ubuntu images, debian on Debian, "
+                                  "ec2-user on Amazon Linux)")
+    if not _USER.match(user):
+        raise OptionError("user", f"{user!r} is not a login name")
+    count = whole("gpus", gpus)
+    private = addresses("cluster-at", cluster_at, len(found)) if cluster_at else [None] * len(found)
+    hosts = tuple(NewHost(n, a, c, count) for n, a, c in
+                  zip(host_names(names, len(found), count), found, private, strict=True))
+    return InventorySpec(hosts, user, a_file("key", key), a_file("known-hosts", known_hosts),
+                         device(data_device), price(hourly_usd))

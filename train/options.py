@@ -1,0 +1,243 @@
+"""Every fab option's value checked before anything reaches a host.
+
+A parser per kind of value turns the text Invoke hands a task (tandem's tasks take every value as
+text: train.tasks.TandemTask) into what the task passes on, or raises with what it accepts; a check
+looks at several options, or at them and the hosts, at once. train.tasks.cluster_task runs them all
+first and says a failure in one line, exit 2 (train.exits):
+
+    error: --update-freq: expected a whole number >= 1, got 'x'
+
+The parsers reuse tandem's own where one exists (--comm, --set, --backup, tc rates, buffer sizes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from .agent.allreduce import parse_size
+from .cluster import Host
+from .exits import OptionError
+from .plan.link import rate_bits
+from .run import presets
+from .run.checkpoints import BackupPolicy
+from .run.comm import Strategy
+from .run.record import REPORTS
+
+Parser = Callable[[object], object]
+Values = Mapping[str, object]
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+# a name that becomes a directory on every host and goes into shell commands (datasets, runs)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+CHECKPOINT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.pt")
+
+
+class Expected(ValueError):
+    """A value that is not what a parser takes: `expected <what>, got <value>`."""
+
+    def __init__(self, what: str, got: object):
+        super().__init__(f"expected {what}, got {got!r}")
+
+
+def whole(minimum: int = 1, maximum: int | None = None) -> Parser:
+    """A whole number in [minimum, maximum]."""
+    what = f"a whole number >= {minimum}" if maximum is None else f"a whole number from {minimum} to {maximum}"
+
+    def parse(value: object) -> int:
+        text = str(value).strip()
+        if isinstance(value, bool) or not re.fullmatch(r"[+-]?\d+", text):
+            raise Expected(what, value)
+        n = int(text)
+        if n < minimum or (maximum is not None and n > maximum):
+            raise Expected(what, value)
+        return n
+
+    return parse
+
+
+def number(above: float = 0.0, at_most: float | None = None, unit: str = "") -> Parser:
+    """A number greater than `above` (and at most `at_most`)."""
+    what = f"a number{unit} > {above:g}" + (f" and <= {at_most:g}" if at_most is not None else "")
+
+    def parse(value: object) -> float:
+        try:
+            x = float(str(value).strip())
+        except ValueError:
+            raise Expected(what, value) from None
+        if isinstance(value, bool) or x != x or x <= above or (at_most is not None and x > at_most):
+            raise Expected(what, value)  # x != x: nan
+        return x
+
+    return parse
+
+
+port = whole(1, 65535)
+seconds = number(unit=" of seconds")
+mbps = number(unit=" of Mbit/s")
+
+
+def fraction(value: object) -> float:
+    """0 to 1, both included (an overlap, a share of the link)."""
+    try:
+        x = float(str(value).strip())
+    except ValueError:
+        raise Expected("a fraction from 0 to 1, e.g. 0.85", value) from None
+    if not 0 <= x <= 1:
+        raise Expected("a fraction from 0 to 1, e.g. 0.85", value)
+    return x
+
+
+def choice(*choices: str) -> Parser:
+    def parse(value: object) -> str:
+        if str(value) not in choices:
+            raise Expected(f"one of {', '.join(choices)}", value)
+        return str(value)
+
+    return parse
+
+
+precision = choice(*PRECISIONS)
+preset = choice(*presets.PRESETS)
+
+
+def name(value: object) -> str:
+    """A dataset's or a run's name: a directory on every host, written into shell commands."""
+    if not NAME.fullmatch(str(value)):
+        raise Expected("a name of letters, digits, '.', '_' and '-' (it names a directory on every host)", value)
+    return str(value)
+
+
+def existing_run(value: object) -> str:
+    """The id of a run this controller started (reports/<id>/run.json)."""
+    run_id = name(value)
+    if not (REPORTS / run_id / "run.json").exists():
+        runs = [p for p in REPORTS.glob("*/run.json") if not p.parent.is_symlink()]  # not `latest`
+        newest = sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)
+        known = ", ".join(p.parent.name for p in newest[:3]) + (", ..." if len(newest) > 3 else "")
+        raise Expected(f"a run of this controller ({known or 'none yet'})", value)
+    return run_id
+
+
+def checkpoint(value: object) -> str:
+    if not CHECKPOINT.fullmatch(str(value)):
+        raise Expected("a checkpoint file name such as checkpoint_best.pt or checkpoint_last.pt", value)
+    return str(value)
+
+
+def directory(value: object) -> str:
+    if not Path(str(value)).expanduser().is_dir():
+        raise Expected("a directory on this machine", value)
+    return str(value)
+
+
+def overrides(value: object) -> list[str]:
+    """--set's `key=value,...`, each written as one (the preset types them: overrides_fit_preset)."""
+    found = presets.parse_overrides(str(value)) if value is not None else []
+    for text in found:
+        presets.parse_override(text)  # raises naming the one that is no key=value
+    return found
+
+
+def overrides_text(value: object) -> str:
+    """--set as the text a benchmark reads, each override written as one."""
+    overrides(value)
+    return str(value)
+
+
+def comm(value: object) -> str:
+    """One strategy, or auto."""
+    text = str(value).strip().lower()
+    return text if text == "auto" else str(Strategy.parse(text))
+
+
+def comm_list(value: object) -> str:
+    """Strategies, comma-separated, auto among them: the text, each checked."""
+    items = [x.strip() for x in str(value).split(",") if x.strip()]
+    if not items:
+        raise Expected("strategies, comma-separated: sync, fp16, local-sgd:H or auto", value)
+    for item in items:
+        comm(item)
+    return str(value)
+
+
+def backup(value: object) -> str:
+    BackupPolicy.parse(str(value))
+    return str(value)
+
+
+def rates(value: object) -> str:
+    """tc rates, comma-separated: the text, each checked."""
+    items = [r.strip() for r in str(value).split(",") if r.strip()]
+    if not items:
+        raise Expected("tc rates, comma-separated, e.g. 10mbit,100mbit,1gbit,none", value)
+    for item in items:
+        rate_bits(item)
+    return str(value)
+
+
+def size(value: object) -> str:
+    """A buffer size as all_reduce takes it (1M, 64M, 1G): the text, checked."""
+    try:
+        if parse_size(str(value)) >= 1:
+            return str(value)
+    except ValueError:
+        pass
+    raise Expected("a size like 1M, 64M or 1G (K, M, G: binary units)", value)
+
+
+def link(value: object) -> str:
+    """Where predict takes the link's speed from: measure, bench, or Mbit/s."""
+    text = str(value).strip().lower()
+    if text in ("measure", "bench"):
+        return text
+    try:
+        mbps(text)
+    except ValueError:
+        raise Expected("measure, bench or a speed in Mbit/s", value) from None
+    return text
+
+
+# ---- checks of several options at once, or of options and hosts: check(hosts, values) ----
+
+
+def precision_fits_hosts(hosts: Sequence[Host], values: Values) -> None:
+    """fp16 and bf16 train on GPUs: every host must have one."""
+    chosen = values.get("precision")
+    cpu_only = [h.name for h in hosts if h.gpus == 0]
+    if chosen not in (None, "fp32") and cpu_only:
+        raise OptionError("precision", f"{chosen} needs GPUs; {', '.join(cpu_only)} "
+                                       f"{'has' if len(cpu_only) == 1 else 'have'} none (gpus: 0): use fp32")
+
+
+def overrides_fit_preset(hosts: Sequence[Host], values: Values) -> None:
+    """--set's options are the preset's, with values of their types."""
+    given = values.get("set") or []
+    try:
+        presets.resolve(str(values["preset"]), overrides(given) if isinstance(given, str) else given)
+    except presets.OverrideError as err:
+        raise OptionError("set", err) from None
+
+
+def one_corpus(hosts: Sequence[Host], values: Values) -> None:
+    if values.get("source") and values.get("wmt16"):
+        raise OptionError("source", "--source and --wmt16 name two corpora: give one")
+
+
+def sizes_in_order(hosts: Sequence[Host], values: Values) -> None:
+    smallest, largest = values.get("min_size"), values.get("max_size")
+    if smallest and largest and parse_size(str(smallest)) > parse_size(str(largest)):
+        raise OptionError("min_size", f"expected a size <= --max-size {largest}, got {smallest!r}")
+
+
+def resumable_run(hosts: Sequence[Host], values: Values) -> None:
+    """fab train: --run names a run to resume unless --new starts one by that name; --rejoin grows
+    the run back, so it cannot start a new one."""
+    if values.get("rejoin") and values.get("new"):
+        raise OptionError("rejoin", "--rejoin takes lost hosts back into a run; --new starts another: give one")
+    if values.get("run") and not values.get("new"):
+        try:
+            existing_run(values["run"])
+        except Expected as err:
+            raise OptionError("run", f"{err} (--new starts a run by that name)") from None
