@@ -57,7 +57,22 @@ def environment_key() -> str:
     except OSError:
         parts.append("no nvidia driver")
     parts.append(",".join(sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))))
+    parts += [version_file_stat(package) for package in ("torch", "fairseq", "numpy")]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def version_file_stat(package: str) -> str:
+    """The size and time of a package's version.py, found without importing it: a version file changed
+    in place (a patched package, a hand edit) is a changed environment too."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+        path = os.path.join(os.path.dirname(spec.origin), "version.py")
+        st = os.stat(path)
+        return f"{package} {st.st_size} {st.st_mtime_ns}"
+    except (AttributeError, ImportError, OSError, TypeError, ValueError):
+        return f"{package} -"
 
 
 def cached_versions(path: str) -> dict:

@@ -72,7 +72,9 @@ def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
     keys = tracker.from_environment(os.environ)  # on the keeper's standard input: never on the hosts' disk
 
     def one(host: Host, conn):
-        conn.run(f"mkdir -p {kdir} && rm -f {kdir}/stop {kdir}/ended", hide=True, in_stream=False)
+        # the stop and ended marks stay for `keeper launch`: a keeper that ended (fab stop) and still
+        # lingers for its peers is told apart by them, and replaced, not taken for this start's keeper
+        conn.run(f"mkdir -p {kdir}", hide=True, in_stream=False)
         conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
         flags = ["--keys-on-stdin"] if keys else []
         launch = agent_command(host, "keeper", "launch", "--run", run.remote_dir, *flags)

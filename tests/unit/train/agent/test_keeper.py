@@ -145,3 +145,23 @@ def test_a_member_starts_from_the_holders_newest_when_it_saved_again_before_stop
     assert k.newest_of_holder(want) == {"host": "v100a", "generation": 2, "update": 90, "sha256": "new", "size": 12}
     k.views["v100a"] = View("v100a", None, Checkpoint(2, 70, "older", 12))
     assert k.newest_of_holder(want) == want
+
+
+def test_fab_train_right_after_fab_stop_replaces_the_keeper_that_lingers_for_its_peers(two_hosts):
+    """`fab stop` returns while each keeper still answers "stopping" for a few polls; a start in that
+    time must launch a keeper of its own, not take the ending one for it (which would then end, and
+    nothing would train)."""
+    dirs, port = two_hosts
+    for host, d in dirs.items():
+        launch(d, spec(dirs, host, port, 100000))
+    wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
+    lingering = {h: keeper_files.supervisor_pid(str(d)) for h, d in dirs.items()}
+    for d in dirs.values():
+        assert keeper.stop(str(d), wait_s=5) in ("stopped", "killed")
+    assert all(keeper_files.supervisor_pid(str(d)) for d in dirs.values())  # still lingering
+    for host, d in dirs.items():  # fab train again, at once
+        launch(d, spec(dirs, host, port, 100000) | {"start": "s2"})
+    wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
+    assert all(keeper_files.supervisor_pid(str(d)) not in (None, lingering[h]) for h, d in dirs.items())
+    for d in dirs.values():
+        keeper.stop(str(d), wait_s=5)
