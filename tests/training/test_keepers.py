@@ -142,8 +142,11 @@ def test_a_detached_run_goes_on_without_a_lost_host_takes_it_back_and_survives_r
             assert said in status, status
     finally:
         set_links(cfg, "v100b", "up")
-        fab(data_ready, "stop", "--run", run_id, check=False)
-    assert not any(ranks(cfg, h, run_id) for h in cfg.names)
+        stopped = fab(data_ready, "stop", "--run", run_id, check=False)
+    left = {h: ssh(cfg, h, f"ps -o pid,user,lstart,args -p $(pgrep -d, -f 'runs/{run_id}/checkpoint[s]') "
+                           f"2>/dev/null; tail -5 /data/tandem/runs/{run_id}/keeper/keeper.log").stdout
+            for h in cfg.names if ranks(cfg, h, run_id)}
+    assert not left, f"{stopped.stdout}{stopped.stderr}\n{left}"
     print(f"cables of v100b pulled: v100a trained alone after {alone:.0f} s; plugged back: v100b training again "
           f"after {back:.0f} s; v100a rebooted (off 40 s): v100b alone after {rank0_lost:.0f} s, both training "
           f"again {rebooted_back - 40:.0f} s after v100a's boot")

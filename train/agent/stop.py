@@ -20,7 +20,7 @@ import pwd
 import signal
 import time
 
-from train.agent.state import run_pids
+from train.agent.state import run_pids, save_dir
 
 
 def _signal(pids: list[int], sig: int) -> None:
@@ -58,8 +58,34 @@ def not_ours(foreign: dict[int, str]) -> str:
 STOPPED_MARK = "stopped"  # in the run's directory: `fab status` says "stopped by fab stop", not "died"
 
 
+def monitor_pids(run_dir: str, proc: str = "/proc") -> list[int]:
+    """The run's samplers (train.agent.monitor --watch RUN/checkpoints), this user's."""
+    wanted = f"--watch {save_dir(run_dir)}".encode()
+    pids = []
+    for entry in os.listdir(proc):
+        try:
+            with open(f"{proc}/{entry}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ")
+        except (OSError, ValueError):
+            continue
+        if b"train.agent.monitor" in line and wanted in line and os.stat(f"{proc}/{entry}").st_uid == os.geteuid():
+            pids.append(int(entry))
+    return pids
+
+
 def stop(run_dir: str, wait_s: float = 20, poll_s: float = 0.1, mark: bool = True) -> str:
-    """`mark`: the user asked (`fab stop`); the keeper stopping ranks for a new membership does not."""
+    """`mark`: the user asked (`fab stop`); the keeper stopping ranks for a new membership does not.
+    The run's sampler ends with its ranks (it would see them gone within its interval, or, for ranks
+    stopped before it first saw them, only after its start grace)."""
+    try:
+        return _stop(run_dir, wait_s, poll_s, mark)
+    finally:
+        if not run_pids(run_dir):
+            with contextlib.suppress(OSError):
+                _signal(monitor_pids(run_dir), signal.SIGTERM)
+
+
+def _stop(run_dir: str, wait_s: float, poll_s: float, mark: bool) -> str:
     pids = run_pids(run_dir)
     if not pids:
         return "none"

@@ -110,3 +110,21 @@ def test_stop_as_a_login_user_names_a_run_another_user_started_and_signals_nothi
     assert out.stdout.strip() == (f"another user's processes: pid {other.pid} (root); nobody may not signal them: "
                                   f"stop the run as root, or `sudo kill -- {other.pid}`")
     assert other.poll() is None and not (run_dir / stop.STOPPED_MARK).exists()
+
+
+def test_fab_stop_ends_the_runs_sampler_with_its_ranks_and_no_one_elses(tmp_path):
+    """A sampler (train.agent.monitor) whose ranks were stopped before it first saw them would wait out
+    its start grace: `fab stop` ends it with the ranks; another run's sampler keeps going."""
+    def sampler(run):
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "train.agent.monitor",
+                                 "--watch", f"{run}/checkpoints"])
+
+    ours, theirs = sampler(tmp_path / "r1"), sampler(tmp_path / "r2")
+    try:
+        assert stop.stop(str(tmp_path / "r1")) == "none"
+        assert ours.wait(timeout=10) != 0  # ended by SIGTERM
+        assert theirs.poll() is None
+    finally:
+        for proc in (ours, theirs):
+            proc.kill()
+            proc.wait()
