@@ -152,14 +152,19 @@ def comm(value: object) -> str:
     return text if text == "auto" else str(Strategy.parse(text))
 
 
-def comm_list(value: object) -> str:
-    """Strategies, comma-separated, auto among them: the text, each checked."""
+def each_of(value: object, check, expected: str) -> str:
+    """A comma-separated list, at least one item, each item passing `check`: the text."""
     items = [x.strip() for x in str(value).split(",") if x.strip()]
     if not items:
-        raise Expected("strategies, comma-separated: sync, fp16, local-sgd:H or auto", value)
+        raise Expected(expected, value)
     for item in items:
-        comm(item)
+        check(item)
     return str(value)
+
+
+def comm_list(value: object) -> str:
+    """Strategies, comma-separated, auto among them: the text, each checked."""
+    return each_of(value, comm, "strategies, comma-separated: sync, fp16, local-sgd:H or auto")
 
 
 def backup(value: object) -> str:
@@ -169,12 +174,7 @@ def backup(value: object) -> str:
 
 def rates(value: object) -> str:
     """tc rates, comma-separated: the text, each checked."""
-    items = [r.strip() for r in str(value).split(",") if r.strip()]
-    if not items:
-        raise Expected("tc rates, comma-separated, e.g. 10mbit,100mbit,1gbit,none", value)
-    for item in items:
-        rate_bits(item)
-    return str(value)
+    return each_of(value, rate_bits, "tc rates, comma-separated, e.g. 10mbit,100mbit,1gbit,none")
 
 
 def size(value: object) -> str:
