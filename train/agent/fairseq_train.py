@@ -19,6 +19,9 @@
   data iterator's place in the epoch is kept as a share of the epoch, not as a count of one
   rank's batches (below).
 
+On GPUs Adam's step and fp16's master copy take a few kernels instead of a few per tensor
+(train/agent/fast_steps.py).
+
 With TANDEM_PROFILE=FIRST:COUNT:DIR it also profiles a window of updates (train/agent/profile.py).
 
 fairseq 0.12 ties `--bf16` to TPUs: `options.add_defaults` sets `tpu=True`, and
@@ -32,6 +35,8 @@ else is fairseq-train itself.
 from __future__ import annotations
 
 import os
+
+from train.agent import fast_steps
 
 
 def bf16_on_gpu(args):
@@ -595,6 +600,8 @@ def main() -> None:
     epoch_resumes_with_the_sentences_left()
     atomic_checkpoint_copies()
     local_sgd_syncs_at_every_save()
+    fast_steps.install_fused_adam()
+    fast_steps.install_flat_master_copy()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile
 

@@ -195,7 +195,21 @@ def environment(launch: Launch, preset: Preset | None = None) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(launch.omp_threads)
     if preset and (sync_updates := Strategy.parse(launch.comm).sync_updates(preset.options)):
         env["TANDEM_LOCAL_SGD_SYNC_UPDATES"] = str(sync_updates)  # train.agent.fairseq_train
+    env.update(fast_step_environment(launch, preset))
     return env
+
+
+# tandem's switches for faster optimizer steps on GPUs (train/agent/fast_steps.py): option -> variable
+FAST_STEP_SWITCHES = {"fused_adam": "TANDEM_FUSED_ADAM", "flat_master_copy": "TANDEM_FLAT_MASTER_COPY"}
+
+
+def fast_step_environment(launch: Launch, preset: Preset | None) -> dict[str, str]:
+    """On GPU hosts each switch is on unless `--set NAME=false` turns it off; CPU hosts get none
+    (fairseq takes its fused Adam path only where CUDA is)."""
+    if launch.cpu:
+        return {}
+    options = preset.options if preset else {}
+    return {variable: "1" for option, variable in FAST_STEP_SWITCHES.items() if options.get(option, True)}
 
 
 def trainer_argv(launch: Launch, preset: Preset) -> list[str]:

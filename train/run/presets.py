@@ -185,6 +185,10 @@ EXTRA_OPTIONS: dict[str, type] = {
     "local_sgd_sync_updates": int,  # tandem's own: local SGD's synchronous start (train.run.comm)
     "report_accuracy": bool,
     "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
+    # tandem's own, on GPUs (train/agent/fast_steps.py): torch's fused AdamW for fairseq's Adam, and
+    # fp16's master copy in a few kernels instead of a few per tensor; on unless set false
+    "fused_adam": bool,
+    "flat_master_copy": bool,
 }
 
 # The batch each preset's recipe trains with, in max_tokens units (padded tokens of the longer side:
@@ -200,7 +204,7 @@ RECIPES: dict[str, str] = {
 }
 
 # Options tandem reads itself and never passes to fairseq.
-TANDEM_OPTIONS = {"tokens_per_update"}
+TANDEM_OPTIONS = {"tokens_per_update", "fused_adam", "flat_master_copy"}
 
 # Option names the launcher owns; overriding them would break the command's consistency.
 RESERVED = {
