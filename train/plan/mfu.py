@@ -12,7 +12,7 @@ reports; any other GPU is "peak unknown", never a guess.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ..run.params import ARCH_DIMS, preset_params
 
@@ -80,3 +80,19 @@ def mfu_text(value: float | None, gpu_name: str | None = None) -> str:
     if value is None:
         return f"MFU: peak unknown ({gpu_name})" if gpu_name else "MFU: peak unknown"
     return f"MFU {value:.0%}"
+
+
+def gpu_name_of(samples: Iterable[Mapping]) -> str | None:
+    """The first GPU the monitor's samples name (train.agent.monitor: NVML's name, the peak table's key);
+    None where none does (a CPU host, a recording from before the monitor named them)."""
+    return next((str(g["name"]) for s in samples for g in s.get("gpus") or [] if g.get("name")), None)
+
+
+def beside_wps(options: Mapping[str, object], vocab: int, tokens_per_s: float | None, gpus: int,
+               gpu_name: str | None) -> str:
+    """What a view says beside a run's words/s (all ranks) on `gpus` GPUs: `MFU 24%`, or
+    `MFU: peak unknown (NAME)`; nothing on a CPU run (no peak to measure against) or before the
+    first logged words/s."""
+    if gpus < 1 or not tokens_per_s:
+        return ""
+    return mfu_text(of_run(options, vocab, tokens_per_s, gpus, gpu_name), gpu_name)

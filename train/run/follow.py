@@ -13,13 +13,12 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
 from ..cluster import Host
-from ..plan import mfu
 from ..watch.compact import HostLines, ProgressWithHosts
-from . import batching, checkpoints, keepers, launch
+from . import checkpoints, keepers, launch
 from .checkpoints import Backup, BackupPolicy
 from .launch import HostState
 from .record import Run
-from .status import describe
+from .status import describe, mfu_of
 
 
 class ProgressView:
@@ -29,7 +28,7 @@ class ProgressView:
     def __init__(self, run: Run, hosts: list[Host], console):
         self.run, self.console = run, console
         self.hosts_below = HostLines(run, hosts, run.link_mbps)  # `fab watch`'s per-host line
-        self.gpus = sum(h.gpus for h in hosts)
+        self.members = hosts
         self.plain, self._said, self._said_at = not console.is_terminal, "", 0.0
         self.bar = ProgressWithHosts(self.hosts_below, TextColumn(f"[bold]{run.run_id}"), BarColumn(),
                                      MofNCompleteColumn(), TextColumn("{task.fields[info]}"), console=console,
@@ -46,14 +45,11 @@ class ProgressView:
 
     def follow(self, hosts: list[Host]) -> None:
         self.hosts_below.follow(hosts)
-        self.gpus = sum(h.gpus for h in hosts)
+        self.members = hosts
 
     def mfu(self, wps: float | None) -> str:
         """`MFU 21%` of the run's GPUs (train.plan.mfu); `MFU: peak unknown (NAME)`; on CPU hosts nothing."""
-        if not self.gpus or not wps:
-            return ""
-        value = mfu.of_run(self.run.resolved_preset().options, batching.VOCAB, wps, self.gpus, self.run.gpu_name)
-        return mfu.mfu_text(value, self.run.gpu_name)
+        return mfu_of(self.run, self.members, wps)
 
     def show(self, rank0: HostState) -> None:
         self.hosts_below.refresh()

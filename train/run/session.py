@@ -19,7 +19,7 @@ from . import rejoin as rejoining
 from .comm import CommError, Strategy
 from .follow import follow
 from .record import Run, new_run_id
-from .status import summarize, why_stopped_early
+from .status import closing_mfu, summarize, why_stopped_early
 
 
 class StoppedEarly(ClusterError):
@@ -151,7 +151,7 @@ def backup_policy(request: TrainRequest) -> checkpoints.BackupPolicy:
 def follow_to_the_end(run: Run, hosts: list[Host], request: TrainRequest, known: list[Host], console) -> None:
     """Follow the run until every rank stopped, then the table; StoppedEarly if it ended early."""
     states = follow(run, hosts, console, backup=backup_policy(request), known=known)
-    summarize(states, console)
+    summarize(states, console, closing_mfu(run, known or hosts, states))
     ended = keepers.keeper_ended(states) or ""
     if ended.startswith("stopped:"):  # the keepers stopped it (--no-elastic, restarts exhausted): say why
         raise StoppedEarly(why_stopped_early(states)

@@ -11,8 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cluster import ClusterError, Host, run_all
+from ..plan import mfu as flops
 from ..report import logparse
-from . import idle, launch
+from . import batching, idle, launch
 from .launch import HostState
 from .record import Run
 
@@ -30,6 +31,24 @@ def describe(p: logparse.Progress | None, mfu: str = "") -> str:
         parts.append(f"{p.wps:,.0f} wps" + (f" · {mfu}" if mfu else ""))
     parts.append(f"ETA {logparse.format_eta(p.eta_seconds)}")
     return " · ".join(parts)
+
+
+def mfu_of(run: Run, hosts: list[Host], wps: float | None) -> str:
+    """`MFU 24%` at `wps` words/s (all ranks) over `hosts`' GPUs, by the GPU's name as the probe recorded
+    it (train.plan.mfu); `MFU: peak unknown (NAME)`; nothing on CPU hosts or before the first words/s."""
+    gpus = sum(h.gpus for h in hosts)
+    if not gpus or not wps:
+        return ""
+    return flops.beside_wps(run.resolved_preset().options, batching.VOCAB, wps, gpus, run.gpu_name)
+
+
+def closing_mfu(run: Run, hosts: list[Host], states: list[HostState]) -> str:
+    """What `fab train`'s last line adds on GPUs: rank 0's last logged words/s and their MFU over the
+    run's GPUs now (its members, as the keepers left them); nothing on a CPU run."""
+    p = states[0].progress if states else None
+    members = [h for h in hosts if h.name in run.hosts]
+    said = mfu_of(run, members, p.wps if p else None)
+    return f"{p.wps:,.0f} words/s · {said}" if said and p else ""
 
 
 def shared_failure(states: list[HostState]) -> str | None:
@@ -70,8 +89,14 @@ def why_stopped_early(states: list[HostState]) -> str | None:
     return f"the run stopped {at} and no rank said why: `fab logs`"
 
 
-def run_state_line(states: list[HostState]) -> str:
-    """The run in one line: running at update N, finished, stopped by fab stop, or why it ended early."""
+def run_state_line(states: list[HostState], mfu: str = "") -> str:
+    """The run in one line: running at update N, finished, stopped by fab stop, or why it ended early;
+    then `mfu` (closing_mfu) where given."""
+    line = run_state(states)
+    return f"{line} · {mfu}" if mfu else line
+
+
+def run_state(states: list[HostState]) -> str:
     rank0 = states[0].progress if states else None
     last = f"{rank0.max_update:,}" if rank0 and rank0.max_update else "?"
     at = f"update {rank0.update:,}/{last}" if rank0 else "no update yet"
@@ -166,10 +191,10 @@ def require_reachable(lost: dict[str, str]) -> None:
         raise ClusterError("unreachable: " + "; ".join(f"{name} ({why})" for name, why in lost.items()))
 
 
-def summarize(states: list[HostState], console) -> list[HostState]:
-    """The table, then the run's state in one line; returns the states."""
+def summarize(states: list[HostState], console, mfu: str = "") -> list[HostState]:
+    """The table, then the run's state in one line (with `mfu`: closing_mfu); returns the states."""
     console.print(table(states))
-    console.print(run_state_line(states))
+    console.print(run_state_line(states, mfu))
     return states
 
 
@@ -193,7 +218,9 @@ def show(run: Run, hosts: list[Host], console, as_json: bool = False) -> None:
             console.print(f"  {keepers.change_line(entry)}", markup=False)
     rank0 = states[0].progress
     if rank0:
-        console.print(f"{run.run_id}: update {rank0.update}/{rank0.max_update}, {describe(rank0)}")
+        members = [h for h in hosts if h.name in run.hosts]
+        console.print(f"{run.run_id}: update {rank0.update}/{rank0.max_update}, "
+                      f"{describe(rank0, mfu_of(run, members, rank0.wps))}")
     finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
     for s in states:
         if s.reachable and not s.running and s.tail and not finished and not s.stopped_by_user:
