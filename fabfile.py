@@ -232,10 +232,11 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "set": "fairseq option overrides, comma-separated",
     "dataset": "dataset whose dictionary sizes the embeddings (default synthetic)",
     "link": "measure (iperf3 now), bench (latest fab bench-net) or Mbit/s (default measure)",
-    "compute_s": "compute-only s/update (default: the latest fab bench-step of the same model)",
+    "compute_s": "compute-only s per batch of the derived max_tokens (default: the latest fab bench-step of the "
+                 "same model, scaled per token to that batch)",
     "precision": "fp32, fp16 or bf16 (bytes per gradient element; default as fab train: fp16 on GPU hosts)",
-    "update_freq": "gradient accumulation K (default: the preset's tokens per update over its max_tokens and the "
-                   "ranks)",
+    "update_freq": "gradient accumulation K (default: as fab train derives it: the preset's tokens per update, "
+                   "max_tokens as the GPUs' memory holds)",
     "max_update": "updates of the whole run (default: the preset's)",
     "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
                "bench-step's fit for pytorch_ddp)",

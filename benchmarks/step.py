@@ -4,7 +4,9 @@
    cluster NIC (tc tbf on its egress, train.plan.link) and measure the ring's links with
    iperf3 (2 s, all links at once).
 2. Start the configured model once on every host through train.run.launch (run `bench-<time>`,
-   `log_interval=1`, no validation, no checkpoints; `reports/latest` is left alone) and,
+   `log_interval=1`, no validation, no checkpoints; `reports/latest` is left alone), at the batch
+   `fab train` would run on these GPUs (train.run.batching.decide: max_tokens per rank from the
+   probed GPU memory, update_freq from the preset's tokens per update; the record keeps both), and,
    while it trains, change the cap under it: `cycles` times through the rates, each for
    `skip` updates to settle and then `updates` measured ones. Interleaving the rates in one
    run means a change in the machine's load (other jobs, thermal, a noisy neighbour) hits
@@ -17,8 +19,10 @@ Afterwards, and on any error, Ctrl-C (SIGINT), SIGTERM or SIGHUP, the job is sto
 (train.run.launch.stop) and every cap removed, then read back (`tc qdisc show`): the run prints
 that no cap is left, or fails naming the host that kept one.
 
-The model (train.plan.model.predict) gets the compute-only time C from the uncapped rate:
-C = step(none) − comm(none) at the uncapped link, less what the overlap hides. The overlap is 0
+The model (train.plan.model.predict) gets the compute-only time C of one batch (max_tokens per
+rank) from the uncapped rate: step(none) = K x C + comm(none) − what the overlap hides, at the
+run's update_freq K. `fab predict` and `fab train` scale C per token to another max_tokens
+(train.plan.measurements.compute_at). The overlap is 0
 for fairseq's legacy_ddp (the CPU default: all-reduce after the backward pass); for pytorch_ddp
 it is fitted to the capped rates (each capped rate is predicted from the others' fit). Without
 a `none` rate, the fastest rate stands in for it. Every rate's prediction is then
@@ -48,7 +52,7 @@ from train.plan import link, measurements, model, predict
 from train.plan import mfu as flops
 from train.plan.predict import dataset_vocab
 from train.report import logparse
-from train.run import launch, preflight, presets
+from train.run import batching, launch, preflight, presets
 from train.run.comm import SYNC_UPDATES_OPTION, CommError, Strategy
 from train.run.command import default_precision
 from train.run.lease import HostLease
@@ -107,9 +111,11 @@ def fastest(points: list[dict]) -> dict:
 
 
 def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, backend: str = "legacy_ddp",
-                     precision: str = "fp32", comm: str = "sync") -> tuple[float, str | None, float]:
-    """Adds predicted_s, error and network_share to every point; returns the compute-only C, the rate
-    it came from (whose error is 0 by construction) and the overlap.
+                     precision: str = "fp32", comm: str = "sync",
+                     update_freq: int = 1) -> tuple[float, str | None, float]:
+    """Adds predicted_s, error and network_share to every point; returns the compute-only C of one
+    batch (an update is `update_freq` of them), the rate it came from (whose error is 0 by
+    construction) and the overlap.
 
     legacy_ddp all-reduces after the backward pass: overlap 0. An overlapping backend
     (pytorch_ddp) hides part of the all-reduce behind the backward pass: its overlap is fitted to
@@ -126,15 +132,15 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ba
 
     def overlap_without(rate: str | None) -> float:
         others = [measured[r] for r in capped if r != rate]
-        return model.fit_overlap(fast, others) if fits else 0.0
+        return model.fit_overlap(fast, others, update_freq) if fits else 0.0
 
     overlap = overlap_without(None)
-    c = model.compute_given_overlap(fast[1], fast[0], overlap)
+    c = model.compute_given_overlap(fast[1], fast[0], overlap, update_freq)
     for p in ok:
         ov = overlap_without(p["rate"]) if p["rate"] != source and len(capped) > 1 else overlap
-        c_p = model.compute_given_overlap(fast[1], fast[0], ov)
+        c_p = model.compute_given_overlap(fast[1], fast[0], ov, update_freq)
         pred = model.predict(params, ranks, model.mbit_to_bytes_per_s(comm_mbps(p)), c_p, hosts=hosts,
-                             overlap=ov, precision=precision, comm=comm)
+                             overlap=ov, precision=precision, comm=comm, update_freq=update_freq)
         p["predicted_s"] = pred.step_s
         p["error"] = pred.step_s / p["s_per_update"] - 1
         p["overlap_used"] = ov
@@ -183,9 +189,12 @@ def plot(report: dict, path) -> None:
     if pts:
         rates = [p["link_mbps"] for p in pts]
         xs = np.logspace(np.log10(min(rates) / 2), np.log10(max(rates) * 2), 200)
-        curve = model.sweep(report["params"], report["ranks"], report["compute_s"], xs, hosts=report["n_hosts"])
-        ax.plot(xs, [c.step_s for c in curve], label="model: C + 2(n−1)/n·S / B", color="tab:blue")
-        ax.axhline(report["compute_s"], color="grey", ls=":", label=f"compute only C = {report['compute_s']:.3f} s")
+        k = int(report.get("update_freq") or 1)
+        curve = model.sweep(report["params"], report["ranks"], report["compute_s"], xs, hosts=report["n_hosts"],
+                            update_freq=k)
+        ax.plot(xs, [c.step_s for c in curve], label="model: K·C + 2(n−1)/n·S / B", color="tab:blue")
+        ax.axhline(k * report["compute_s"], color="grey", ls=":",
+                   label=f"compute only K·C = {k} × {report['compute_s']:.3f} s")
         ax.scatter(rates, [p["s_per_update"] for p in pts], color="tab:red", zorder=3, label="measured (median)")
         pred = [p for p in pts if p.get("predicted_s")]
         ax.scatter([p["link_mbps"] for p in pred], [p["predicted_s"] for p in pred], marker="x", color="black",
@@ -412,6 +421,10 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
             run.ranks_per_host = hosts[0].ranks
             answers = preflight.probe(run, hosts)
             gpu_name = next((g["name"] for g in answers[hosts[0].name].get("gpus") or []), None)
+            # the batch fab train would run here: C is measured at it (fab predict scales it per token)
+            derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
+            if derived:
+                say(f"batch derived: {derived.line()}")
             problems = preflight.check(run, hosts, answers)
             if problems:
                 raise ClusterError("preflight failed:\n  " + "\n  ".join(problems))
@@ -423,8 +436,11 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
             segments = sweep(follower, hosts, rates, cycles, updates, skip, warmup, say)
         finally:
             clean_up(run, hosts, started, follower, say)
+    batch = batching.of_run(run, hosts)
     report = {"run_id": run.run_id, "hosts": [h.name for h in hosts], "n_hosts": len(hosts), "ranks": ranks,
               "preset": preset, "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
+              "max_tokens": batch.max_tokens, "update_freq": batch.update_freq,
+              "tokens_per_update": batch.tokens_per_update,
               "precision": precision, "gradient_bytes": params * strategy.bytes_per_element(precision),
               "comm": str(strategy),
               "ddp_backend": strategy.ddp_backend(model.ddp_backend(options, cpu=bool(cpu_only))),
@@ -448,7 +464,8 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
                                 report.get("gpu_name")) if report.get("gpus") else None
     backend = report.get("ddp_backend", "legacy_ddp")
     compute_s, compute_from, overlap = with_predictions(points, report["params"], report["ranks"], report["n_hosts"],
-                                                        backend=backend, precision=report["precision"], comm=comm)
+                                                        backend=backend, precision=report["precision"], comm=comm,
+                                                        update_freq=int(report.get("update_freq") or 1))
     now = datetime.now(UTC)
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), **report,
               "params_logged": logparse.logged_params(log_text), "compute_s": compute_s, "overlap": overlap,
@@ -463,9 +480,12 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
 
 def summary(report: dict) -> str:
     """What `fab bench-step` prints at the end: the model, C, the table, where the files are."""
+    k = int(report.get("update_freq") or 1)
+    batch = (f" a batch of {report['max_tokens']:,} tokens a rank x update-freq {k} = {k * report['compute_s']:.3f} "
+             "s/update" if report.get("max_tokens") else "/update")
     head = (f"# {report['preset']}, --comm {report.get('comm', 'sync')}: {report['params']:,} parameters "
             f"({report['gradient_bytes'] / 1e6:.1f} MB all-reduced per sync), {report['ranks']} ranks; compute-only C "
-            f"{report['compute_s']:.3f} s/update (the {report['compute_from']} step less its all-reduce, marked (C): "
+            f"{report['compute_s']:.3f} s{batch} (the {report['compute_from']} step less its all-reduce, marked (C): "
             f"its error is 0 by construction); {report.get('ddp_backend', 'legacy_ddp')}, overlap "
             f"{report.get('overlap', 0.0):.2f}"
             + (" (fitted to the capped rates; each rate's prediction uses the others' fit)"
@@ -516,7 +536,8 @@ def plot_compare(reports: list[dict], path, quality: dict | None = None) -> None
                         and losses[comm].get("valid_loss") is not None else "")
         if len(xs):
             curve = model.sweep(r["params"], r["ranks"], r["compute_s"], xs, hosts=r["n_hosts"],
-                                comm=comm, precision=r.get("precision", "fp32"), overlap=r.get("overlap", 0.0))
+                                comm=comm, precision=r.get("precision", "fp32"), overlap=r.get("overlap", 0.0),
+                                update_freq=int(r.get("update_freq") or 1))
             ax.plot(xs, [1 / c.step_s for c in curve], color=colour, label=f"{label}: model")
         pts = [p for p in r["points"] if p.get("s_per_update") and p.get("link_mbps")]
         ax.scatter([p["link_mbps"] for p in pts], [1 / p["s_per_update"] for p in pts], color=colour, zorder=3)
@@ -542,9 +563,9 @@ def auto_per_rate(hosts: list[Host], rates: list[str], preset: str, overrides: l
     for rate in capped:
         where = "measure" if rate == "measure" else f"{link.rate_bits(rate) / 1e6:g}"
         # without a compute-only time predict_for says how to get one (train.plan.predict.assess)
-        choice = predict.predict_for(hosts, preset, overrides, dataset, where, precision=precision,
-                                     comm="auto").choice
-        if choice.update_freq > 1:
+        verdict = predict.predict_for(hosts, preset, overrides, dataset, where, precision=precision, comm="auto")
+        choice = verdict.choice
+        if choice.update_freq > verdict.batch.update_freq:  # beyond the derived batch bench-step runs
             raise ClusterError(f"--comm auto at {rate} picks {choice.flag()}: bench-step measures --comm "
                                f"strategies only; measure that with fab train or fab bench-quality "
                                f"--comm update-freq:{choice.update_freq}")

@@ -195,7 +195,9 @@ def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: 
             max_update: int | None = None, tokens_per_batch: int | None = None,
             sync_updates: int = 0) -> Comparison:
     """Every subset size × strategy for the run asked (`comm`, `update_freq` on all `hosts`).
-    `compute_s`: one rank's compute-only seconds per batch; `tokens_per_batch`: the preset's max_tokens."""
+    `compute_s`: one rank's compute-only seconds per batch of `tokens_per_batch` (the run's max_tokens as
+    train.run.batching decided it for the GPUs: every row keeps that batch and reaches the update by
+    --update-freq, so C holds for every row)."""
     overlaps = dict(overlaps or {})
     per_host = hosts[0].ranks
     link = model.mbit_to_bytes_per_s(link_mbps)

@@ -157,14 +157,15 @@ def ddp_backend(options: Mapping[str, object], cpu: bool) -> str:
     return str(options.get("ddp_backend") or ("legacy_ddp" if cpu else "pytorch_ddp"))
 
 
-def compute_given_overlap(step_s: float, comm_s: float, overlap: float) -> float:
-    """C from one measured step, given the overlap: step = C + max(0, comm − overlap × C)."""
-    if comm_s <= overlap * step_s:
-        return step_s
-    return max((step_s - comm_s) / (1 - overlap), 1e-6)
+def compute_given_overlap(step_s: float, comm_s: float, overlap: float, update_freq: int = 1) -> float:
+    """C (one batch) from one measured step of `update_freq` batches, given the overlap:
+    step = K × C + max(0, comm − overlap × C)."""
+    if comm_s * update_freq <= overlap * step_s:
+        return step_s / update_freq
+    return max((step_s - comm_s) / (update_freq - overlap), 1e-6)
 
 
-def fit_overlap(fastest: tuple[float, float], points: Iterable[tuple[float, float]]) -> float:
+def fit_overlap(fastest: tuple[float, float], points: Iterable[tuple[float, float]], update_freq: int = 1) -> float:
     """The overlap (0 to 1, in steps of 0.01) that predicts `points` [(comm_s, measured step_s)]
     best (least squares of the relative error), C following from the `fastest` (comm_s, step_s).
     On a tie the smaller overlap: the prediction that promises less."""
@@ -173,8 +174,8 @@ def fit_overlap(fastest: tuple[float, float], points: Iterable[tuple[float, floa
         return 0.0
 
     def squared_error(overlap: float) -> float:
-        c = compute_given_overlap(fastest[1], fastest[0], overlap)
-        return sum(((c + max(0.0, comm - overlap * c)) / step - 1) ** 2 for comm, step in points)
+        c = compute_given_overlap(fastest[1], fastest[0], overlap, update_freq)
+        return sum(((update_freq * c + max(0.0, comm - overlap * c)) / step - 1) ** 2 for comm, step in points)
 
     return min((squared_error(k / 100), k / 100) for k in range(101))[1]
 

@@ -8,8 +8,12 @@ Inputs, each with where it came from (printed beside the numbers):
   `fab bench-net`: its all_reduce bus bandwidth at the size nearest the gradient's, which is
   what a burst of that size gets; iperf3's slowest pair if it has no all_reduce rows), or a
   number in Mbit/s;
-- compute-only s/update: `compute_s`, else the latest `fab bench-step` of the same model on
-  as many hosts (its compute_s: the uncapped step less its own communication).
+- the batch (max_tokens per rank x update_freq): the one `fab train` would run, decided by the same
+  function (train.run.batching.decide) for the GPUs' memory (nvidia-smi now; `fab train`'s check
+  reads the run's own);
+- compute-only s per batch: `compute_s`, else the latest `fab bench-step` of the same model on
+  as many hosts (its compute_s: the uncapped step less its own communication), at that batch's
+  max_tokens or scaled per token from the one it measured (said: "scaled from N tokens").
 
 The verdict: network-bound when the exposed all-reduce is more than half of the step.
 Without a compute figure the share cannot be known: then the check falls back to the
@@ -30,13 +34,14 @@ import shlex
 from dataclasses import dataclass, field
 
 from train.cluster import ClusterError, Host, run_all, world_size
-from train.run import presets
+from train.run import batching, presets
 from train.run.comm import CommError, Strategy, sync_start
 from train.run.command import default_precision
 from train.run.params import preset_params
-from train.run.record import DATA_ROOT
+from train.run.record import DATA_ROOT, Run
 
-from . import batch, compare, link, measurements, model, price
+from . import compare, link, measurements, model, price
+from .batch import Batch
 
 
 @dataclass
@@ -57,6 +62,7 @@ class Verdict:
     choice: model.Choice | None = None  # what `--comm auto` picked, or would pick for a network-bound run
     comm: str = "sync"
     comparison: compare.Comparison | None = None  # every host subset × strategy (needs the compute figure)
+    batch: Batch | None = None  # the batch priced: max_tokens per rank x update_freq (train.run.batching)
 
     @property
     def fewer_hosts_faster(self) -> compare.Option | None:
@@ -94,24 +100,62 @@ class Verdict:
                                               "efficiency": self.choice.prediction.efficiency} if self.choice else None,
                 "prediction": self.prediction.as_dict() if self.prediction else None,
                 "comparison": self.comparison.as_dict() if self.comparison else None,
+                "batch": {"max_tokens": self.batch.max_tokens, "update_freq": self.batch.update_freq,
+                          "ranks": self.batch.ranks, "tokens_per_update": self.batch.tokens_per_update,
+                          "line": self.batch.line()} if self.batch else None,
                 "at_expected": self.at_expected.as_dict() if self.at_expected else None}
 
 
+# not the model: how long the run is, and its batch (C is scaled to the batch: measurements.compute_at)
+NOT_THE_MODEL = ("max_update", "max_epoch", "max_tokens", "tokens_per_update")
+
+
 def _model_options(overrides: list[str]) -> list[str]:
-    """The overrides that change the step's cost (not how long the run is)."""
-    return sorted(o for o in overrides if o.split("=")[0].strip() not in ("max_update", "max_epoch"))
+    """The overrides that change the step's cost per token."""
+    return sorted(o for o in overrides if o.split("=")[0].strip() not in NOT_THE_MODEL)
 
 
 def compute_from_bench(params: int, n_hosts: int, ranks: int, preset: str | None = None,
-                       overrides: list[str] | None = None) -> tuple[float | None, str]:
-    """The latest bench-step's compute-only time, if it measured the same model and batch on as many hosts."""
+                       overrides: list[str] | None = None,
+                       max_tokens: int | None = None) -> tuple[float | None, str]:
+    """The latest bench-step's compute-only seconds for one batch of `max_tokens` per rank (measured
+    at it, or scaled per token from the batch it measured), if it measured the same model on as many
+    hosts; `max_tokens` None: the batch it measured."""
     report = measurements.latest("step")
     same_model = preset is None or (report and report.get("preset") == preset
                                     and _model_options(report.get("overrides", [])) == _model_options(overrides or []))
     if report and same_model and report.get("params") == params and report.get("ranks") == ranks \
             and report.get("n_hosts") == n_hosts and report.get("compute_s"):
-        return float(report["compute_s"]), f"fab bench-step of {report['timestamp']}"
+        c = measurements.compute_at(report, max_tokens or measurements.batch_of(report)[0])
+        if c is not None:
+            return c.seconds, c.source
     return None, "unknown: run `fab bench-step --rates none` with the same model (or pass --compute-s)"
+
+
+def gpu_memory(hosts: list[Host]) -> dict[str, float]:
+    """Each GPU host's smallest GPU memory (GiB), asked from nvidia-smi now (as the probe's, MiB);
+    a host that does not answer is left out (its batch then says the memory was not probed)."""
+    gpu_hosts = [h for h in hosts if h.gpus > 0]
+    if not gpu_hosts:
+        return {}
+    results = run_all(gpu_hosts, "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits")
+    answers = {}
+    for host in gpu_hosts:
+        result = results[host.name]
+        mib = [int(x) for x in (result.stdout or "").split() if x.isdigit()] if result.ok else []
+        if mib:
+            answers[host.name] = {"gpus": [{"memory_mib": m} for m in mib]}
+    return batching.gpu_gib_of(answers, gpu_hosts)
+
+
+def batch_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, precision: str,
+              comm: str = "sync", update_freq: int | None = None) -> Batch:
+    """The batch `fab train` would run this preset with on these hosts (train.run.batching.decide, the
+    GPUs' memory from nvidia-smi); `update_freq`: the user's --update-freq (max_tokens follows)."""
+    run = Run(run_id="predict", hosts=[h.name for h in hosts], preset=preset, overrides=list(overrides),
+              dataset=dataset, precision=precision, comm=comm if comm != "auto" else "sync",
+              update_freq=update_freq or 1, update_freq_given=update_freq is not None)
+    return batching.decide(run, hosts, gpu_memory(hosts))
 
 
 def overlap_for(backend: str, hosts: list[Host]) -> tuple[float, str]:
@@ -202,7 +246,7 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
                    + (f"; the inventory expects {v.expected_mbps:.0f} Mbit/s" if v.expected_mbps else ""))
     if compute_s is not None:
         v.prediction = model.predict(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, **kw)
-        v.lines.append(f"compute-only {compute_s:.3f} s/update ({compute_source}); overlap {overlap:.2f} "
+        v.lines.append(f"compute-only {compute_s:.3f} s a batch ({compute_source}); overlap {overlap:.2f} "
                        f"({overlap_source})")
         if v.choice:
             v.lines += v.choice.lines()
@@ -258,11 +302,12 @@ def model_params(hosts: list[Host], preset: str, overrides: list[str], dataset: 
 
 
 def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, link_source: str = "measure",
-                compute_s: float | None = None, precision: str = "fp32", update_freq: int = 1,
+                compute_s: float | None = None, precision: str = "fp32", batch: Batch | None = None,
                 max_update: int | None = None, overlap: float | None = None, comm: str = "sync") -> Verdict:
-    """The verdict for this preset on these hosts; `overlap` None: the measured one for the DDP
-    backend the run uses (overlap_for). `comm`: a strategy or `auto` (the least invasive one that
-    reaches 90% scaling efficiency)."""
+    """The verdict for this preset on these hosts at `batch` (None: the one `fab train` would run,
+    batch_for); `compute_s`: seconds for one batch of its max_tokens (None: bench-step's, scaled to
+    it). `overlap` None: the measured one for the DDP backend the run uses (overlap_for). `comm`: a
+    strategy or `auto` (the least invasive one that reaches 90% scaling efficiency)."""
     if len(hosts) < 2:
         raise ClusterError("a prediction of the network's cost needs at least two hosts")
     if comm != "auto":
@@ -272,9 +317,11 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
             raise ClusterError(str(err)) from None
     params = model_params(hosts, preset, overrides, dataset)
     ranks = world_size(hosts)
+    if batch is None:
+        batch = batch_for(hosts, preset, overrides, dataset, precision, comm)
     source = "given"
     if compute_s is None:
-        compute_s, source = compute_from_bench(params, len(hosts), ranks, preset, overrides)
+        compute_s, source = compute_from_bench(params, len(hosts), ranks, preset, overrides, batch.max_tokens)
     mbps, where, port = link_figure(hosts, link_source, model.gradient_bytes(params, precision))
     options = presets.resolve(preset, overrides).options
     if max_update is None:
@@ -288,10 +335,12 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
     else:
         overlaps, sources, overlap_source = {"sync": overlap, "fp16": overlap}, {}, "given"
     verdict = assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
-                     compute_source=source, precision=precision, update_freq=update_freq, max_update=max_update,
-                     overlap=overlap, overlap_source=overlap_source, comm=comm, overlaps=overlaps,
-                     overlap_sources=sources, sync_updates=sync_start(options),
-                     tokens_per_batch=int(options["max_tokens"]) if options.get("max_tokens") else None)
+                     compute_source=source, precision=precision, update_freq=batch.update_freq,
+                     max_update=max_update, overlap=overlap, overlap_source=overlap_source, comm=comm,
+                     overlaps=overlaps, overlap_sources=sources, sync_updates=sync_start(options),
+                     tokens_per_batch=batch.max_tokens)
+    verdict.batch = batch
+    verdict.lines.insert(0, f"batch: {batch.line()}")
     verdict.lines += slow_link_lines(params, ranks, mbps, options, verdict.choice.comm if verdict.choice and
                                      comm == "auto" else comm)
     return verdict
@@ -310,23 +359,15 @@ def slow_link_lines(params: int, ranks: int, link_mbps: float, options: dict, co
     return lines
 
 
-def for_run(run, hosts: list[Host], comm: str | None = None) -> Verdict | None:
-    """`fab train`'s check for a launch.Run (`comm`: auto to choose, default the run's); None (with
-    nothing refused) when it cannot be made."""
+def for_run(run, hosts: list[Host], comm: str | None = None, link_source: str = "quick") -> Verdict | None:
+    """`fab train`'s check for a launch.Run at the batch it will train with (batching.of_run: what
+    batching.decide gave it); `comm`: auto to choose, default the run's. None (with nothing refused)
+    when it cannot be made."""
     if len(hosts) < 2:
         return None
-    return predict_for(hosts, run.preset, list(run.overrides), run.dataset, "quick",
-                       precision=run.precision, update_freq=run.update_freq, max_update=run.max_update,
+    return predict_for(hosts, run.preset, list(run.overrides), run.dataset, link_source,
+                       precision=run.precision, batch=batching.of_run(run, hosts), max_update=run.max_update,
                        comm=comm if comm is not None else run.comm)
-
-
-def derived_update_freq(hosts: list[Host], options: dict) -> int:
-    """The update_freq that brings the preset's max_tokens to its tokens per update on `hosts` (1
-    without a recipe): fewer all-reduces per token, so the network's share of an update falls."""
-    target, max_tokens = options.get("tokens_per_update"), options.get("max_tokens")
-    if not target or not max_tokens:
-        return 1
-    return batch.derive(int(target), world_size(hosts), int(max_tokens), max_tokens=int(max_tokens)).update_freq
 
 
 def for_options(hosts: list[Host], preset: str = "tiny", set_text: str | None = None, dataset: str = "synthetic",
@@ -335,13 +376,13 @@ def for_options(hosts: list[Host], preset: str = "tiny", set_text: str | None = 
                 overlap: float | str | None = None, comm: str = "sync") -> Verdict:
     """`fab predict`: the verdict from the task's option values as given (`set_text`: --set's
     `key=value,...`; numbers may come as text). `precision` None: as `fab train` picks it (fp16
-    on GPU hosts, fp32 where any host has none). `update_freq` None: the preset's tokens per update
-    over its max_tokens (the batch bench-step measures C at) and the ranks (train.plan.batch)."""
+    on GPU hosts, fp32 where any host has none). The batch: as `fab train` derives it for these
+    hosts' GPUs (batch_for); `update_freq` given: as `fab train --update-freq`."""
     overrides = presets.parse_overrides(set_text)
-    if update_freq is None:
-        update_freq = derived_update_freq(hosts, presets.resolve(preset, overrides).options)
+    precision = precision or default_precision([h.gpus for h in hosts])
+    chosen = batch_for(hosts, preset, overrides, dataset, precision, str(comm),
+                       int(update_freq) if update_freq is not None else None)
     return predict_for(hosts, preset, overrides, dataset, str(link_source),
                        compute_s=float(compute_s) if compute_s is not None else None,
-                       precision=precision or default_precision([h.gpus for h in hosts]),
-                       update_freq=int(update_freq), max_update=int(max_update) if max_update else None,
+                       precision=precision, batch=chosen, max_update=int(max_update) if max_update else None,
                        overlap=float(overlap) if overlap is not None else None, comm=str(comm))

@@ -5,6 +5,11 @@ max_tokens x update_freq x ranks (train.plan.batch.derive), max_tokens capped by
 `fab train` derives it for a new run (the start line and --dry-run say how), again once the probe
 has each GPU's memory, and for every new world: an elastic restart on the hosts left, a grow-back,
 so the tokens per update stay the recipe's. The user's `--set max_tokens=` or `--update-freq` win.
+
+One decision (`decide`) for every door: `fab train` (apply), `fab bench-step` (the batch its compute
+time C is measured at) and `fab predict` (the batch it prices, GPU memory asked from nvidia-smi):
+a prediction is for the batch that will run. `fab train`'s network check reads the run's own
+(`of_run`): what `decide` gave at its start, --comm auto's extra accumulation included.
 """
 
 from __future__ import annotations
@@ -69,11 +74,27 @@ def derive(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None 
                               update_freq=run.update_freq if run.update_freq_given else None, why=why)
 
 
+def decide(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> batch_model.Batch:
+    """The batch `run` trains with on `hosts`: derived from its tokens per update (derive), or, for a
+    preset without one, its max_tokens and update_freq as they are."""
+    if target(run):
+        return derive(run, hosts, gpu_gib)
+    return of_run(run, hosts, why="the preset's: no tokens per update to derive a batch from")
+
+
+def of_run(run: Run, hosts: Sequence[Host], why: str = "as the run was started") -> batch_model.Batch:
+    """The batch the run's command trains with as it stands (its max_tokens and update_freq)."""
+    options = run.resolved_preset().options
+    max_tokens = int(options.get("max_tokens") or 4096)
+    return batch_model.Batch(max_tokens, max(1, run.update_freq), sum(h.ranks for h in hosts), target(run),
+                             run.max_tokens_cap or max_tokens, why)
+
+
 def apply(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> batch_model.Batch | None:
     """Derive and set the run's max_tokens and update_freq (a run without a target: unchanged)."""
     if not target(run):
         return None
-    b = derive(run, hosts, gpu_gib)
+    b = decide(run, hosts, gpu_gib)
     run.update_freq, run.max_tokens_cap = b.update_freq, b.cap
     run.max_tokens = None if presets.overridden(run.overrides, "max_tokens") else b.max_tokens
     return b

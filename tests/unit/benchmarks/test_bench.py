@@ -174,6 +174,24 @@ def test_pytorch_ddp_overlap_is_fitted_and_each_rate_predicted_from_the_others()
             assert p["overlap_used"] == pytest.approx(0.4, abs=0.01)  # fitted without this rate
 
 
+def test_at_the_derived_update_freq_c_is_one_batch_and_the_summary_says_the_batch():
+    """bench-step trains at the batch fab train derives (here 4 batches an update): C is one batch's, as
+    fab predict and fab train's check use it (K x C + the all-reduce's exposed part)."""
+    k, c, overlap = 4, 0.2, 0.4
+    pts = overlapped_points(c, overlap, [100, 300, 1000, 20_000])
+    for p in pts:  # the other K - 1 batches of each update: K x C + max(0, comm - overlap x C)
+        p["s_per_update"] += (k - 1) * c
+    got, source, fitted = step.with_predictions(pts, params=4_000_000, ranks=2, hosts=2, backend="pytorch_ddp",
+                                                update_freq=k)
+    assert got == pytest.approx(c, rel=0.01) and fitted == pytest.approx(overlap, abs=0.01)
+    assert all(p["error"] == pytest.approx(0, abs=0.02) for p in pts)
+    report = {"preset": "tiny", "params": 4_000_000, "gradient_bytes": 16_000_000, "ranks": 2, "compute_s": got,
+              "compute_from": source, "max_tokens": 3584, "update_freq": k, "points": pts, "path": "x.json",
+              "plot": "x.png"}
+    assert f"compute-only C {got:.3f} s a batch of 3,584 tokens a rank x update-freq 4 = {k * got:.3f} s/update" \
+        in step.summary(report)
+
+
 def test_legacy_ddp_keeps_overlap_zero_even_when_a_fit_would_flatter_it():
     pts = overlapped_points(0.8, 0.4, [100, 1000, 20_000])
     _, _, overlap = step.with_predictions(pts, params=4_000_000, ranks=2, hosts=2, backend="legacy_ddp")

@@ -52,12 +52,14 @@ def test_bench_step_auto_measures_what_fab_train_would_pick_at_each_capped_rate(
 
     picks = {"10": ("local-sgd:136", 1), "100": ("local-sgd:15", 1), "1000": ("local-sgd:15", 1)}
     asked = []
+    derived = 1
 
     def predict_for(hosts, preset, overrides, dataset, link, **kwargs):
         asked.append(link)
         comm, k = picks[link]
         prediction = model.predict(3_938_304, 2, 1e9, 0.8, comm=comm, update_freq=k)
-        return SimpleNamespace(choice=model.Choice(prediction, [prediction], True, 0.9))
+        return SimpleNamespace(choice=model.Choice(prediction, [prediction], True, 0.9),
+                               batch=SimpleNamespace(update_freq=derived))  # the batch bench-step runs
 
     monkeypatch.setattr(predict, "predict_for", predict_for)
     rates = ["10mbit", "100mbit", "1gbit", "none"]
@@ -70,3 +72,5 @@ def test_bench_step_auto_measures_what_fab_train_would_pick_at_each_capped_rate(
     with pytest.raises(ClusterError, match=r"--comm auto at 100mbit picks --comm sync --update-freq 4: bench-step "
                                            r"measures --comm strategies only"):
         step.auto_per_rate([], rates, "tiny", [], "synthetic", "fp32", say=lambda *_: None)
+    derived = 4  # the run's own batch is 4 batches an update: sync at it is what bench-step measures
+    assert "sync" in step.auto_per_rate([], rates, "tiny", [], "synthetic", "fp32", say=lambda *_: None)

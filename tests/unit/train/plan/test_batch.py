@@ -123,15 +123,6 @@ def test_preflight_refuses_a_max_tokens_the_gpu_cannot_hold_naming_host_memory_a
     assert "15.8 GiB" in memory_problem(run, "g0", [{"name": "Tesla V100-SXM2-16GB", "memory_mib": 16160}])
 
 
-def test_fab_predict_takes_the_update_freq_the_recipe_needs():
-    from train.plan.predict import derived_update_freq
-
-    two = [Host(name=f"c{i}", address=f"10.0.0.{i + 1}") for i in range(2)]
-    assert derived_update_freq(two, presets.resolve(BASE).options) == 4  # 32,768 / (4,096 x 2)
-    assert derived_update_freq(gpu_hosts(2, 8), presets.resolve(BIG).options) == 8  # 458,752 / (3,584 x 16)
-    assert derived_update_freq(two, presets.resolve("tiny").options) == 1
-
-
 def test_local_sgd_s_copies_of_the_model_are_counted_against_the_gpu():
     """Big on a 16 GB V100 at a batch that fits sync: with --comm local-sgd and outer momentum (BMUF's
     three more fp32 copies and tandem's flat one: 16 B a parameter, 3.3 GiB) it does not, and

@@ -84,11 +84,14 @@ def test_the_compute_figure_comes_from_a_bench_step_of_the_same_model_on_as_many
     assert predict.compute_from_bench(300_000, 2, 2, "tiny", [])[0] is None
     measurements.write({"preset": "tiny", "overrides": ["max_update=50"], "params": 300_000, "ranks": 2,
                         "n_hosts": 2, "compute_s": 0.21, "timestamp": "2026-11-22T08:00:00"}, "step")
-    # how long the run is does not change its step; its model and batch do
-    assert predict.compute_from_bench(300_000, 2, 2, "tiny", ["max_update=900"]) == (
-        0.21, "fab bench-step of 2026-11-22T08:00:00")
-    assert predict.compute_from_bench(300_000, 2, 2, "tiny", ["max_tokens=4096"])[0] is None
-    assert predict.compute_from_bench(300_000, 3, 3, "tiny", [])[0] is None
+    # how long the run is does not change its step; its model does; its batch scales C per token
+    assert predict.compute_from_bench(300_000, 2, 2, "tiny", ["max_update=900"], 2048) == (
+        0.21, "fab bench-step of 2026-11-22T08:00:00 at 2,048 tokens a batch x update-freq 1")
+    assert predict.compute_from_bench(300_000, 2, 2, "tiny", ["max_tokens=4096"], 4096) == (
+        pytest.approx(0.42), "scaled from 2,048 tokens a batch (fab bench-step of 2026-11-22T08:00:00: 0.210 s) "
+                             "to 4,096, the same seconds per token")
+    assert predict.compute_from_bench(300_000, 2, 2, "tiny", ["encoder_layers=3"], 2048)[0] is None
+    assert predict.compute_from_bench(300_000, 3, 3, "tiny", [], 2048)[0] is None
 
 
 def test_the_overlap_is_the_newest_bench_steps_fit_for_the_backend_on_these_hosts(tmp_path, monkeypatch):
@@ -123,13 +126,18 @@ def test_fab_predict_takes_fab_trains_precision_and_splits_set_between_overrides
         asked.update(preset=preset, overrides=overrides, link=link_source, **kwargs)
         return "the verdict"
 
+    def run_all(hosts, command):  # a fake nvidia-smi: two 80 GB H100s a host
+        assert command.startswith("nvidia-smi --query-gpu=memory.total")
+        return GroupResult({h.name: HostResult(h.name, stdout="81559\n81559\n", exited=0) for h in hosts})
+
     monkeypatch.setattr(predict, "predict_for", predict_for)
-    gpus = [Host("a", "10.0.0.1", gpus=8), Host("b", "10.0.0.2", gpus=8)]
+    monkeypatch.setattr(predict, "run_all", run_all)
+    gpus = [Host("a", "10.0.0.1", gpus=2), Host("b", "10.0.0.2", gpus=2)]
     assert predict.for_options(gpus, set_text="adam_betas=(0.9, 0.98),lr=0.001", link_source=100,
                                compute_s="1.8", update_freq="2", max_update="300000") == "the verdict"
     assert asked["overrides"] == ["adam_betas=(0.9, 0.98)", "lr=0.001"] and asked["link"] == "100"
     assert asked["precision"] == "fp16"  # GPU hosts: as fab train, not fp32
-    assert (asked["compute_s"], asked["update_freq"], asked["max_update"]) == (1.8, 2, 300000)
+    assert (asked["compute_s"], asked["batch"].update_freq, asked["max_update"]) == (1.8, 2, 300000)
     assert asked["overlap"] is None and asked["comm"] == "sync"
     predict.for_options(hosts(), precision="bf16")
     assert asked["precision"] == "bf16" and asked["overrides"] == []
