@@ -5,21 +5,56 @@ the preset's tokens per update (train.run.presets.RECIPES).
     >>> b.max_tokens, b.update_freq, b.tokens_per_update
     (19114, 12, 458736)
 
-Memory model: peak GPU memory (GiB, as NVML counts it: the allocator's pool and the CUDA context
-included) = the static part (parameters x bytes per parameter of precision and optimizer) + max_tokens
-x bytes per token, the per-token part fitted on the H100 peaks of benchmarks/README.md ("Batch size,
-after the fix"): BYTES_PER_TOKEN_VOCAB per vocabulary entry (logits, log-probabilities and their
-gradients) and BYTES_PER_TOKEN_WIDTH per layer and model dimension (activations kept for the backward
-pass). The fit is within 10% on four of the six measured points; base at 4,096 (+18%) and at 16,384
-(-21%) cannot both be: 4x the tokens took 5.2x the memory there, 2x more took 1.56x. MARGIN covers the
-worst under-prediction, so a batch said to fit does.
+Memory model: the peak GPU memory of a rank (GiB, as NVML counts it: the allocator's pool, its
+fragmentation and the CUDA context included) = the static part (parameters x bytes per parameter of
+precision and optimizer) + max_tokens x bytes per token: BYTES_PER_TOKEN_VOCAB per vocabulary entry
+(logits, log-probabilities and their gradients) and BYTES_PER_TOKEN_WIDTH per layer and model
+dimension (activations kept for the backward pass, attention's scores included: with two
+architectures measured, heads and sentence length cannot be told from width).
+
+The fit (`fit`, over MEASURED) is an upper envelope, not a least-squares line: the per-token bytes
+are the least whose line lies on or above every measured peak. A peak is the worst batch a run met
+(the longest sentences make the largest attention scores) plus what the caching allocator kept
+from earlier shapes, and a run of hours meets more batches than a benchmark's hundreds: big at
+40,960 x 1 (100 batches) peaked at 44.1 GiB, at 57,344 x 8 (480 batches) at 134.7. A fit through
+the middle of such points under-predicts the runs that met more (the old one: +25.7% on the H200,
+5 GiB from the card's end). Model against each measured peak (+: over-predicts; 0%: the points that
+set the fit):
+
+    run                         card   measured   model   error
+    base fp16   4,096 x 1       H100      5.7       8.2    +44%
+    base fp16  16,384 x 1       H100     29.5      29.5     +0%  (sets base's bytes a token)
+    base fp16  32,768 x 1       H100     46.0      57.9    +26%  (twice: 300 and 600 updates)
+    base fp16  32,768 x 1       H200     46.1      57.9    +26%
+    big  fp16   3,584 x 1       H100     10.4      12.1    +16%
+    big  fp16  10,240 x 1       H100     20.4      27.3    +34%
+    big  bf16  10,240 x 1       H100     21.4      27.3    +27%
+    big  fp16  20,480 x 1       H100     43.8      50.6    +16%
+    big  fp16  30,583 x 15      H100     63.8      73.7    +16%
+    big  fp16  40,960 x 1       H200     44.1      97.4   +121%  (100 batches)
+    big  fp16  57,344 x 8       H200    134.7     134.8     +0%  (sets big's)
+
+MARGIN on top: the derived batch's predicted peak x MARGIN + RESERVED_GIB fits the card
+(`headroom_gib`: what it leaves), for what a run of hours may meet beyond any benchmark. 1.15: the
+highest row's bytes a token (big at 57,344 x 8) are 16% above the next (30,583 x 15, 20,480 x 1);
+another such step beyond the highest measured still fits.
+
+Extrapolation is refused: the derived max_tokens is at most the largest measured for the arch and
+precision (`measured_cap`; fp16 and bf16 hold the same bytes and share their rows): the model of a
+batch larger than any measured is a guess, and the largest batch (on the H200) is where the old
+model fell 25.7% short.
+New measurements (benchmarks.gpu's `gpu_mem_peak_mb`, with the allocator tandem now configures:
+train.run.command.environment) are rows of MEASURED; `fit(MEASURED)` then gives the constants
+(tests/unit/train/plan/test_batch.py checks that they are the fit's).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..run.params import ARCH_DIMS, preset_params
 
@@ -27,11 +62,96 @@ from ..run.params import ARCH_DIMS, preset_params
 # and gradients (2 + 2) beside fp32 master weights and gradients (4 + 4) and Adam's two moments (8).
 BYTES_PER_PARAM = {("fp16", "adam"): 20, ("bf16", "adam"): 20, ("fp32", "adam"): 16,
                    ("fp16", "sgd"): 12, ("bf16", "sgd"): 12, ("fp32", "sgd"): 8}
-BYTES_PER_TOKEN_VOCAB = 32.0  # least squares on the six H100 points (relative error), vocabulary 31.3k
-BYTES_PER_TOKEN_WIDTH = 74.0  # per (encoder + decoder layers) x model dimension
-MARGIN = 1.3  # the fit's worst under-prediction was 21% (base at 16,384): 1/0.79 = 1.27
-RESERVED_GIB = 1.0  # other processes, NCCL's buffers: what a batch may not count on
+# Activations of fp32 training take 4 bytes where fp16/bf16 take 2: twice the measured half-precision
+# bytes is an upper bound (the loss's fp32 part is the same in both). fp32 itself is not measured.
+ACTIVATION_SCALE = {"fp16": 1.0, "bf16": 1.0, "fp32": 2.0}
+BYTES_PER_TOKEN_VOCAB = 39.7  # fit(MEASURED), rounded up: per vocabulary entry
+BYTES_PER_TOKEN_WIDTH = 96.1  # fit(MEASURED), rounded up: per (encoder + decoder layers) x model dimension
+MARGIN = 1.15  # the predicted peak x MARGIN must fit: beyond the envelope of every measured peak
+RESERVED_GIB = 1.0  # other processes, NCCL's buffers (the measured runs had one GPU): what a batch may not count on
 GIB = 2**30
+FIT_VOCAB = 32000  # the measured runs' joint dictionary (tandem's WMT16 subwords)
+
+BASE, BIG = "transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big"
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+class Measured(NamedTuple):
+    """One measured peak: NVML's whole-GPU memory in use at its highest during a run of benchmarks.gpu
+    (one GPU, the preset named after its fairseq arch, Adam, vocabulary FIT_VOCAB)."""
+
+    arch: str
+    precision: str
+    max_tokens: int
+    update_freq: int
+    gib: float
+    card: str
+    source: str
+
+
+_README = "benchmarks/README.md 'Batch size, after the fix'"
+_ISSUE = "issue 36 (main 0d9d639, preset defaults)"
+# With the caching allocator's defaults (before expandable segments), 300 updates unless said. Rows
+# measured with expandable segments (what training runs with now) may replace these: the fit is
+# the envelope of whatever rows are here.
+MEASURED: list[Measured] = [
+    Measured(BASE, "fp16", 4096, 1, 5.7, H100, f"{_README}, base-fp16-4k (the profiled run)"),
+    Measured(BASE, "fp16", 16384, 1, 29.5, H100, f"{_README}, base-fp16-16k (maybe with a previous run's memory)"),
+    Measured(BASE, "fp16", 32768, 1, 46.0, H100, f"{_README}, base-fp16-32k"),
+    Measured(BASE, "fp16", 32768, 1, 46.0, H100, f"{_ISSUE}, base-fp16, 600 updates"),
+    Measured(BASE, "fp16", 32768, 1, 46.1, H200, f"{_ISSUE}, base-fp16, 600 updates"),
+    Measured(BIG, "fp16", 3584, 1, 10.4, H100, f"{_README}, big-fp16-3.5k"),
+    Measured(BIG, "fp16", 10240, 1, 20.4, H100, f"{_README}, big-fp16-10k"),
+    Measured(BIG, "bf16", 10240, 1, 21.4, H100, f"{_README}, big-bf16-10k"),
+    Measured(BIG, "fp16", 20480, 1, 43.8, H100, f"{_README}, big-fp16-20k"),
+    Measured(BIG, "fp16", 30583, 15, 63.8, H100, f"{_ISSUE}, big-fp16, 60 updates (900 batches)"),
+    Measured(BIG, "fp16", 40960, 1, 44.1, H200, f"{_ISSUE}, big-fp16-40k, 100 updates"),
+    Measured(BIG, "fp16", 57344, 8, 134.7, H200, f"{_ISSUE}, big-fp16, 60 updates (480 batches)"),
+]
+
+
+def _dims(options: Mapping[str, object]) -> tuple[int, int]:
+    """(encoder + decoder layers, model dimension) of the options' model."""
+    arch = ARCH_DIMS.get(str(options.get("arch", "transformer")), ARCH_DIMS["transformer"])
+    width = int(options.get("encoder_embed_dim") or arch["embed_dim"])  # type: ignore[call-overload]
+    layers = int(options.get("encoder_layers") or arch["encoder_layers"]) + int(  # type: ignore[call-overload]
+        options.get("decoder_layers") or arch["decoder_layers"])  # type: ignore[call-overload]
+    return layers, width
+
+
+def _measured_options(arch: str) -> dict[str, object]:
+    """The options of the preset a row measured (each is named after its arch; all share embeddings)."""
+    return {"arch": arch, "share_all_embeddings": True}
+
+
+def fit(rows: Iterable[Measured]) -> tuple[float, float]:
+    """(bytes a token per vocabulary entry, per layer x width): the least per-token bytes whose model
+    lies on or above every row, least in the sum of the model's ratios to the rows. A linear program
+    in two unknowns, solved at its corners: each pair of rows (or a row and an axis) met exactly."""
+    needs = []  # (bytes a token per vocab coefficient, per layer-width coefficient, bytes to cover, measured)
+    for r in rows:
+        options = _measured_options(r.arch)
+        static = preset_params(options, FIT_VOCAB) * BYTES_PER_PARAM[(r.precision, "adam")]
+        layers, width = _dims(options)
+        scale = r.max_tokens * ACTIVATION_SCALE[r.precision]
+        needs.append((FIT_VOCAB * scale, layers * width * scale, r.gib * GIB - static, r.gib * GIB))
+    if not needs:
+        raise ValueError("no measured peaks to fit")
+    lines = [(v, w, need) for v, w, need, _ in needs] + [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]  # and a, b >= 0
+    best: tuple[float, float, float] | None = None
+    for (v1, w1, n1), (v2, w2, n2) in itertools.combinations(lines, 2):
+        det = v1 * w2 - v2 * w1
+        if abs(det) < 1e-9 * max(abs(v1 * w2), abs(v2 * w1), 1.0):
+            continue  # parallel: rows of one architecture
+        a, b = (n1 * w2 - n2 * w1) / det, (v1 * n2 - v2 * n1) / det
+        if a < 0 or b < 0 or any(a * v + b * w < need * (1 - 1e-9) for v, w, need, _ in needs):
+            continue
+        cost = sum((a * v + b * w + (m - need)) / m for v, w, need, m in needs)
+        if best is None or cost < best[0]:
+            best = (cost, a, b)
+    if best is None:
+        raise ValueError("no per-token bytes cover every row")
+    return best[1], best[2]
 
 
 def static_gib(params: int, precision: str = "fp16", optimizer: str = "adam", extra_per_param: int = 0) -> float:
@@ -41,12 +161,9 @@ def static_gib(params: int, precision: str = "fp16", optimizer: str = "adam", ex
     return params * (BYTES_PER_PARAM[key] + extra_per_param) / GIB
 
 
-def bytes_per_token(options: Mapping[str, object], vocab: int) -> float:
-    arch = ARCH_DIMS.get(str(options.get("arch", "transformer")), ARCH_DIMS["transformer"])
-    width = int(options.get("encoder_embed_dim") or arch["embed_dim"])  # type: ignore[call-overload]
-    layers = int(options.get("encoder_layers") or arch["encoder_layers"]) + int(  # type: ignore[call-overload]
-        options.get("decoder_layers") or arch["decoder_layers"])  # type: ignore[call-overload]
-    return BYTES_PER_TOKEN_VOCAB * vocab + BYTES_PER_TOKEN_WIDTH * layers * width
+def bytes_per_token(options: Mapping[str, object], vocab: int, precision: str = "fp16") -> float:
+    layers, width = _dims(options)
+    return (BYTES_PER_TOKEN_VOCAB * vocab + BYTES_PER_TOKEN_WIDTH * layers * width) * ACTIVATION_SCALE[precision]
 
 
 def peak_gib(options: Mapping[str, object], vocab: int, max_tokens: int, precision: str = "fp16",
@@ -54,24 +171,49 @@ def peak_gib(options: Mapping[str, object], vocab: int, max_tokens: int, precisi
     """Predicted peak GPU memory of one rank training with `max_tokens` (no margin)."""
     params = preset_params(options, vocab)
     return static_gib(params, precision, str(options.get("optimizer", "adam")), extra_per_param) + \
-        max_tokens * bytes_per_token(options, vocab) / GIB
+        max_tokens * bytes_per_token(options, vocab, precision) / GIB
+
+
+def headroom_gib(peak: float) -> float:
+    """What a batch predicted to peak at `peak` GiB must leave free on its card: MARGIN's share of the
+    peak and RESERVED_GIB."""
+    return peak * (MARGIN - 1) + RESERVED_GIB
 
 
 def fits(options: Mapping[str, object], vocab: int, max_tokens: int, gpu_gib: float, precision: str = "fp16",
          extra_per_param: int = 0) -> bool:
-    return peak_gib(options, vocab, max_tokens, precision, extra_per_param) * MARGIN <= gpu_gib - RESERVED_GIB
+    peak = peak_gib(options, vocab, max_tokens, precision, extra_per_param)
+    return peak + headroom_gib(peak) <= gpu_gib
+
+
+def measured_cap(options: Mapping[str, object], precision: str = "fp16",
+                 rows: Iterable[Measured] = MEASURED) -> tuple[int, str]:
+    """The largest max_tokens measured for the options' arch at the precision (fp16 and bf16 together:
+    the same bytes), and where it comes from; an arch or precision without rows: the arch's largest,
+    else the largest of any."""
+    arch = str(options.get("arch", "transformer"))
+    rows = list(rows)
+    half = ACTIVATION_SCALE[precision]
+    for found, said in (([r for r in rows if r.arch == arch and ACTIVATION_SCALE[r.precision] == half], ""),
+                        ([r for r in rows if r.arch == arch], f", {precision} not measured"),
+                        (rows, f", {arch} not measured")):
+        if found:
+            top = max(found, key=lambda r: r.max_tokens)
+            return top.max_tokens, f"the largest measured ({top.arch} {top.precision} on {top.card}{said})"
+    raise ValueError("no measured peaks")
 
 
 def largest_max_tokens(options: Mapping[str, object], vocab: int, gpu_gib: float, precision: str = "fp16",
                        multiple: int = 256, extra_per_param: int = 0) -> int:
-    """The largest max_tokens (a multiple of `multiple`) predicted to fit `gpu_gib` with the margin;
-    0 when not even the model fits."""
+    """The largest max_tokens (a multiple of `multiple`) predicted to fit `gpu_gib` with the margin and
+    at most the largest measured (measured_cap); 0 when not even the model fits."""
     params = preset_params(options, vocab)
     room = (gpu_gib - RESERVED_GIB) / MARGIN - static_gib(params, precision, str(options.get("optimizer", "adam")),
                                                           extra_per_param)
     if room <= 0:
         return 0
-    return int(room * GIB / bytes_per_token(options, vocab)) // multiple * multiple
+    by_memory = int(room * GIB / bytes_per_token(options, vocab, precision))
+    return min(by_memory, measured_cap(options, precision)[0]) // multiple * multiple
 
 
 @dataclass(frozen=True)

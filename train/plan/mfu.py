@@ -42,6 +42,34 @@ PEAK_TFLOPS: dict[str, float] = {
 }
 
 
+# MiB of GPU memory as NVML reports it (nvidia-smi's memory.total) for the cards above: the lowest
+# seen across drivers and ECC settings (an A100 40GB says 40,536 or 40,960). For planning and the
+# memory model's tests (train.plan.batch); a run uses what its probe reads on the host.
+MEMORY_MIB: dict[str, int] = {
+    "Tesla V100-SXM2-16GB": 16160,
+    "Tesla V100-SXM2-32GB": 32510,
+    "Tesla V100-PCIE-16GB": 16160,
+    "Tesla V100-PCIE-32GB": 32510,
+    "Tesla V100S-PCIE-32GB": 32510,
+    "Tesla T4": 15109,
+    "NVIDIA A10": 23028,
+    "NVIDIA A30": 24258,
+    "NVIDIA A40": 46068,
+    "NVIDIA L4": 23034,
+    "NVIDIA L40": 46068,
+    "NVIDIA L40S": 46068,
+    "NVIDIA A100-PCIE-40GB": 40536,
+    "NVIDIA A100 80GB PCIe": 81251,
+    "NVIDIA A100-SXM4-40GB": 40536,
+    "NVIDIA A100-SXM4-80GB": 81251,
+    "NVIDIA H100 PCIe": 81559,
+    "NVIDIA H100 80GB HBM3": 81559,
+    "NVIDIA H100 NVL": 95830,
+    "NVIDIA H200": 143771,
+    "NVIDIA H200 NVL": 143771,
+}
+
+
 def peak_tflops(gpu_name: str | None) -> float | None:
     """The GPU's dense fp16/bf16 peak, or None ("peak unknown")."""
     return PEAK_TFLOPS.get((gpu_name or "").strip())

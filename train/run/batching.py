@@ -56,6 +56,9 @@ def cap(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = N
     extra = comm_extra_per_param(run)
     largest = batch_model.largest_max_tokens(options, VOCAB, gib, run.precision, extra_per_param=extra)
     beside = f", {run.comm}'s {extra} B a parameter" if extra else ""
+    measured, said = batch_model.measured_cap(options, run.precision)
+    if largest == measured:  # the GPU would hold more by the model: a batch never measured is not derived
+        return largest, f"{said}; {name}'s {gib:.0f} GiB GPU would hold more by the memory model"
     return largest, f"what {name}'s {gib:.0f} GiB GPU holds (memory model, margin {batch_model.MARGIN:.2f}x{beside})"
 
 

@@ -39,6 +39,7 @@ session leader's pid, so `kill -- -PID` stops torchrun and every rank it started
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ from train.run.comm import OUTER_STEP_OPTIONS, SYNC_UPDATES_OPTION, Strategy
 from train.run.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+# torch's caching allocator on GPU hosts: segments that grow in place instead of a new reserve per
+# batch shape (fairseq's batches all differ), so a long run's peak stays near its tensors'
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOCATOR = "expandable_segments:True"
 
 
 def reading_env_file(env_file: str = ENV_FILE) -> str:
@@ -174,15 +179,20 @@ def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
     return args
 
 
-def environment(launch: Launch, preset: Preset | None = None) -> dict[str, str]:
+def environment(launch: Launch, preset: Preset | None = None,
+                user_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables set for the training processes. On GPU hosts a rank whose peer vanished must
     not wait in NCCL for its 10-minute default: the process group times out with fairseq's
     heartbeat (train.agent.fairseq_train sets it from TANDEM_PG_TIMEOUT_S), and NCCL's watchdog
     then tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) instead of leaving it blocked.
-    The heartbeat is sized to the largest collective on the measured link (presets.failure_timeout_s)."""
+    The heartbeat is sized to the largest collective on the measured link (presets.failure_timeout_s).
+    GPU ranks run torch's allocator with expandable segments (ALLOCATOR: the GPU memory model of
+    train.plan.batch assumes it), unless `user_env` (default: the environment `fab train` runs in)
+    sets PYTORCH_CUDA_ALLOC_CONF: then the ranks get the user's value (empty: torch's defaults)."""
     env = dict(ENV_ALWAYS)
     if not launch.cpu:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        env[ALLOC_CONF] = (os.environ if user_env is None else user_env).get(ALLOC_CONF, ALLOCATOR)
     # local SGD (BMUF) runs without fairseq's distributed wrapper, so without its heartbeat: on CPU
     # hosts too only the process group's timeout ends a rank whose peer vanished (gloo's: 30 min)
     if (not launch.cpu or Strategy.parse(launch.comm).kind == "local-sgd") and preset \
