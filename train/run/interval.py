@@ -1,23 +1,25 @@
-"""Bounded loss: how much training a resume can lose, and `fab train`'s word on it.
+"""Bounded loss: how often a run saves, chosen in minutes of its own update time, and `fab train`'s word on it.
 
 fairseq saves a checkpoint every `save_interval_updates` updates (on rank 0; tandem copies it to
 every host and to the controller). A run that stops, and the elastic restart after a lost host
 (train.run.elastic), go on from the newest checkpoint: at most one interval of updates is done
-again. Each preset's default interval is chosen so that this is at most ~10 minutes (BOUND_S) on
-the hardware the preset is meant for (REFERENCE, with where each figure comes from), and
-`fab train`'s start line says what it is for the run at hand, from a measured s/update where
-tandem has one:
+again. `fab train` chooses the interval for the run at hand (`choose`): the largest round number
+of updates (1, 2 or 5 x 10^k) whose time is within ~10 minutes (BOUND_S) at the run's s/update
+from, first found (the lab's tiny keeps 50 updates, ≈ 25 s there: its tests resume past update 50):
 
 - resuming: the run's own log (rank 0's recent s/update, validation and saves included);
 - else the latest `fab bench-step` of the same model (preset and model options, precision, --comm)
-  on as many hosts and ranks: its uncapped ("none") step, else its compute-only C (a lower bound);
-- else it says the time is unmeasured, and how to measure it.
+  on as many hosts and ranks: its uncapped ("none") step, its compute part scaled to the run's batch
+  where bench-step trained another, else its compute-only C (a lower bound);
+- else the preset's REFERENCE, predicted for the run's tokens per rank and GPU (`predicted_step`).
+
+A user's `--set save_interval_updates=N` wins; the start line says the interval and its time either way:
 
     >>> start_phrase(2000, StepFigure(0.27, "fab bench-step of 2026-11-23T05:51:26+00:00"))
     'checkpoint every 2,000 updates (≈ 9 min at 0.27 s/update, fab bench-step of 2026-11-23T05:51:26+00:00)'
 
-Where the measured interval is over the bound, `over_bound` says so and names the interval that
-keeps it (`--set save_interval_updates=N`): tandem does not change the run's options by itself.
+Where the user's interval is over the bound, `over_bound` says so and names the interval that
+keeps it: tandem does not change what the user set.
 """
 
 from __future__ import annotations
@@ -26,32 +28,47 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..plan.mfu import peak_tflops
+from . import presets
+
 BOUND_S = 600  # ~10 minutes of training, at most, done again after a resume
 
 
 @dataclass(frozen=True)
 class Reference:
-    """The hardware a preset is meant for and its s/update there: what the default interval is for."""
+    """A preset's measured s/update on the hardware it is meant for: the prediction where the run has
+    no measurement of its own (predicted_step), and the loss bound it is held to."""
 
-    hardware: str
-    s_per_update: float
+    hardware: str  # whose step it is, as the start line says it
+    s_per_update: float  # the network's share fab train allows included
     source: str
+    tokens: int  # max_tokens x update_freq of one rank at which s_per_update was measured
+    least_s: float = 0.0  # no update takes less, however few its tokens (a small batch is launch-bound)
+    gpu: str | None = None  # NVML's name of the GPU measured: another GPU scales by its peak (train.plan.mfu)
+    # a fixed interval instead of one chosen by time: the lab's tests and demos stop or lose a host
+    # past update 50 of tiny and expect to resume from a checkpoint there, whatever the lab's step
+    every: int | None = None
 
 
-# H100 figures: benchmarks/README.md, "On a GPU machine" (one H100, the presets' own batch, after the
-# cuDNN-attention fix). On a cluster `fab train` refuses a run whose network would take more than half
-# of the step (unless --accept-slow-network), so a run that starts has a step of at most 2 × C.
+H100 = "NVIDIA H100 80GB HBM3"
+
+# H100 figures on one GPU at the batch fab train derives for it (issue 36's table: words/s, and
+# benchmarks/README.md's 0.875 words a max_tokens token); the least step: benchmarks/README.md's at the
+# presets' 4,096 and 3,584 tokens. On a cluster `fab train` refuses a run whose network would take more
+# than half of the step (unless --accept-slow-network), so a run that starts has a step of at most 2 x C.
 REFERENCE: dict[str, Reference] = {
     "tiny": Reference(
-        "the lab: 2 CPU hosts sharing a 2-core machine", 0.5,
+        "the lab's step (2 CPU hosts on 2 shared cores)", 0.5,
         "0.35–0.5 s/update with two ranks on the lab's shared cores (0.155–0.172 s in fab bench-step, "
-        "one thread a rank)"),
+        "one thread a rank)", tokens=2048, every=50),
     "transformer_wmt_en_de": Reference(
-        "GPU hosts, one H100 a rank, the network at most half of the step", 2 * 0.061,
-        "0.061 s/update measured on one H100 at 4,096 tokens, ×2 for the network's share fab train allows"),
+        "an H100's step x2 for the network", 2 * 0.0875,
+        "0.0875 s/update on one H100 at 32,768 tokens (313,682 words/s), x2 for the network's share",
+        tokens=32768, least_s=2 * 0.061, gpu=H100),
     "transformer_vaswani_wmt_en_de_big": Reference(
-        "GPU hosts, one H100 a rank, the network at most half of the step", 2 * 0.074,
-        "0.074 s/update measured on one H100 at 3,584 tokens, ×2 for the network's share fab train allows"),
+        "an H100's step x2 for the network", 2 * 2.12,
+        "2.12 s/update on one H100 at 30,583 tokens x update-freq 15 (189,407 words/s), x2 for the "
+        "network's share", tokens=30583 * 15, least_s=2 * 0.074, gpu=H100),
 }
 
 
@@ -106,12 +123,12 @@ def fits(updates: int, s_per_update: float, bound_s: float = BOUND_S) -> bool:
     return interval_s(updates, s_per_update) <= 1.1 * bound_s
 
 
-def start_phrase(updates: int | None, figure: StepFigure | None) -> str:
+def start_phrase(updates: int | None, figure: StepFigure | None, given: bool = False) -> str:
     """The start line's part on checkpoints, e.g. `checkpoint every 2,000 updates (≈ 9 min at 0.27
-    s/update, fab bench-step of ...)`."""
+    s/update, fab bench-step of ...)`; `given`: the user's --set chose the interval."""
     if not updates:
         return "no periodic checkpoint (save_interval_updates=0): a resume starts from the last epoch's end"
-    head = f"checkpoint every {updates:,} updates"
+    head = f"checkpoint every {updates:,} updates" + (" as set" if given else "")
     if figure is None:
         return f"{head} (time unmeasured: `fab bench-step --rates none` with the same model measures it)"
     took = format_duration(interval_s(updates, figure.s_per_update))
@@ -147,24 +164,26 @@ def _model_options(overrides: list[str]) -> list[str]:
 
 
 def from_bench(report: Mapping | None, *, preset: str, overrides: list[str], precision: str, comm: str,
-               n_hosts: int, ranks: int, update_freq: int = 1) -> StepFigure | None:
-    """The figure a `fab bench-step` report gives for a run of this model on as many hosts and ranks:
-    its uncapped step ("none"), else its compute-only C (said as such). bench-step trains at
-    update-freq 1: for K the compute part is counted K times (K × C plus the step's communication)."""
+               n_hosts: int, ranks: int, update_freq: int = 1, max_tokens: int | None = None) -> StepFigure | None:
+    """The figure a `fab bench-step` report gives for a run of this model on as many hosts and ranks
+    at `max_tokens` x `update_freq` a rank (None: the batch bench-step trained at): its uncapped step
+    ("none") with the compute part scaled to the run's batch where it differs
+    (train.plan.measurements.uncapped_step_at), else its compute-only C (said as such)."""
+    from ..plan import measurements
+
     if not report or report.get("preset") != preset or report.get("n_hosts") != n_hosts \
             or report.get("ranks") != ranks or report.get("precision", precision) != precision \
             or report.get("comm", "sync") != comm \
             or _model_options(list(report.get("overrides") or [])) != _model_options(overrides):
         return None
-    when = f"fab bench-step of {report.get('timestamp', '?')}"
-    compute = report.get("compute_s")
+    tokens = max_tokens or measurements.batch_of(dict(report))[0]
+    if scaled := measurements.uncapped_step_at(dict(report), tokens, update_freq):
+        return StepFigure(*scaled)
     step = next((p.get("s_per_update") for p in report.get("points", []) if p.get("rate") == "none"), None)
-    if step:
-        if update_freq > 1 and compute:
-            return StepFigure(step + (update_freq - 1) * compute, f"{when}, scaled to update-freq {update_freq}")
-        return StepFigure(float(step), when)
-    if compute:
-        return StepFigure(update_freq * float(compute), f"compute only, a lower bound: {when}")
+    if step:  # no compute-only C to scale it with: as measured
+        return StepFigure(float(step), f"fab bench-step of {report.get('timestamp', '?')}")
+    if compute := measurements.compute_at(dict(report), tokens):
+        return StepFigure(update_freq * compute.seconds, f"compute only, a lower bound: {compute.source}")
     return None
 
 
@@ -187,10 +206,71 @@ def measured_step(run, hosts, resuming: bool) -> StepFigure | None:
     except (OSError, ValueError):
         report = None
     ranks = world_size(hosts)
+    max_tokens = int(run.resolved_preset().options.get("max_tokens") or 0) or None
     return from_bench(report, preset=run.preset, overrides=list(run.overrides), precision=run.precision,
-                      comm=run.comm, n_hosts=len(hosts), ranks=ranks, update_freq=run.update_freq)
+                      comm=run.comm, n_hosts=len(hosts), ranks=ranks, update_freq=run.update_freq,
+                      max_tokens=max_tokens)
 
 
-def save_interval(run) -> int | None:
-    value = run.resolved_preset().options.get("save_interval_updates")
-    return int(value) if value else None
+def predicted_step(preset: str, tokens_per_rank: int | None = None, gpu_name: str | None = None) -> StepFigure | None:
+    """The preset's REFERENCE step for a run of `tokens_per_rank` (max_tokens x update_freq) on
+    `gpu_name`: linear in the tokens (no less than the reference's least step), and another GPU
+    than the one measured by the ratio of their peaks; None for a preset without a reference."""
+    ref = REFERENCE.get(preset)
+    if ref is None:
+        return None
+    tokens = tokens_per_rank or ref.tokens
+    s = max(ref.least_s, ref.s_per_update * tokens / ref.tokens)
+    scaled = f", scaled to {tokens:,} tokens a rank" if tokens != ref.tokens else ""
+    theirs, ours = peak_tflops(ref.gpu), peak_tflops(gpu_name)
+    if theirs and ours and gpu_name != ref.gpu:
+        s *= theirs / ours
+        scaled += f" and to a {gpu_name}'s peak"
+    return StepFigure(s, f"predicted: {ref.hardware}{scaled}; `fab bench-step --rates none` measures it")
+
+
+def derived_interval(preset: str, figure: StepFigure | None, given: int | None = None) -> int | None:
+    """The run's save_interval_updates: the user's (`given`), else the reference's fixed one (tiny),
+    else the largest round interval within ~10 minutes at `figure`'s s/update; None without any (the
+    preset's own value stays)."""
+    if given is not None:
+        return given
+    ref = REFERENCE.get(preset)
+    if ref and ref.every:
+        return ref.every
+    if figure is None:
+        return None
+    return suggested_interval(figure.s_per_update)
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """How often a run saves and why: what `fab train`'s start line says."""
+
+    every: int | None
+    figure: StepFigure | None
+    given: bool  # the user's --set save_interval_updates
+
+    def phrase(self) -> str:
+        return start_phrase(self.every, self.figure, given=self.given)
+
+    def warning(self) -> str | None:
+        return over_bound(self.every, self.figure)
+
+
+def choose(run, hosts, read_log: bool) -> Checkpoints:
+    """Set the run's save_interval_updates from its step's time (the user's --set wins) and say it.
+    `read_log`: a resume whose rank 0 log may be read for its measured step. Call it once the batch
+    (max_tokens, update_freq) and the GPU are known: the predicted step depends on them."""
+    run.save_interval_updates = None  # the preset's, or the user's, until derived below
+    options = run.resolved_preset().options
+    given = int(options.get("save_interval_updates") or 0) \
+        if presets.overridden(run.overrides, "save_interval_updates") else None
+    tokens = int(options.get("max_tokens") or 0) * max(1, run.update_freq) or None
+    figure = measured_step(run, hosts, read_log) or predicted_step(run.preset, tokens, run.gpu_name)
+    every = derived_interval(run.preset, figure, given)
+    if given is None and every:
+        run.save_interval_updates = every  # train.run.record applies it to the command
+    elif every is None:
+        every = int(options.get("save_interval_updates") or 0)
+    return Checkpoints(every, figure, given is not None)

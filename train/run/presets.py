@@ -14,10 +14,12 @@ Presets:
   machine: 300 updates in ≈3 min (0.35–0.5 s/update), BLEU 0 untrained → 0.4 at 100
   updates → 50 at 200 → 74 at 300 (→ 92 at 600).
 - `transformer_wmt_en_de`: Transformer base (Vaswani et al. 2017), ≈61M parameters
-  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates; 32,768 tokens per update (RECIPES).
+  with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates; 32,768 tokens per update (RECIPES);
+  100,000 updates, the paper's (3.3 B tokens: ≈ 21 WMT16 epochs, by big's 70 in 11 B).
 - `transformer_vaswani_wmt_en_de_big`: Transformer big as in fairseq's "Scaling NMT"
   recipe (Ott et al. 2018): lr 5e-4, dropout 0.3; 458,752 tokens per update, as their 8-GPU run
-  (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs).
+  (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs); 24,000 updates, where their
+  large-batch run reached 29.3 BLEU (11 B tokens, ≈ 70 epochs).
 
 max_tokens is the batch of a CPU host (and the cap where GPU memory is not known yet); on GPUs
 `fab train` derives max_tokens and update_freq from tokens_per_update (train.run.batching).
@@ -28,11 +30,12 @@ validation loss kept plus the last, JSON logs, TensorBoard logs. `{log_dir}` and
 `{save_dir}` in a value are filled in by the command builder.
 
 Bounded loss: a resume (and an elastic restart) redoes at most one `save_interval_updates` of
-training; each preset's default keeps that to ~10 minutes on the hardware it is meant for
-(train.run.interval.REFERENCE): tiny 50 updates ≈ 25 s on the lab; base 4,000 ≈ 8 min and big
-3,000 ≈ 7 min at twice an H100's measured step (0.061 and 0.074 s/update at the presets' batch:
-the network may take at most half of a step that `fab train` starts). `fab train`'s start line
-says it for the run, from a measured s/update where tandem has one.
+training. `fab train` chooses it for the run (train.run.interval.choose): ~10 minutes of the run's
+measured step, else of the step its preset's REFERENCE predicts for its batch and GPU; a
+`--set save_interval_updates=N` wins. The values here are what it chooses on the reference hardware:
+tiny 50 updates, fixed (≈ 25 s on the lab, whose tests resume past update 50); base 2,000 ≈ 6 min
+and big 100 ≈ 7 min at twice an H100's measured step at the recipe's batch on one GPU (0.0875 s
+and 2.12 s: the network may take at most half of a step that `fab train` starts).
 """
 
 from __future__ import annotations
@@ -103,9 +106,13 @@ PRESETS: dict[str, dict[str, Value]] = {
         "warmup_updates": 4000,
         "max_tokens": 4096,
         "tokens_per_update": 32768,  # RECIPES: Vaswani et al. 2017 as fairseq runs it, 8 GPUs x 4,096
+        # Vaswani et al. 2017 (5.1, 5.2): base trained 100,000 steps of ~25k source + 25k target tokens.
+        # 32,768 max_tokens units hold ~27.5k target tokens (benchmarks/README.md: 27,455 words a batch),
+        # so this is the paper's step count (what the inverse-sqrt schedule counts) at ~1.1x its tokens.
         "max_update": 100000,
-        # ≤ ~10 min of training a resume redoes: 4,000 × 0.122 s = 8 min (train.run.interval.REFERENCE)
-        "save_interval_updates": 4000,
+        # fab train derives it from the run's step (train.run.interval.choose); on one H100 a rank:
+        # 2,000 × 0.175 s = 6 min (train.run.interval.REFERENCE)
+        "save_interval_updates": 2000,
         "log_interval": 100,
         "num_workers": 1,
     },
@@ -117,9 +124,14 @@ PRESETS: dict[str, dict[str, Value]] = {
         "warmup_updates": 4000,
         "max_tokens": 3584,
         "tokens_per_update": 458752,  # RECIPES: Ott et al. 2018, 8 GPUs x 3,584 x update-freq 16
-        "max_update": 300000,
-        # 3,000 × 0.148 s = 7 min on the reference hardware (train.run.interval.REFERENCE)
-        "save_interval_updates": 3000,
+        # Ott et al. 2018 reached 29.3 BLEU (WMT16 train, newstest2014) in "70 epochs or ~24k steps using
+        # the large batch size" (M. Ott, github.com/facebookresearch/fairseq/issues/1976), at lr 0.001
+        # (examples/scaling_nmt: "0.001 works well for big batches"). 300,000 is Vaswani et al.'s
+        # count for big at 25k tokens a batch: 12x too long at this batch.
+        "max_update": 24000,
+        # fab train derives it from the run's step (train.run.interval.choose); on one H100 a rank:
+        # 100 × 4.24 s = 7 min (train.run.interval.REFERENCE)
+        "save_interval_updates": 100,
         "log_interval": 100,
         "num_workers": 1,
     },

@@ -39,6 +39,8 @@ class Run:
     update_freq_scale: int = 1
     max_tokens: int | None = None  # derived from the preset's tokens per update (train.run.batching)
     max_tokens_cap: int | None = None  # the largest max_tokens the GPUs hold (memory model), as derived
+    # checkpoints every ~10 minutes of this run's measured or predicted step (train.run.interval.choose)
+    save_interval_updates: int | None = None
     gpu_name: str | None = None  # rank 0's GPU as NVML names it (the probe): MFU's peak (train.plan.mfu)
     precision: str = "fp32"
     comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
@@ -75,12 +77,15 @@ class Run:
         return [by_name[n] for n in (self.order or self.hosts) if n in by_name] or self.hosts_of(hosts)
 
     def resolved_preset(self) -> presets.Preset:
-        """The preset with the user's overrides, and max_tokens as derived for the cluster unless the
-        user set it; the heartbeat and collective timeouts sized to the bytes over the measured link."""
+        """The preset with the user's overrides, and max_tokens and save_interval_updates as derived
+        for the run unless the user set them; the heartbeat and collective timeouts sized to the bytes
+        over the measured link."""
         preset = presets.resolve(self.preset, self.overrides, ranks=len(self.hosts) * self.ranks_per_host,
                                  link_mbps=self.link_mbps)
         if self.max_tokens and not presets.overridden(self.overrides, "max_tokens"):
             preset.options["max_tokens"] = self.max_tokens
+        if self.save_interval_updates and not presets.overridden(self.overrides, "save_interval_updates"):
+            preset.options["save_interval_updates"] = self.save_interval_updates
         return preset
 
     @property

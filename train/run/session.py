@@ -14,7 +14,7 @@ from ..cluster import ClusterError, Host, placement, select
 from ..exits import OptionError, Refused
 from ..plan import predict
 from ..plan.link import PeerUnreachable
-from . import batching, checkpoints, command, interval, keepers, launch, preflight, presets
+from . import batching, checkpoints, command, interval, keepers, launch, length, preflight, presets
 from . import rejoin as rejoining
 from .comm import CommError, Strategy
 from .follow import follow
@@ -72,11 +72,13 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     if layout := preflight.layout_problems(hosts):  # before any command is built: it assumes equal hosts
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(layout))
     derived = batching.apply(run, hosts) if not resuming else None  # GPU memory comes with the probe
+    saves = interval.choose(run, hosts, read_log=False)  # the commands carry the checkpoint interval
     commands = launch.host_commands(run, hosts)
     if request.dry_run:
         for host in hosts:
             console.print(f"[bold]{host.name}[/]: {commands[host.name]}")
-        console.print(f"{launch.batch(run, hosts)}; ranks {placement(hosts)}")
+        console.print(f"{launch.batch(run, hosts)}; {length.of_run(run, hosts, None)}; {saves.phrase()}; "
+                      f"ranks {placement(hosts)}")
         if derived:
             console.print(f"batch derived: {derived.line()}", markup=False)
         return
@@ -111,15 +113,16 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
             console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at, hosts[0].ranks)}[/]")
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
     run.order = [h.name for h in hosts]  # every host the keepers know, rank order
+    saves = interval.choose(run, hosts, read_log=resuming)  # the batch, GPU and link are known now
+    size = length.read_dataset_tokens(hosts[0], run.data_dir)
     run.save()
     keepers.start(run, hosts, elastic=request.elastic)  # the hosts keep the run from here on, followed or not
-    every, step = interval.save_interval(run), interval.measured_step(run, hosts, resuming)
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
-                  f"({run.preset}; {launch.batch(run, hosts)}; {interval.start_phrase(every, step)}; "
+                  f"({run.preset}; {launch.batch(run, hosts)}; {length.of_run(run, hosts, size)}; {saves.phrase()}; "
                   + (f"{cost}; " if cost else "") + f"logs {run.remote_dir}/train.log on each)")
     if derived:
         console.print(f"batch derived: {derived.line()}", markup=False)
-    if over := interval.over_bound(every, step):
+    if over := saves.warning():
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
         follow_to_the_end(run, hosts, request, known, console)

@@ -1,0 +1,45 @@
+"""`fab train`'s start line says how long the run is: tokens per update, updates, total tokens and
+epochs of its dataset (the dataset's tokens read from its prepared binaries)."""
+
+from __future__ import annotations
+
+from train.cluster import Host
+from train.run import length
+from train.run.presets import PRESETS
+from train.run.record import Run
+
+WMT16_TOKENS = 140_000_000  # ~4.5M pairs x ~31 tokens the longer side
+
+
+def test_the_big_recipe_trains_about_seventy_epochs_not_a_thousand():
+    big = PRESETS["transformer_vaswani_wmt_en_de_big"]
+    phrase = length.length_phrase(int(big["tokens_per_update"]), int(big["max_update"]), WMT16_TOKENS, "wmt16")
+    assert phrase == ("458,752 tokens per update x 24,000 updates = 11.0 B tokens ≈ 79 epochs of wmt16 "
+                      "(140.0 M tokens)")
+    base = PRESETS["transformer_wmt_en_de"]
+    assert length.length_phrase(int(base["tokens_per_update"]), int(base["max_update"]), WMT16_TOKENS,
+                                "wmt16").endswith("= 3.3 B tokens ≈ 23 epochs of wmt16 (140.0 M tokens)")
+
+
+def test_an_unknown_dataset_size_or_length_is_said():
+    assert length.length_phrase(4096, 300, None, "synthetic") == (
+        "4,096 tokens per update x 300 updates = 1.2 M tokens (epochs of synthetic: its size unknown, "
+        "not read from the hosts)")
+    assert length.length_phrase(4096, 300, 2_000_000, "synthetic").endswith("≈ 0.61 epochs of synthetic (2.0 M tokens)")
+    assert length.length_phrase(4096, None, 2_000_000, "synthetic") == (
+        "4,096 tokens per update, no max_update (fairseq stops at max_epoch)")
+    assert length.length_phrase(None, 300, None, "synthetic") == "300 updates"
+
+
+def test_the_datasets_tokens_come_from_its_binaries():
+    # a 32k dictionary: 2 bytes a token; the longer side counts (German here)
+    assert length.dataset_tokens([260_000_000, 280_000_000], 32_000) == 140_000_000
+    assert length.dataset_tokens([400_000, 400_000], 70_000) == 100_000  # past uint16: 4 bytes
+    assert length.dataset_tokens([], 32_000) is None
+
+
+def test_a_runs_length_is_its_batch_on_its_hosts():
+    hosts = [Host("v100a", "10.10.0.1"), Host("v100b", "10.10.0.2")]
+    run = Run(run_id="r", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic", update_freq=2)
+    assert length.of_run(run, hosts, 1_000_000) == (
+        "8,192 tokens per update x 300 updates = 2.5 M tokens ≈ 2.5 epochs of synthetic (1.0 M tokens)")
