@@ -34,6 +34,10 @@ from train.plan import mfu
 from train.report import logparse
 from train.run import command, presets
 
+BIG, BASE = "transformer_vaswani_wmt_en_de_big", "transformer_wmt_en_de"
+BIG_30 = ["max_update=30", "log_interval=2", "no_save=true"]  # ~2 s an update at the recipe's batch
+BASE_300 = ["max_update=300", "log_interval=10", "no_save=true"]
+SWITCHES_OFF = ["fused_adam=false", "flat_master_copy=false"]  # train/agent/fast_steps.py
 # name → (preset, precision, overrides). Throughput runs keep no checkpoints (GBs for big).
 RUNS: dict[str, tuple[str, str, list[str]]] = {
     "base-fp16": ("transformer_wmt_en_de", "fp16", ["max_update=600", "log_interval=10"]),
@@ -65,6 +69,16 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
                                                         "no_save=true"]),
     "big-fp16-3.5k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=300", "log_interval=10",
                                                                     "max_tokens=3584", "no_save=true"]),
+    # issue 36, side by side: the presets' defaults with tandem's GPU step switches off ("-before":
+    # fairseq's Python Adam, per-tensor fp16 master copies, the allocator's default segments) and on
+    "big-fp16-before": (BIG, "fp16", [*BIG_30, *SWITCHES_OFF]),
+    "big-fp16-after": (BIG, "fp16", BIG_30),
+    "base-fp16-before": (BASE, "fp16", [*BASE_300, *SWITCHES_OFF]),
+    "base-fp16-after": (BASE, "fp16", BASE_300),
+    # fairseq's memory-efficient fp16 (no fp32 master copy; its Adam steps fp16 weights in fp32)
+    "big-fp16-mefp16": (BIG, "fp16", [*BIG_30, "memory_efficient_fp16=true"]),
+    # bf16's master copy is per tensor (fairseq does not flatten it): fused Adam's case
+    "big-bf16-after": (BIG, "bf16", BIG_30),
     # past the memory model's fit on an 80 GB GPU: refused before it starts, naming the predicted peak
     "big-fp16-40k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=100", "log_interval=10",
                                                                    "max_tokens=40960", "no_save=true"]),
@@ -74,6 +88,8 @@ VOCAB = 32000  # the memory model's and MFU's vocabulary where the data's is not
 # Runs with torch's cuDNN attention left on, as fairseq-train alone would run (see
 # train.agent.fairseq_train.attention_without_cudnn), to compare side by side.
 RUN_ENV: dict[str, dict[str, str]] = {name: {"TANDEM_CUDNN_ATTENTION": "1"} for name in RUNS if name.endswith("-cudnn")}
+RUN_ENV.update({name: {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"} for name in RUNS
+                if name.endswith("-before")})
 
 
 def cluster_nic() -> str:
@@ -209,10 +225,15 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
     (launch,) = command.launches(name, [{"address": "127.0.0.1", "gpus": gpus, "nic": cluster_nic()}],
                                  master_port=29500, data_dir=str(data), run_dir=str(run_dir), venv=venv,
                                  precision=precision, update_freq=derived.update_freq)
-    line = command.training_command(preset, launch)
-    env = dict(os.environ)
+    env = {**os.environ, **RUN_ENV.get(name, {})}
+    saved = dict(os.environ)
+    os.environ.update(env)  # the line reads the user's allocator setting from here (command.environment)
+    try:
+        line = command.training_command(preset, launch)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     spy = None
-    env.update(RUN_ENV.get(name, {}))
     if profile_window and out:
         # tandem's entry point (train/agent/fairseq_train.py) profiles a window of updates; py-spy
         # samples after it, so that the two do not measure each other
@@ -278,11 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=240)
     p.add_argument("--profile", help="FIRST:COUNT: profile these updates (torch.profiler, then py-spy)")
     p.add_argument("--profile-runs", help="the runs to profile (default: all)")
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S") or 0) or None,
+                   help="start no run after this many seconds (a lent GPU's time is short; default: $BUDGET_S)")
     a = p.parse_args(argv)
+    started = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
     gpus = gpu_count()
     results = []
     for name in [r for r in a.runs.split(",") if r]:
+        if a.budget_s and time.monotonic() - started > a.budget_s:
+            results.append({"run": name, "skipped": f"past the budget of {a.budget_s:.0f} s"})
+            print(f"== {name}: skipped, past the budget of {a.budget_s:.0f} s", flush=True)
+            continue
         try:
             profiled = a.profile and (not a.profile_runs or name in a.profile_runs.split(","))
             window = tuple(int(x) for x in a.profile.split(":")) if profiled else None
@@ -299,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # the figures above still count
                 result["report_error"] = repr(e)
         (a.out / "gpu.json").write_text(json.dumps(results, indent=1))
-    return 0 if all("error" not in r and (r.get("finished") or r.get("refused")) for r in results) else 1
+    return 0 if all("error" not in r and (r.get("finished") or r.get("refused") or r.get("skipped"))
+                    for r in results) else 1
 
 
 if __name__ == "__main__":
