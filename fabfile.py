@@ -16,6 +16,7 @@ import fabric.main
 
 from train import exits, options
 from train import version as tandem_version
+from train.agent.nccl_sockets import option as nccl_sockets_option
 from train.run import checkpoints, launch, logtail, session
 from train.run import status as run_status
 from train.run.command import parse_signature
@@ -187,17 +188,20 @@ def _say(message):
     "iperf_seconds": "seconds iperf3 measures each ordered pair (default 3)",
     "threshold": "fail (exit 1) when busbw / link at 256 MB and above is below this fraction, e.g. 0.85",
     "port": "the all_reduce's rendezvous port on the first host (default 29501)",
+    "nccl_sockets": "NCCL's TCP sockets per peer for this run, e.g. 16 or 4x4 (threads x sockets), or none "
+                    "(NCCL's defaults); default: what provisioning wrote from iperf3's stream count",
 })
 @cluster_task(checks=[options.sizes_in_order], min_size=options.size, max_size=options.size,
               iters=options.whole(1), budget_s=options.seconds, iperf_seconds=options.seconds,
-              threshold=options.fraction, port=options.port)
+              threshold=options.fraction, port=options.port, nccl_sockets=nccl_sockets_option)
 def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iperf_seconds=3, threshold=None,
-              port=29501):
-    """iperf3 between every pair of hosts, then an all_reduce sweep: nccl-tests table + busbw / link."""
+              port=29501, nccl_sockets=None):
+    """iperf3 between every pair of hosts, then an all_reduce sweep (NCCL on GPU hosts, gloo on CPU hosts):
+    nccl-tests table + busbw / link, and NCCL's busbw beside iperf3's Gbit/s."""
     from benchmarks import net
 
     net.run(hosts, min_size=min_size, max_size=max_size, iters=iters, budget_s=budget_s, iperf_seconds=iperf_seconds,
-            threshold=threshold, port=port, say=_say)
+            threshold=threshold, port=port, nccl_sockets=nccl_sockets, say=_say)
 
 
 @task(help={

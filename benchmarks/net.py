@@ -2,7 +2,10 @@
 
 1. iperf3 between every ordered pair of hosts (train.plan.link; raw JSON kept).
 2. train.agent.allreduce on every host at once (every rank training runs: one per GPU, a CPU
-   host's `cpu_ranks`; NCCL on GPUs, gloo on CPU), buffer sizes from `--min-size` to
+   host's `cpu_ranks`; NCCL under torchrun when every host has GPUs, gloo otherwise: the lab),
+   with the NCCL settings provisioning wrote to /etc/tandem/env (the cluster NIC, the TCP sockets
+   per peer from the iperf3 stream count that reached the link; `nccl_sockets` tries others for
+   this run: train.agent.nccl_sockets), buffer sizes from `--min-size` to
    `--max-size` by powers of two: the host-side agent roles/train_env installed, started
    detached with a pid file, followed from here, and killed by that pid on error or Ctrl-C.
    A host with several ranks first measures them alone (intra-host: NVLink, PCIe or shared
@@ -14,6 +17,9 @@
    (2(n−1)/n × size / time) is again what each NIC carried: the inter-host figure.
    `threshold` fails the run when the efficiency of the sizes ≥ 256 MB (or the largest size
    when the sweep stops below) is lower.
+4. One line: NCCL's busbw at the largest size beside iperf3's slowest pair, both in Gbit/s, with
+   the socket threads x sockets per thread NCCL ran with; on CPU hosts it says NCCL was not
+   measured (gloo's figures stand in the table).
 
 Defaults: 1M..1G on GPU hosts; on CPU hosts (the lab) 1M..256M, because gloo reduces on
 the CPU and 1 GB through a 100 Mb/s link is 80 s an iteration; each size gets `budget_s`
@@ -29,7 +35,7 @@ import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 
-from train.agent import allreduce
+from train.agent import allreduce, iperf, nccl_sockets
 from train.agent.allreduce import parse_size
 from train.cluster import ClusterError, Host, placement, run_all, run_each, world_size
 from train.plan import link, measurements
@@ -44,6 +50,43 @@ LARGE = 256 * 1024**2  # the sizes the efficiency target is about
 
 def default_max_size(hosts: list[Host]) -> str:
     return "1G" if all(h.gpus > 0 for h in hosts) else "256M"
+
+
+def backend_for(hosts: list[Host]) -> str:
+    """NCCL where every host has GPUs (one rank per GPU, as training); gloo otherwise (NCCL needs a GPU per rank)."""
+    return "nccl" if all(h.gpus > 0 for h in hosts) else "gloo"
+
+
+def size_text(size: int) -> str:
+    """268435456 -> '256 MiB'."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def sockets_text(nccl_env: dict[str, str]) -> str:
+    """'2x8' from NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD; NCCL's defaults where neither is set."""
+    threads, per_thread = (nccl_env.get(name) for name in nccl_sockets.NAMES)
+    if threads is None and per_thread is None:
+        return "NCCL's defaults"
+    return f"{threads or 1}x{per_thread or 1} sockets"
+
+
+def versus_iperf3(rows: list[dict], link_mbps: float | None, backend: str, nccl_env: dict[str, str],
+                  streams: int, cpu_hosts: list[str]) -> str:
+    """NCCL's all_reduce busbw (GB/s x 8 = Gbit/s) at the largest size beside iperf3's slowest pair (Mbit/s / 1000),
+    or why NCCL was not measured."""
+    top = rows[-1]
+    busbw = top["busbw"] * 8
+    measured = f"{link_mbps / 1e3:.2f} Gbit/s" if link_mbps else "no figure"
+    ratio = f", {busbw * 1e3 / link_mbps:.0%}" if link_mbps else ""
+    flows = f"{streams} stream{'s' if streams > 1 else ''}"
+    if backend != "nccl":
+        return (f"NCCL not measured: {', '.join(cpu_hosts)} ha{'ve' if len(cpu_hosts) > 1 else 's'} no GPU "
+                f"(gloo's busbw at {size_text(top['size'])}: {busbw:.2f} Gbit/s; iperf3 {measured}{ratio})")
+    return (f"NCCL busbw {busbw:.2f} Gbit/s at {size_text(top['size'])} ({sockets_text(nccl_env)}) vs iperf3 "
+            f"{measured} (slowest pair, {flows}){ratio}")
 
 
 def with_efficiency(results: list[dict], link_mbps: float | None) -> list[dict]:
@@ -110,14 +153,18 @@ def host_info(hosts: list[Host]) -> dict[str, dict]:
 
 
 def allreduce_commands(hosts: list[Host], sizes: str, iters: int, warmup: int, budget_s: float,
-                       port: int, timeout: float, gap_s: float = 0.0, intra: bool = True) -> dict[str, str]:
+                       port: int, timeout: float, gap_s: float = 0.0, intra: bool = True, backend: str = "auto",
+                       nccl_sockets: str | None = None) -> dict[str, str]:
     """Each host's detached all_reduce job: train.agent.allreduce's launcher (installed by roles/train_env,
     as roles/verify runs it), its output and pid file in REMOTE_DIR. `intra`: a host with several
-    ranks measures them alone first."""
+    ranks measures them alone first. `backend`: nccl runs torchrun with one worker per GPU; the
+    launcher reads /etc/tandem/env first (the NIC, NCCL's sockets), `nccl_sockets` replaces its sockets."""
     mn, sweep, mx = sizes.partition("..")
     chosen = ["--min-size", mn, "--max-size", mx] if sweep else ["--sizes", sizes]  # 'A..B' or 'A,B,...'
     common = [*chosen, "--iters", str(iters), "--warmup", str(warmup), "--budget-s", f"{budget_s:g}",
-              "--timeout", f"{timeout:g}", "--gap-s", f"{gap_s:g}", *([] if intra else ["--skip-intra"])]
+              "--timeout", f"{timeout:g}", "--gap-s", f"{gap_s:g}", *([] if intra else ["--skip-intra"]),
+              *([] if backend == "auto" else ["--backend", backend]),
+              *([] if nccl_sockets is None else ["--nccl-sockets", nccl_sockets])]
     ranks = [h.ranks for h in hosts]
     out = {}
     for node, h in enumerate(hosts):
@@ -137,11 +184,12 @@ ALIVE = f"p=$(cat {REMOTE_DIR}/allreduce.pid 2>/dev/null) && kill -0 $p 2>/dev/n
 
 def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1, budget_s: float = 20,
                   port: int = 29501, timeout: float = 1800, on_line=None, gap_s: float = 0.0,
-                  intra: bool = True) -> dict:
+                  intra: bool = True, backend: str = "auto", nccl_sockets: str | None = None) -> dict:
     """Run the sweep on every host at once; rank 0's JSON report, with `intra` ({host: its ranks alone})
     where hosts run several. Every job is stopped afterwards."""
 
-    commands = allreduce_commands(hosts, sizes, iters, warmup, budget_s, port, timeout, gap_s, intra)
+    commands = allreduce_commands(hosts, sizes, iters, warmup, budget_s, port, timeout, gap_s, intra, backend,
+                                  nccl_sockets)
     try:
         bad = run_each(hosts, commands).problems()
         if bad:
@@ -208,7 +256,7 @@ def intra_table(intra: dict[str, dict]) -> str:
 
 def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = None, iters: int = 5,
               budget_s: float = 20, iperf_seconds: float = 3, threshold: float | None = None,
-              port: int = 29501, say=print) -> dict:
+              port: int = 29501, nccl_sockets: str | None = None, say=print) -> dict:
     """The whole benchmark; returns the report (also written as JSON)."""
     if len(hosts) < 2:
         raise ClusterError("bench-net needs at least two hosts")
@@ -221,10 +269,11 @@ def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = No
     say(pairs_table(pairs))
     link_mbps = link.link_mbps(pairs)
     several = any(h.ranks > 1 for h in hosts)
-    say(f"all_reduce {min_size}..{max_size} across {world_size(hosts)} ranks ({placement(hosts)})"
+    backend = backend_for(hosts)
+    say(f"all_reduce {min_size}..{max_size} across {world_size(hosts)} ranks ({placement(hosts)}, {backend})"
         + ("; each host's ranks alone first" if several else ""))
     result = run_allreduce(hosts, f"{min_size}..{max_size}", iters=iters, budget_s=budget_s, port=port,
-                           on_line=lambda n: say(f"  {n} sizes done"))
+                           on_line=lambda n: say(f"  {n} sizes done"), backend=backend, nccl_sockets=nccl_sockets)
     rows = with_efficiency(result["results"], link_mbps)
     ok, reasons = verdict(rows, threshold)
     if result.get("intra"):
@@ -236,6 +285,9 @@ def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = No
     say(f"# inter-host: all_reduce, {result['backend']}, {result['world_size']} ranks on {len(hosts)} hosts; "
         f"link {link_mbps} Mbit/s (slowest iperf3 pair)")
     say(table(rows))
+    streams = iperf.streams(hosts[0].var("network_iperf_streams"), hosts[0].var("network_expected_mbps"))
+    nccl_env = result.get("nccl_env") or {}
+    say(versus_iperf3(rows, link_mbps, result["backend"], nccl_env, streams, [h.name for h in hosts if h.gpus == 0]))
     now = datetime.now(UTC)
     report = {
         "benchmark": "bench-net",
@@ -246,6 +298,10 @@ def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = No
                      "device": result.get("device"), "iperf3": sorted({i["iperf3"] for i in info.values()})},
         "iperf3": {"seconds": iperf_seconds, "pairs": [asdict(p) for p in pairs], "raw": raw},
         "link_mbps": link_mbps,
+        # NCCL beside iperf3: measured only on GPU hosts (the lab's CPU hosts run gloo)
+        "nccl": {"measured": result["backend"] == "nccl", "settings": nccl_env,
+                 "busbw_gbps": rows[-1]["busbw"] * 8 if result["backend"] == "nccl" else None,
+                 "iperf3_gbps": link_mbps / 1e3 if link_mbps else None, "iperf3_streams": streams},
         "allreduce": {**{k: v for k, v in result.items() if k != "results"}, "results": rows},
         "threshold": threshold,
         "ok": ok,
@@ -257,12 +313,13 @@ def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = No
 
 def run(hosts: list[Host], min_size: str = "1M", max_size: str | None = None, iters: int | str = 5,
         budget_s: float | str = 20, iperf_seconds: float | str = 3, threshold: float | str | None = None,
-        port: int | str = 29501, say=print) -> dict:
+        port: int | str = 29501, nccl_sockets: str | None = None, say=print) -> dict:
     """`fab bench-net`: the benchmark from the task's option values as given (numbers may come as
     text); says where the JSON is, and raises when the efficiency is below `threshold`."""
     report = bench_net(hosts, min_size=min_size, max_size=max_size, iters=int(iters), budget_s=float(budget_s),
                        iperf_seconds=float(iperf_seconds), port=int(port),
-                       threshold=float(threshold) if threshold is not None else None, say=say)
+                       threshold=float(threshold) if threshold is not None else None,
+                       nccl_sockets=nccl_sockets, say=say)
     say(f"JSON {report['path']}")
     if not report["ok"]:
         raise ClusterError("below the threshold:\n  " + "\n  ".join(report["problems"]))

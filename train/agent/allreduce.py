@@ -5,21 +5,24 @@ being all it needs to know (roles/verify and benchmarks.net both start it so):
 
     python -m train.agent.allreduce --node-rank I --ranks-per-host 2,2 --master-addr A [--master-port 29501]
         [--env-file /etc/tandem/env] [--backend auto|gloo|nccl] [--sizes 64M | --min-size 1M --max-size 1G]
-        [--iters 5] [--warmup 1] [--budget-s 20] [--json FILE]
+        [--iters 5] [--warmup 1] [--budget-s 20] [--json FILE] [--nccl-sockets 2x8]
 
 (`--ranks-per-host`: one per GPU, a CPU host's `cpu_ranks`, as training runs them:
 train.cluster.Host.ranks. The older `--gpus-per-host 0,0` means one rank per CPU host, one per GPU.)
 That launcher reads the environment file, then becomes the host's rank (global rank = the ranks
-of the hosts before it), or torchrun with one worker per rank on a host with several; such a
-host first measures its own ranks alone (torchrun on 127.0.0.1, printed as `INTRA {...}`: NVLink,
-PCIe or shared memory, no NIC), so that intra-host and inter-host bus bandwidth are told apart.
+of the hosts before it), or torchrun with one worker per rank on a host with several, and under
+`--backend nccl` (one worker per GPU, as training starts them); a host with several ranks first
+measures its own ranks alone (torchrun on 127.0.0.1, printed as `INTRA {...}`: NVLink, PCIe or
+shared memory, no NIC), so that intra-host and inter-host bus bandwidth are told apart.
 The cross-host run is then every rank of every host, as training all-reduces: a ring over ranks
 numbered host by host crosses each host's NIC once, so its busbw (2(n−1)/n × size / time) is what
 each NIC carried per second, comparable with the link for any number of ranks a host. A rank
 alone: `--rank R --world-size N --master-addr A`, or under torchrun (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK from the environment). `auto` picks NCCL when CUDA is
-available, gloo otherwise. GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name the cluster NIC
-(provisioning writes them to /etc/tandem/env). Rank 0 prints
+available, gloo otherwise. GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name the cluster NIC and
+NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD NCCL's TCP connections per peer (provisioning writes
+them to /etc/tandem/env; `--nccl-sockets 4x4` tries others for this run: train.agent.nccl_sockets).
+Rank 0's report names every NCCL_ variable its ranks ran with. Rank 0 prints
 
     size(B)  count  type  time(ms)  algbw(GB/s)  busbw(GB/s)
 
@@ -48,6 +51,8 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+
+from train.agent import nccl_sockets as nccl_sockets_module
 
 UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 
@@ -156,13 +161,30 @@ def read_env_file(path: str) -> dict[str, str]:
     return out
 
 
+def rank_environment(environ: dict[str, str], env_file: dict[str, str], nccl_sockets: str | None) -> dict[str, str]:
+    """The ranks' environment: the launcher's, then the environment file's lines (provisioning's NIC and
+    NCCL sockets), then `--nccl-sockets` (a count, THREADSxSOCKETS, or none: NCCL's own defaults)."""
+    env = {**environ, **env_file}
+    if nccl_sockets is not None:
+        for name in nccl_sockets_module.NAMES:
+            env.pop(name, None)
+        chosen = nccl_sockets_module.parse(nccl_sockets)
+        env.update(chosen.env() if chosen else {})
+    return env
+
+
+def nccl_settings(environ: dict[str, str]) -> dict[str, str]:
+    """The NCCL_ variables a rank runs with (the report's, beside its busbw)."""
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
+
+
 def rank_argv(node_rank: int, ranks_per_host: list[int], master_addr: str, master_port: int, python: str,
-              sweep: list[str]) -> list[str]:
-    """This host's ranks: the worker itself for one rank (its global rank from the hosts before it),
-    torchrun starting one worker per GPU for several."""
+              sweep: list[str], backend: str = "auto") -> list[str]:
+    """This host's ranks: the worker itself for one CPU rank (its global rank from the hosts before it),
+    torchrun starting one worker per rank for several, and for NCCL (one per GPU, as training)."""
     world = sum(ranks_per_host)
     here = ranks_per_host[node_rank]
-    if here > 1:
+    if here > 1 or backend == "nccl":
         torchrun = os.path.join(os.path.dirname(python), "torchrun")
         return [torchrun, "--nnodes", str(len(ranks_per_host)), "--node_rank", str(node_rank),
                 "--nproc_per_node", str(here), "--master_addr", master_addr, "--master_port", str(master_port),
@@ -235,6 +257,13 @@ def ranks_per_host(ranks_text: str | None, gpus_text: str | None) -> list[int]:
         return []
 
 
+def ranks_command(args: argparse.Namespace, python: str) -> list[str]:
+    """What a host's launcher line (--node-rank mode) becomes: its ranks' command (rank_argv)."""
+    ranks = ranks_per_host(args.ranks_per_host, args.gpus_per_host)
+    return rank_argv(args.node_rank, ranks, args.master_addr, args.master_port, python, _sweep_args(args),
+                     args.backend)
+
+
 def launch(args: argparse.Namespace) -> int:
     """--node-rank mode: read the environment file, then become this host's rank(s) (exec);
     a host with several ranks among several hosts measures its ranks alone first."""
@@ -244,17 +273,26 @@ def launch(args: argparse.Namespace) -> int:
                  else f"--gpus-per-host {args.gpus_per_host}")
         raise SystemExit(f"--node-rank {args.node_rank} with {given}: the host's index into every host's ranks "
                          "(--ranks-per-host 2,2) or GPU count (--gpus-per-host, 0 for a CPU host)")
-    if args.env_file and os.path.exists(args.env_file):
-        os.environ.update(read_env_file(args.env_file))
+    from_file = read_env_file(args.env_file) if args.env_file and os.path.exists(args.env_file) else {}
+    env = rank_environment(dict(os.environ), from_file, args.nccl_sockets)
+    os.environ.clear()
+    os.environ.update(env)
     if ranks[args.node_rank] > 1 and len(ranks) > 1 and not args.skip_intra:
         measure_intra_host(ranks[args.node_rank], args)
-    argv = rank_argv(args.node_rank, ranks, args.master_addr, args.master_port, sys.executable, _sweep_args(args))
+    argv = ranks_command(args, sys.executable)
     sys.stdout.flush()
     os.execv(argv[0], argv)
     return 1  # not reached
 
 
 # ---- a rank ----
+
+def _nccl_sockets_option(text: str) -> str:
+    try:
+        return nccl_sockets_module.option(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
 
 def parser() -> argparse.ArgumentParser:
     env = os.environ
@@ -266,6 +304,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-host", help="launcher, without --ranks-per-host: every host's GPUs, comma-separated "
                    "(0: a CPU host, one rank)")
     p.add_argument("--env-file", help="launcher: KEY=VALUE lines to set first (/etc/tandem/env)")
+    p.add_argument("--nccl-sockets", type=_nccl_sockets_option,
+                   help="launcher: NCCL's TCP sockets per peer for this run, a count or THREADSxSOCKETS (2x8), or "
+                        "none for NCCL's defaults (instead of the environment file's)")
     p.add_argument("--skip-intra", action="store_true",
                    help="launcher: no all_reduce among a host's own ranks first (fab bench-step's per-cap figure)")
     p.add_argument("--rank", type=int, default=int(env.get("RANK", 0)))
@@ -318,6 +359,7 @@ def write_report(args: argparse.Namespace, torch, backend: str, device, hosts: l
         "cuda": torch.version.cuda,
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "ok": all(r.correct for r in results),
+        "nccl_env": nccl_settings(dict(os.environ)),  # what NCCL read (or would have: gloo ignores them)
         "results": [asdict(r) for r in results],
     }
     print(f"# all_reduce, {backend}, {args.world_size} ranks on {', '.join(dict.fromkeys(hosts))}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from train import remeasure
-from train.agent import iperf
+from train.agent import iperf, nccl_sockets
 
 DOCUMENTATION = """
 name: network_figures
@@ -66,9 +66,16 @@ def measure_inputs(hosts: list, hostvars, qdisc_var: str, seconds, port, streams
     return out
 
 
+def nccl_socket_lines(setting, streams) -> list[str]:
+    """/etc/tandem/env's NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD lines (train.agent.nccl_sockets):
+    from `streams`, the iperf3 stream count that measured the link, unless `network_nccl_sockets` says."""
+    return nccl_sockets.env_lines(setting, int(streams))
+
+
 class FilterModule:
     def filters(self):
         return {"iperf_pairs": iperf_pairs, "ordered_pairs": ordered_pairs, "iperf_server": iperf_server,
                 "iperf_client": iperf_client, "iperf_streams": iperf.streams,
                 "host_figures": host_figures, "measure_mode": remeasure.mode,
-                "measure_reason": measure_reason, "measure_inputs": measure_inputs}
+                "measure_reason": measure_reason, "measure_inputs": measure_inputs,
+                "nccl_socket_lines": nccl_socket_lines}

@@ -5,6 +5,7 @@ predictions; and what `fab bench-net` and `fab bench-step` do with their options
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -322,6 +323,7 @@ def test_bench_step_compares_several_strategies_side_by_side_with_a_plot(monkeyp
     (["bench-quality", "--comm", "sync,auto"], "bench-quality measures named ones"),
     (["bench-quality", "--set", "max_update=5,adam_betas=(0.9, 0.98)"], "--set max_update=5: bench-quality sets"),
     (["predict", "--comm", "gossip"], "--comm is sync, fp16, local-sgd[:H] or auto, not 'gossip'"),
+    (["bench-net", "--nccl-sockets", "9x8"], "NCCL sockets 9x8: threads 1 to 16, threads x sockets per thread at most"),
 ])
 def test_the_fab_tasks_are_the_benchmarks_door_and_refuse_a_bad_option_before_touching_a_host(args, said):
     """inventory/hosts.yml's hosts do not exist (TEST-NET addresses): a task that tried one would hang
@@ -332,3 +334,78 @@ def test_the_fab_tasks_are_the_benchmarks_door_and_refuse_a_bad_option_before_to
                           text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stdout + proc.stderr, proc.stdout + proc.stderr  # bad input
 
+
+
+def launched_ranks(job: str) -> list[str]:
+    """What a host's bench-net job becomes on the host: its launcher line, parsed as the launcher parses it,
+    turned into the ranks' command (train.agent.allreduce.launch, without the exec)."""
+    argv = shlex.split(job.split("setsid nohup ", 1)[1].split(" > ", 1)[0])
+    assert argv[1:3] == ["-m", "train.agent.allreduce"], argv
+    return allreduce.ranks_command(allreduce.parser().parse_args(argv[3:]), argv[0])
+
+
+def test_gpu_hosts_all_reduce_through_nccl_under_torchrun_with_provisionings_environment():
+    """2 hosts x 8 GPUs: each host's launcher reads /etc/tandem/env (the NIC and NCCL's sockets provisioning
+    wrote), takes --nccl-sockets over it, and starts torchrun with one NCCL worker per GPU; the lab's CPU hosts
+    keep gloo, one rank each, no torchrun."""
+    gpus = two_hosts(gpus=8)
+    jobs = net.allreduce_commands(gpus, "1M..1G", 5, 1, 20, 29501, 1800, backend=net.backend_for(gpus),
+                                  nccl_sockets="4x4")
+    launcher = shlex.split(jobs["v100b"].split("setsid nohup ", 1)[1].split(" > ", 1)[0])
+    assert launcher[:11] == ["/opt/tandem/venv/bin/python", "-m", "train.agent.allreduce", "--node-rank", "1",
+                             "--ranks-per-host", "8,8", "--master-addr", "10.0.0.1", "--master-port", "29501"]
+    for flag, value in (("--env-file", "/etc/tandem/env"), ("--backend", "nccl"), ("--nccl-sockets", "4x4")):
+        assert launcher[launcher.index(flag) + 1] == value
+    ranks = launched_ranks(jobs["v100b"])
+    assert ranks[:10] == ["/opt/tandem/venv/bin/torchrun", "--nnodes", "2", "--node_rank", "1", "--nproc_per_node",
+                          "8", "--master_addr", "10.0.0.1", "--master_port"]
+    assert ranks[ranks.index("--backend") + 1] == "nccl" and ranks[ranks.index("--max-size") + 1] == "1G"
+    assert "--nccl-sockets" not in ranks  # the launcher set the environment; the ranks inherit it
+
+    cpu = two_hosts()
+    lab = launched_ranks(net.allreduce_commands(cpu, "1M..256M", 5, 1, 20, 29501, 1800,
+                                                backend=net.backend_for(cpu))["v100a"])
+    assert lab[:3] == ["/opt/tandem/venv/bin/python", "-m", "train.agent.allreduce"]
+    assert lab[lab.index("--backend") + 1] == "gloo"
+    assert net.backend_for([*two_hosts(gpus=8)[:1], *cpu[1:]]) == "gloo"  # NCCL needs a GPU for every rank
+
+
+def test_nccls_busbw_is_said_in_gbit_s_beside_iperf3s():
+    """2 hosts x 2 GPUs, 1 GiB in 800 ms: busbw = 2(4-1)/4 x 1 GiB / 0.8 s = 2.013 GB/s = 16.11 Gbit/s, 69% of
+    iperf3's 23.5 Gbit/s."""
+    rows = net.with_efficiency([row(2**20, 1.0, ranks=4), row(2**30, 800.0, ranks=4)], 23_500.0)
+    assert rows[-1]["busbw"] == pytest.approx(1.5 * 2**30 / 0.8 / 1e9)
+    line = net.versus_iperf3(rows, 23_500.0, "nccl", {"NCCL_SOCKET_NTHREADS": "2", "NCCL_NSOCKS_PERTHREAD": "8"},
+                             16, [])
+    assert line == ("NCCL busbw 16.11 Gbit/s at 1 GiB (2x8 sockets) vs iperf3 23.50 Gbit/s (slowest pair, "
+                    "16 streams), 69%")
+    assert "(NCCL's defaults)" in net.versus_iperf3(rows, 900.0, "nccl", {"NCCL_SOCKET_IFNAME": "ens5"}, 1, [])
+    lab = net.versus_iperf3(net.with_efficiency([row(2**28, 22_500.0)], 95.6), 95.6, "gloo", {}, 1, ["v100a", "v100b"])
+    assert lab == ("NCCL not measured: v100a, v100b have no GPU (gloo's busbw at 256 MiB: 0.10 Gbit/s; iperf3 "
+                   "0.10 Gbit/s, 100%)")
+
+
+def test_bench_net_on_gpu_hosts_reports_nccl_beside_iperf3(monkeypatch, tmp_path):
+    """The hosts and their GPUs stand in (no GPU here): what bench-net asks of the all_reduce and what it says."""
+    hosts = [replace(h, vars={"network_expected_mbps": 100_000}) for h in two_hosts(gpus=8)]
+    asked, said = {}, []
+    monkeypatch.setattr(net, "host_info", lambda hosts: {h.name: {"iperf3": "iperf 3.16"} for h in hosts})
+    monkeypatch.setattr(link, "caps", lambda hosts: {h.name: None for h in hosts})
+    monkeypatch.setattr(link, "iperf", lambda hosts, pattern, seconds: (
+        [link.Pair("v100a", "v100b", 94_100.0, 0), link.Pair("v100b", "v100a", 93_800.0, 0)], {}))
+    nccl_env = {"NCCL_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_NTHREADS": "2", "NCCL_NSOCKS_PERTHREAD": "8"}
+
+    def allreduce_on_gpus(hosts, sizes, **kw):
+        asked.update(kw, sizes=sizes)
+        return {"backend": "nccl", "world_size": 16, "nccl_env": nccl_env, "torch": "2.9.1", "cuda": "12.8",
+                "device": "NVIDIA H100 80GB HBM3", "results": [row(2**30, 200.0, ranks=16)]}
+
+    monkeypatch.setattr(net, "run_allreduce", allreduce_on_gpus)
+    monkeypatch.setattr(measurements, "REPORT_DIR", tmp_path)
+    report = net.bench_net(hosts, say=said.append)
+    assert (asked["backend"], asked["nccl_sockets"], asked["sizes"]) == ("nccl", None, "1M..1G")
+    # 16 ranks, 1 GiB in 200 ms: 2(16-1)/16 x 1 GiB / 0.2 s = 10.07 GB/s = 80.53 Gbit/s
+    assert said[-1] == ("NCCL busbw 80.53 Gbit/s at 1 GiB (2x8 sockets) vs iperf3 93.80 Gbit/s (slowest pair, "
+                        "16 streams), 86%")
+    assert report["nccl"] == {"measured": True, "settings": nccl_env, "busbw_gbps": pytest.approx(80.53, abs=0.01),
+                              "iperf3_gbps": 93.8, "iperf3_streams": 16}

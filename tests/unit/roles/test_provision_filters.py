@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -230,3 +232,44 @@ def test_a_gpu_shortfall_says_which_case_it_is_and_what_to_do():
     assert "the VM has fewer GPUs attached than promised; check the instance type" in unattached
     fallen = advice("v100a", 2, 1, 0, "", 2)
     assert "a GPU is not usable" in fallen and "xid" in fallen
+
+
+def test_the_network_role_gives_nccl_the_sockets_iperf3_needed_streams_for():
+    """A 100 Gb/s link is measured with 16 iperf3 streams: NCCL gets 2 threads x 8 sockets; 1 Gb/s, one
+    stream: nothing, NCCL's defaults; network_nccl_sockets overrides, and a value NCCL refuses is named."""
+    lines = load("network", "network_figures").FilterModule().filters()["nccl_socket_lines"]
+    assert lines("auto", 16)[1:] == ["NCCL_SOCKET_NTHREADS=2", "NCCL_NSOCKS_PERTHREAD=8"]
+    assert lines("auto", "1") == []
+    assert lines("4x4", 1)[1:] == ["NCCL_SOCKET_NTHREADS=4", "NCCL_NSOCKS_PERTHREAD=4"]
+    with pytest.raises(ValueError, match="threads x sockets per thread at most 64"):
+        lines("16x8", 16)
+
+
+def test_the_network_role_writes_nccls_sockets_to_the_environment_file_once(tmp_path):
+    """The role's env tasks as provisioning runs them (here on localhost, into a file of the test's own):
+    a 100 Gb/s host's /etc/tandem/env, a rerun changing nothing, and a bad override refused by name."""
+    play = tmp_path / "play.yml"
+    play.write_text(f"""
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {{name: network, tasks_from: env}}
+      vars: {{network_env_file: "{tmp_path}/env", network_cluster_nic: eth1, preflight_address: 10.0.0.1}}
+""")
+
+    def provision(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(play),
+                               "-e", f"ansible_python_interpreter={sys.executable}", *extra],
+                              cwd=ROLES.parent, capture_output=True, text=True, timeout=300)
+
+    first, again = provision("-e", "network_expected_mbps=100000"), provision("-e", "network_expected_mbps=100000")
+    assert first.returncode == 0 and "changed=0" not in first.stdout, first.stdout[-2000:]
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-2000:]
+    assert (tmp_path / "env").read_text().splitlines()[1:-1] == [
+        "NCCL_SOCKET_IFNAME=eth1", "GLOO_SOCKET_IFNAME=eth1", "TANDEM_CLUSTER_NIC=eth1",
+        "TANDEM_CLUSTER_ADDRESS=10.0.0.1",
+        "# NCCL's TCP sockets per connection: 2x8 (16), from the 16 parallel iperf3 streams that measured the link",
+        "NCCL_SOCKET_NTHREADS=2", "NCCL_NSOCKS_PERTHREAD=8"]
+    refused = provision("-e", "network_nccl_sockets=5x16")
+    assert refused.returncode != 0 and "NCCL sockets 5x16: threads 1 to 16" in refused.stdout + refused.stderr

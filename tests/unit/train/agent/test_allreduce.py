@@ -106,3 +106,44 @@ def test_a_host_with_several_gpus_measures_them_alone_first():
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(next(line[6:] for line in done.stdout.splitlines() if line.startswith("INTRA ")))
     assert report["ok"] and report["world_size"] == 2 and report["results"][0]["size"] == 2**20
+
+
+def test_gpu_hosts_run_nccl_under_torchrun_one_worker_per_gpu_as_training_does():
+    """Even a one-GPU host: torchrun gives its worker LOCAL_RANK and the rendezvous, as `fab train` starts ranks."""
+    sweep = ["--backend", "nccl", "--sizes", "1G"]
+    one = allreduce.rank_argv(1, [1, 1], "10.0.0.1", 29501, "/opt/tandem/venv/bin/python", sweep, "nccl")
+    assert one == ["/opt/tandem/venv/bin/torchrun", "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "1",
+                   "--master_addr", "10.0.0.1", "--master_port", "29501", "-m", "train.agent.allreduce", *sweep]
+    eight = allreduce.rank_argv(0, [8, 8], "10.0.0.1", 29501, "/opt/tandem/venv/bin/python", sweep, "nccl")
+    assert eight[eight.index("--nproc_per_node") + 1] == "8"
+    cpu = allreduce.rank_argv(0, [1, 1], "10.0.0.1", 29501, "/opt/tandem/venv/bin/python", ["--sizes", "1M"], "gloo")
+    assert cpu[:3] == ["/opt/tandem/venv/bin/python", "-m", "train.agent.allreduce"]  # the lab: the rank itself
+
+
+def test_the_ranks_get_provisionings_nccl_sockets_unless_the_run_names_others():
+    provisioned = {"NCCL_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_NTHREADS": "2", "NCCL_NSOCKS_PERTHREAD": "8"}
+    mine = {"PATH": "/usr/bin", "NCCL_SOCKET_NTHREADS": "1"}
+    assert allreduce.rank_environment(mine, provisioned, None) == {"PATH": "/usr/bin", **provisioned}
+    tried = allreduce.rank_environment(mine, provisioned, "4x4")
+    assert (tried["NCCL_SOCKET_NTHREADS"], tried["NCCL_NSOCKS_PERTHREAD"], tried["NCCL_SOCKET_IFNAME"]) == (
+        "4", "4", "ens5")
+    defaults = allreduce.rank_environment(mine, provisioned, "none")
+    assert "NCCL_SOCKET_NTHREADS" not in defaults and "NCCL_NSOCKS_PERTHREAD" not in defaults
+    assert allreduce.nccl_settings(tried) == {"NCCL_NSOCKS_PERTHREAD": "4", "NCCL_SOCKET_IFNAME": "ens5",
+                                              "NCCL_SOCKET_NTHREADS": "4"}
+
+
+def test_the_report_names_the_nccl_settings_the_ranks_ran_with(tmp_path):
+    """Through the launcher as bench-net starts it: the file's sockets, replaced by --nccl-sockets 16 (2x8)."""
+    rank0, rank1 = launch_pair(tmp_path, "GLOO_SOCKET_IFNAME=lo\nNCCL_SOCKET_NTHREADS=1\nNCCL_NSOCKS_PERTHREAD=5\n",
+                               extra=("--nccl-sockets", "16"))
+    assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:] + rank1.stderr[-2000:]
+    report = json.loads(next(line[5:] for line in rank0.stdout.splitlines() if line.startswith("JSON ")))
+    assert report["nccl_env"] == {"NCCL_NSOCKS_PERTHREAD": "8", "NCCL_SOCKET_NTHREADS": "2"}
+
+
+def test_a_socket_choice_nccl_would_refuse_stops_the_launcher_before_any_rendezvous():
+    proc = subprocess.run([sys.executable, "-m", "train.agent.allreduce", "--node-rank", "0", "--ranks-per-host",
+                           "1,1", "--nccl-sockets", "9x8"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "NCCL sockets 9x8: threads 1 to 16, threads x sockets per thread at most 64" \
+        in proc.stderr
