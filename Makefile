@@ -16,7 +16,7 @@ RANKS ?= 1
 DATA_DISK_GB ?= 4
 LAB := $(PY) -m lab
 
-.PHONY: test-labs bench-targets require-root setup lab-setup test-setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse clean
+.PHONY: test-labs bench-targets require-root setup lab-setup test-setup demo test lint unit lab-up lab-down lab-status lab-shape wheelhouse gpu-kit clean
 
 setup:  ## the controller: .venv with requirements.txt (no torch, no compiler, no root), tandem editable in it; packages cached in $TANDEM_CACHE
 	@bash lab/bootstrap.sh
@@ -29,6 +29,9 @@ test-setup:  ## the lab's, and what the lab tests run here besides: iperf3, etht
 
 wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PYTHON=3.12 ACCELERATOR=cu128 (default: this Python, cpu)
 	@$(PY) -m train.wheelhouse $(if $(HOST_PYTHON),--python $(HOST_PYTHON)) $(if $(ACCELERATOR),--accelerator $(ACCELERATOR))
+
+gpu-kit: lab-setup  ## the kit a lent GPU machine needs (wheels for its Python, fairseq's sdist, subwords) in kit/: PYTHON=3.12
+	@$(PY) -m benchmarks.gpu_kit --python $(or $(PYTHON),3.12) --dest kit
 
 require-root:
 	@[ "$$(id -u)" -eq 0 ] || { echo "the lab needs root (network namespaces, mounts, loop devices): run sudo make $(MAKECMDGOALS)" >&2; exit 2; }
