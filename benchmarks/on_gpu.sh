@@ -2,15 +2,16 @@
 # On a GPU machine (one NVIDIA GPU, Python with CUDA torch, no internet, no sshd): tandem's GPU
 # paths for real. Run from the repository root; benchmarks/README.md ("On a GPU machine") has the
 # figures of the last run and how to carry the inputs.
-#   KIT=DIR        wheels (*.whl: fairseq's runtime deps, ansible-core) and sdist/fairseq_fixed-*.tar.gz
-#                  or a fairseq wheel built for this Python; subwords/{train,valid,test}.{en,de} + dict.en.txt
+#   KIT=kit        `make gpu-kit` (benchmarks/gpu_kit.py): wheels of what the image lacks (MANIFEST.json),
+#                  sdist/fairseq_fixed-*.tar.gz or a fairseq wheel built for this Python;
+#                  subwords/{train,valid,test}.{en,de} + dict.en.txt + corpus.json
 #   OUT=DIR        where figures, logs and the report go
-#   RUNS=...       benchmarks.gpu's runs (default base-fp16,big-fp16,big-bf16)
+#   RUNS=...       benchmarks.gpu's runs (default base-fp16,big-fp16,big-bf16); none: the set-up alone
 #   REPEAT=30      the training text repeated, so that an epoch outlasts a run
 #   PROFILE=F:C    profile updates F..F+C-1 (torch.profiler; py-spy too if KIT/tools has its wheel)
 #   PROFILE_RUNS=  the runs to profile (default: every run)
 set -uo pipefail
-KIT=${KIT:?the kit directory}; OUT=${OUT:?an output directory}; RUNS=${RUNS:-base-fp16,big-fp16,big-bf16}
+KIT=${KIT:-kit}; OUT=${OUT:?an output directory}; RUNS=${RUNS:-base-fp16,big-fp16,big-bf16}
 REPEAT=${REPEAT:-30}; WORK=${WORK:-/tmp/tandem-gpu}
 top=$(pwd); py=$(command -v python3); venv=$("$py" -c 'import sys; print(sys.prefix)')
 mkdir -p "$OUT" "$WORK"
@@ -27,11 +28,33 @@ step "fairseq for this Python ($("$py" -c 'import sys; print(sys.implementation.
 wheel=$(ls "$KIT"/fairseq_fixed-*-"$("$py" -c 'import sys; print(sys.implementation.cache_tag.replace("cpython-", "cp"))')"-*.whl 2>/dev/null | head -1)
 if [ -z "$wheel" ]; then
   # The CUDA kernels (libnat_cuda, NAT models only) are left out: without CUDA_HOME setup.py skips them.
-  (unset CUDA_HOME; time "$py" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WORK/wheels" "$KIT"/sdist/fairseq_fixed-*.tar.gz) || exit 1
+  # setup.py compiles its five extensions one after the other (2 min on one core): here one a core
+  # (build_ext --parallel), then the wheel in the same run. torch's ninja backend writes one build.ninja
+  # for every extension (parallel builds overwrite each other's) and forces a rebuild: the plain one.
+  src="$WORK/fairseq-src"; rm -rf "$src" "$WORK/wheels" && mkdir -p "$src"
+  tar xzf "$(ls "$KIT"/sdist/fairseq_fixed-*.tar.gz | head -1)" -C "$src" --strip-components=1 || exit 1
+  (cd "$src" && unset CUDA_HOME && time "$py" - "$(nproc)" "$WORK/wheels" > "$WORK/fairseq-build.log" 2>&1 <<'PY'
+import runpy, sys
+from torch.utils import cpp_extension
+plain = cpp_extension.BuildExtension.__init__
+cpp_extension.BuildExtension.__init__ = lambda self, *a, **k: plain(self, *a, **{**k, "use_ninja": False})
+jobs, dest = sys.argv[1:]
+sys.argv = ["setup.py", "-q", "build_ext", "--parallel", jobs, "bdist_wheel", "-d", dest]
+runpy.run_path("setup.py", run_name="__main__")
+PY
+  ) || { tail -20 "$WORK/fairseq-build.log"; exit 1; }
   wheel=$(ls "$WORK"/wheels/fairseq_fixed-*.whl)
+  # It comes back in parts: joined (cat), put in ~/.cache/tandem/wheels, the next `make gpu-kit` carries it.
   cp "$wheel" "$OUT/" && (cd "$OUT" && split -b 15M "$(basename "$wheel")" "$(basename "$wheel").part-" && rm "$(basename "$wheel")")
 fi
-"$py" -m pip install -q --no-index --no-deps "$KIT"/*.whl "$wheel" || exit 1
+if [ -f "$KIT/MANIFEST.json" ]; then
+  # pip's resolver against the image: what it has stays, what it lacks comes from the kit (or fails by name)
+  # shellcheck disable=SC2046
+  "$py" -m pip install -q --no-index --find-links "$KIT" $("$py" -c 'import json, sys; print(*json.load(open(sys.argv[1]))["install"])' "$KIT/MANIFEST.json") || exit 1
+else
+  "$py" -m pip install -q --no-index --no-deps "$KIT"/*.whl || exit 1
+fi
+"$py" -m pip install -q --no-index --no-deps "$wheel" || exit 1
 ls "$KIT"/tools/*.whl >/dev/null 2>&1 && "$py" -m pip install -q --no-index --no-deps "$KIT"/tools/*.whl
 # What roles/train_env does: tandem's host-side code on the venv's path.
 echo "$top" > "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tandem.pth"
@@ -55,6 +78,7 @@ done
   --srcdict "$KIT/subwords/dict.en.txt" --joined-dictionary --workers 16 > "$WORK/preprocess.log" 2>&1 || { tail "$WORK/preprocess.log"; exit 1; }
 cp "$KIT/subwords/corpus.json" "$WORK/wmt-sample/" 2>/dev/null
 
+[ "$RUNS" = none ] && { step "done (RUNS=none: the set-up and its checks alone)"; exit 0; }
 step "training runs: $RUNS"
 "$py" -m benchmarks.gpu --data "$WORK/wmt-sample" --work "$WORK/runs" --out "$OUT" --runs "$RUNS" --venv "$venv" ${PROFILE:+--profile "$PROFILE"} ${PROFILE_RUNS:+--profile-runs "$PROFILE_RUNS"}
 status=$?
