@@ -65,6 +65,8 @@ def fused_adamw_class():
     import torch
 
     class FusedAdamW(torch.optim.AdamW):
+        supports_flat_params = True  # FP16Optimizer's one flat fp32 tensor: an ordinary parameter here
+
         def load_state_dict(self, state_dict):
             super().load_state_dict(_steps_as_tensors(state_dict))
 

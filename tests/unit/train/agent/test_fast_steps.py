@@ -116,3 +116,17 @@ def test_a_switch_set_false_is_off_and_never_reaches_fairseq():
     assert "TANDEM_FUSED_ADAM" not in env and env["TANDEM_FLAT_MASTER_COPY"] == "1"
     args = " ".join(fairseq_train_args(base, launch(8)))
     assert "fused" not in args and "master" not in args
+
+
+def test_fp16s_flat_master_copy_takes_torchs_adamw(monkeypatch):
+    """FP16Optimizer refuses an optimizer without flat-parameter support (the first H100 run of the
+    switch died on it): fairseq's Adam built with the switch on says it has it."""
+    from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
+
+    monkeypatch.setenv("TANDEM_FUSED_ADAM", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # fairseq's fused path is for GPUs only
+    monkeypatch.setattr("fairseq.optim.adam.get_fused_adam_class", lambda: fast_steps.torch_adam)
+    flat = torch.nn.Parameter(torch.zeros(10))
+    optimizer = FairseqAdam(FairseqAdamConfig(lr=[1e-3], adam_betas="(0.9, 0.98)", tpu=False), [flat])
+    assert isinstance(optimizer.optimizer, fast_steps.fused_adamw_class())
+    assert optimizer.supports_flat_params
