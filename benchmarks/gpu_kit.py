@@ -33,7 +33,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from train.agent.data import corpus
-from train.wheelhouse import _pure_wheel, cache_dir
+from train.wheelhouse import cache_dir, pure_wheel
 
 TOP = Path(__file__).resolve().parent.parent
 SAMPLE = TOP.parent / "shared" / "data" / "wmt-en-de-sample"
@@ -127,7 +127,7 @@ def download(python: str) -> Path:
     (cache / "constraints.txt").write_text("\n".join(constraints()) + "\n")
     pure = cache / "pure"
     if not list(pure.glob("antlr4*.whl")):
-        _pure_wheel(ANTLR, pure)
+        pure_wheel(ANTLR, pure)
     platforms = [arg for tag in MANYLINUX for arg in ("--platform", f"{tag}_{MACHINE}")]
     _pip("download", "-q", "--dest", str(cache / "wheels"), "--only-binary", ":all:", "--python-version", python,
          "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}", "--abi", "abi3", "--abi", "none",

@@ -7,6 +7,7 @@ user works: unit (no lab), the lab itself, provisioning, training, the benchmark
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -17,6 +18,12 @@ import yaml
 from labtools import TOP, Provisioned, fab, lab_cli
 
 from lab.config import LabConfig
+
+# torch's compiler, which any torch optimizer loads, refuses to load once ansible-core has patched
+# sys.intern in the same process: where torch is installed it is loaded first (tests run fairseq's
+# optimizers in-process beside tests that run fab's tasks, and so Ansible, in-process).
+with contextlib.suppress(ImportError):
+    import torch._dynamo  # noqa: F401
 
 ORDER = ["unit", "lab_hosts", "provision", "training", "bench", "other_distro"]  # tests/<dir>, in a user's order
 LAB_DIRS = set(ORDER) - {"unit"}

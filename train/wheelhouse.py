@@ -86,7 +86,7 @@ def missing_wheel(stderr: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _pure_wheel(requirement: str, into: Path) -> None:
+def pure_wheel(requirement: str, into: Path) -> None:
     """Build a package that ships only an sdist into a wheel here: fine when it is pure Python."""
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), requirement],
                           capture_output=True, text=True)
@@ -130,7 +130,7 @@ def download(requirements: Path, into: Path, python: str, machine: str, accelera
         missing = missing_wheel(proc.stderr)
         if not missing or missing.lower().startswith("torch"):  # torch is never built here
             break
-        _pure_wheel(missing, pure)
+        pure_wheel(missing, pure)
     raise SystemExit(f"pip download failed for Python {python} ({machine}, {accelerator}):\n{proc.stderr[-3000:]}")
 
 
