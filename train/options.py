@@ -20,9 +20,9 @@ from .agent.allreduce import parse_size
 from .cluster import Host
 from .exits import OptionError
 from .plan.link import rate_bits
+from .recipe import strategies
 from .run import presets
 from .run.checkpoints import BackupPolicy
-from .run.comm import Strategy
 from .run.record import REPORTS
 
 Parser = Callable[[object], object]
@@ -149,14 +149,14 @@ def overrides_text(value: object) -> str:
 def comm(value: object) -> str:
     """One strategy, or auto."""
     text = str(value).strip().lower()
-    return text if text == "auto" else str(Strategy.parse(text))
+    return text if text == "auto" else str(strategies.parse(text))
 
 
 def comm_list(value: object) -> str:
     """Strategies, comma-separated, auto among them: the text, each checked."""
     items = [x.strip() for x in str(value).split(",") if x.strip()]
     if not items:
-        raise Expected("strategies, comma-separated: sync, fp16, local-sgd:H or auto", value)
+        raise Expected(f"strategies, comma-separated: {strategies.syntax()} or auto", value)
     for item in items:
         comm(item)
     return str(value)

@@ -42,8 +42,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..recipe import strategies
+from ..recipe.params import preset_params
 from .comm import allreduce_bytes_per_host, collective_timeout_s
-from .params import preset_params
 
 Value = bool | int | float | str | None
 
@@ -179,10 +180,9 @@ EXTRA_OPTIONS: dict[str, type] = {
     "bucket_cap_mb": int,
     "ddp_backend": str,
     "heartbeat_timeout": int,
-    # --comm local-sgd:H's outer step (fairseq's BMUF): train.run.comm sets them unless given here
-    "block_momentum": float,
-    "block_lr": float,
-    "local_sgd_sync_updates": int,  # tandem's own: local SGD's synchronous start (train.run.comm)
+    # each communication strategy's own (local-sgd's BMUF outer step, its synchronous start, ...): passed
+    # to fairseq only for that strategy, some never (train.recipe.strategies)
+    **strategies.options(),
     "report_accuracy": bool,
     "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
 }

@@ -16,7 +16,7 @@ from train.plan.model import (
     sweep,
     update_freq_for_efficiency,
 )
-from train.run.params import preset_params, transformer_params
+from train.recipe.params import preset_params, transformer_params
 from train.run.presets import PRESETS
 
 BASE = 61_000_000

@@ -9,7 +9,7 @@ import pytest
 
 from train.cluster import ClusterError, GroupResult, Host, HostResult
 from train.plan import measurements, predict
-from train.run.params import transformer_params
+from train.recipe.params import transformer_params
 
 
 def hosts(expected=1000):
