@@ -1,12 +1,14 @@
 """The one parameter count of a fairseq Transformer, from a preset's options (no torch).
 
 Used where a size follows from the model: the heartbeat's checkpoint-save allowance
-(train.run.presets), the gradient bytes of the cost model (train.plan.model).
+(train.run.presets), the gradient bytes of the cost model (train.plan.model); the count carries
+the tensors' shapes (ParamCount), for a strategy whose bytes follow from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 
 # Dimensions the fairseq architectures set (fairseq/models/transformer/transformer_legacy.py)
 ARCH_DIMS: dict[str, dict[str, int | bool]] = {
@@ -23,7 +25,21 @@ ARCH_DIMS: dict[str, dict[str, int | bool]] = {
 }
 
 
-def transformer_params(
+class ParamCount(int):
+    """A parameter count that knows the model's tensors: `shapes`, one tuple a tensor (what a strategy
+    whose bytes follow from the shapes reads, train.recipe.strategies.powersgd). It is the count
+    everywhere else (arithmetic gives plain ints; JSON writes the number)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+
+    def __new__(cls, shapes: Iterable[tuple[int, ...]]) -> ParamCount:
+        shapes = tuple(shapes)
+        count = super().__new__(cls, sum(math.prod(s) for s in shapes))
+        count.shapes = shapes
+        return count
+
+
+def transformer_shapes(
     vocab: int,
     embed_dim: int,
     ffn_dim: int,
@@ -36,35 +52,45 @@ def transformer_params(
     normalize_before: bool = False,
     learned_positions: bool = False,
     max_positions: int = 1024,
-) -> int:
-    """Parameters of a fairseq `TransformerModel`, counted from its dimensions (no torch).
+) -> list[tuple[int, ...]]:
+    """The tensors of a fairseq `TransformerModel` (weights as torch lays them out: Linear (out, in)),
+    from its dimensions (no torch).
 
-    Embeddings V×d (one matrix when all embeddings are shared, else source, target and,
-    unless tied, the output projection); per encoder layer self-attention 4d²+4d (q, k, v,
-    out with biases), FFN 2·d·f+f+d, two LayerNorms 4d; per decoder layer the same plus
-    encoder attention 4d²+4d and a third LayerNorm. Sinusoidal positions have no parameters.
+    Embeddings V×d (one matrix when all embeddings are shared, else source, target and, unless
+    tied, the output projection); per encoder layer self-attention q, k, v, out (d×d, with biases),
+    FFN d→f→d (with biases), two LayerNorms (weight and bias); per decoder layer the same plus
+    encoder attention and a third LayerNorm. Sinusoidal positions have no parameters.
     """
     d, f = embed_dim, ffn_dim
     target_vocab = vocab if target_vocab is None else target_vocab
-    attention = 4 * d * d + 4 * d
-    ffn = 2 * d * f + f + d
-    encoder_layer = attention + ffn + 2 * 2 * d
-    decoder_layer = 2 * attention + ffn + 3 * 2 * d
-    if share_all_embeddings:
-        embeddings = vocab * d
-    else:
-        embeddings = vocab * d + target_vocab * d
+    attention = [(d, d), (d,)] * 4
+    ffn = [(f, d), (f,), (d, f), (d,)]
+    norms = [(d,), (d,)]
+    shapes: list[tuple[int, ...]] = [(vocab, d)]
+    if not share_all_embeddings:
+        shapes.append((target_vocab, d))
         if not share_decoder_input_output_embed:
-            embeddings += target_vocab * d
-    total = embeddings + encoder_layers * encoder_layer + decoder_layers * decoder_layer
-    if normalize_before:
-        total += 2 * 2 * d  # final LayerNorm of encoder and decoder
+            shapes.append((target_vocab, d))
     if learned_positions:
-        total += 2 * (max_positions + 2) * d
-    return total
+        shapes += [(max_positions + 2, d)] * 2
+    shapes += (attention + ffn + 2 * norms) * encoder_layers
+    shapes += (2 * attention + ffn + 3 * norms) * decoder_layers
+    if normalize_before:
+        shapes += 2 * norms  # final LayerNorm of encoder and decoder
+    return shapes
 
 
-def preset_params(options: Mapping[str, object], vocab: int) -> int:
+def transformer_params(vocab: int, embed_dim: int, ffn_dim: int, encoder_layers: int, decoder_layers: int,
+                       **kwargs: object) -> ParamCount:
+    """Parameters of a fairseq `TransformerModel`, counted from its dimensions (no torch): per
+    encoder layer 4d²+4d of self-attention, 2·d·f+f+d of FFN, 4d of LayerNorms; per decoder layer
+    the same plus encoder attention 4d²+4d and a third LayerNorm; the embeddings V×d
+    (transformer_shapes lists the tensors)."""
+    return ParamCount(transformer_shapes(vocab, embed_dim, ffn_dim, encoder_layers, decoder_layers,
+                                         **kwargs))  # type: ignore[arg-type]
+
+
+def preset_params(options: Mapping[str, object], vocab: int) -> ParamCount:
     """Parameters of the model a preset's options describe (explicit dims win over the arch's)."""
     arch = str(options.get("arch", "transformer"))
     if arch not in ARCH_DIMS:

@@ -133,6 +133,8 @@ def test_parameter_count_matches_fairseq():
         model = TransformerModel.build_model(args, task)
         built = sum(p.numel() for p in model.parameters())
         assert preset_params(options, vocab) == built, preset
+        # and tensor by tensor: the shapes a strategy's bytes follow from (PowerSGD's low-rank factors)
+        assert sorted(preset_params(options, vocab).shapes) == sorted(tuple(p.shape) for p in model.parameters())
 
 
 def test_tiny_matches_the_count_fairseq_logged():
