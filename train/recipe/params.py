@@ -38,6 +38,9 @@ class ParamCount(int):
         count.shapes = shapes
         return count
 
+    def __reduce__(self):  # copies and pickles (dataclasses.asdict deep-copies) keep the shapes
+        return ParamCount, (self.shapes,)
+
 
 def transformer_shapes(
     vocab: int,

@@ -137,6 +137,17 @@ def test_parameter_count_matches_fairseq():
         assert sorted(preset_params(options, vocab).shapes) == sorted(tuple(p.shape) for p in model.parameters())
 
 
+def test_the_count_keeps_its_shapes_through_copies_and_json():
+    import copy
+    import json
+    import pickle
+
+    count = preset_params(PRESETS["tiny"], 984)
+    for again in (copy.deepcopy(count), pickle.loads(pickle.dumps(count))):
+        assert again == count and again.shapes == count.shapes
+    assert json.loads(json.dumps({"params": count})) == {"params": 296_448}
+
+
 def test_tiny_matches_the_count_fairseq_logged():
     # "num. shared model params: 296,448" in the tiny preset's training log (984-type dictionary)
     assert preset_params(PRESETS["tiny"], 984) == 296_448
