@@ -232,7 +232,7 @@ def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: 
         options.append(sync)
         if k == 1:
             continue  # nothing crosses a NIC: every strategy is sync
-        for rung in strategies.ladder(precision):  # its rungs above sync, each at its own size
+        for rung in strategies.ladder(precision, params):  # its rungs above sync, each at its own size
             if rung == strategies.UPDATE_FREQ:
                 if sync.prediction.efficiency < TARGET:
                     uf = base

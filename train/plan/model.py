@@ -312,7 +312,7 @@ def choose(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, *
 
     tried: list[Prediction] = []
     sync = strategies.parse("sync")
-    for rung in strategies.ladder(str(kwargs.get("precision", "fp32"))):
+    for rung in strategies.ladder(str(kwargs.get("precision", "fp32")), params):
         if tried and tried[-1].efficiency >= target:
             break
         if rung == strategies.UPDATE_FREQ:

@@ -67,8 +67,9 @@ class Strategy:
         return cls()
 
     @classmethod
-    def for_auto(cls, precision: str) -> Strategy | None:
-        """The value `--comm auto` tries on its rung (None: nothing to gain at this precision)."""
+    def for_auto(cls, precision: str, params: int | None = None) -> Strategy | None:
+        """The value `--comm auto` tries on its rung for this model (`params`: its count, which may
+        know its tensors' shapes) at this precision; None: nothing to gain, or nothing to price it by."""
         return cls()
 
     def __str__(self) -> str:

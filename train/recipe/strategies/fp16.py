@@ -23,7 +23,7 @@ class FP16(Strategy):
     backend = "pytorch_ddp"
 
     @classmethod
-    def for_auto(cls, precision: str) -> Strategy | None:
+    def for_auto(cls, precision: str, params: int | None = None) -> Strategy | None:
         return cls() if precision == "fp32" else None
 
     def bytes_per_element(self, precision: str) -> int:

@@ -67,7 +67,7 @@ class LocalSGD(Strategy):
         return cls(h)
 
     @classmethod
-    def for_auto(cls, precision: str) -> Strategy | None:
+    def for_auto(cls, precision: str, params: int | None = None) -> Strategy | None:
         return cls(2)  # its period sized by auto (periodic)
 
     def __str__(self) -> str:

@@ -74,13 +74,13 @@ def starts(options: Mapping[str, object]) -> dict[str, int]:
     return {n: cls().sync_updates(options) for n, cls in _REGISTRY.items() if cls.starts_synchronous}
 
 
-def ladder(precision: str = "fp32") -> list[Strategy | str]:
+def ladder(precision: str = "fp32", params: int | None = None) -> list[Strategy | str]:
     """What `--comm auto` tries, least invasive first: each registered strategy with a rung (as it
-    would try it at this precision) and UPDATE_FREQ between them where its rung says."""
+    would try it for this model at this precision) and UPDATE_FREQ between them where its rung says."""
     from . import update_freq
 
     rungs: list[tuple[float, Strategy | str]] = [(update_freq.RUNG, UPDATE_FREQ)]
     for cls in _REGISTRY.values():
-        if cls.rung is not None and (value := cls.for_auto(precision)) is not None:
+        if cls.rung is not None and (value := cls.for_auto(precision, params)) is not None:
             rungs.append((cls.rung, value))
     return [value for _, value in sorted(rungs, key=lambda r: r[0])]
