@@ -327,12 +327,14 @@ def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=No
                    "the root disk)",
     "hourly_usd": "what one host costs per hour, US dollars (fab predict and fab status show dollars with it)",
     "known_hosts": "a known_hosts file with the hosts' keys (default ~/.ssh/known_hosts): fab and Ansible check them",
+    "vars": "any other of tandem's host variables (docs/inventory.md), comma-separated: "
+            "--vars network_expected_mbps=25000,data_volume_min_free_gb=50",
     "out": "the inventory file to write (default inventory/mine.yml)",
     "force": "overwrite --out when it exists",
     "check": "write nothing: check the inventory FABRIC_INVENTORY (else fabric.yaml) names",
 })
 def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_at=None, data_device=None,
-         hourly_usd=None, known_hosts=None, out=None, force=False, check=False):
+         hourly_usd=None, known_hosts=None, vars=None, out=None, force=False, check=False):
     """Write an inventory for your hosts (or --check yours), then check each: SSH, sudo, OS, Python, GPUs, NIC, disk.
 
     One table, each problem with its fix under it. Exit 0 when every host passes, 1 when one fails,
@@ -345,7 +347,8 @@ def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_a
     try:
         code = inventory_init.init(console, c.config.get("inventory"), check=check, out=out, force=force,
                                    hosts_at=hosts_at, user=user, key=key, names=names, cluster_at=cluster_at,
-                                   gpus=gpus, data_device=data_device, hourly_usd=hourly_usd, known_hosts=known_hosts)
+                                   gpus=gpus, data_device=data_device, hourly_usd=hourly_usd, known_hosts=known_hosts,
+                                   vars=vars)
     except OptionError as err:
         say_error(err)
         code = BAD_INPUT

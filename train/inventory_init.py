@@ -35,7 +35,7 @@ def layout(spec: InventorySpec) -> tuple[dict, dict, dict[str, dict]]:
     if spec.known_hosts:  # fab reads the first, Ansible's ssh the second
         common.update(tandem_known_hosts_file=spec.known_hosts,
                       ansible_ssh_common_args=f"-o UserKnownHostsFile={spec.known_hosts}")
-    group = {"hourly_usd": spec.hourly_usd} if spec.hourly_usd is not None else {}
+    group = {**({"hourly_usd": spec.hourly_usd} if spec.hourly_usd is not None else {}), **dict(spec.extra)}
     entries: dict[str, dict] = {}
     for host in spec.hosts:
         entry: dict[str, object] = {"ansible_host": host.address}

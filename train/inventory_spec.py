@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import hostvars
 from .cluster import CLUSTER_GROUP
 from .exits import OptionError
 
@@ -38,6 +39,7 @@ class InventorySpec:
     known_hosts: str | None = None
     data_device: str = "none"
     hourly_usd: float | None = None
+    extra: tuple[tuple[str, object], ...] = ()  # --vars: any other of tandem's host variables, every host's
 
     def with_gpus(self, found: dict[str, int]) -> InventorySpec:
         """Each host whose GPUs were not given with the count `found` on it (DEFAULT_GPUS when not asked)."""
@@ -123,9 +125,30 @@ def device(text: str | None) -> str:
     return device
 
 
+def host_variables(text: str | None) -> tuple[tuple[str, object], ...]:
+    """`--vars network_expected_mbps=25000,data_volume_min_free_gb=50`: each one of tandem's host variables
+    (train.hostvars, docs/inventory.md), its value of the variable's type."""
+    out = []
+    for item in split(text):
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise OptionError("vars", f"{item!r}: expected NAME=VALUE, e.g. network_expected_mbps=25000")
+        try:
+            var = hostvars.defined(name)
+        except KeyError:
+            raise OptionError("vars", f"{name!r} is not one of tandem's host variables (docs/inventory.md)") from None
+        try:
+            out.append((name, var.kind.parse(raw.strip())))
+        except ValueError:
+            raise OptionError("vars", f"{name} must be {var.kind.must}, got {raw.strip()!r}") from None
+    return tuple(out)
+
+
 def spec_from_options(hosts_at: str | None, user: str | None, key: str | None = None, names: str | None = None,
                       cluster_at: str | None = None, gpus: str | None = None, data_device: str | None = None,
-                      hourly_usd: str | None = None, known_hosts: str | None = None) -> InventorySpec:
+                      hourly_usd: str | None = None, known_hosts: str | None = None,
+                      vars: str | None = None) -> InventorySpec:
     """The options, checked in the order a user gives them."""
     found = addresses("hosts-at", hosts_at)
     if not found:
@@ -141,4 +164,4 @@ def spec_from_options(hosts_at: str | None, user: str | None, key: str | None = 
     hosts = tuple(NewHost(n, a, c, count) for n, a, c in
                   zip(host_names(names, len(found), count), found, private, strict=True))
     return InventorySpec(hosts, user, a_file("key", key), a_file("known-hosts", known_hosts),
-                         device(data_device), price(hourly_usd))
+                         device(data_device), price(hourly_usd), host_variables(vars))

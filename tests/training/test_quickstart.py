@@ -2,8 +2,9 @@
 in for a user's two VMs: every command of its console blocks, in order, each one's output checked
 against the lines the README shows under it. A README that drifts from what tandem prints fails here.
 
-What the lab changes, and only this (LAB_STANDS_IN): the VMs' addresses, login user and key are the
-lab's; `fab init` writes its inventory to a temporary file, and the commands after it use the lab's
+What the lab changes, and only this (lab_stands_in): the VMs' addresses, login user and key are the
+lab's (its known_hosts too); `fab init` writes its inventory to a temporary file, with the lab's 1 GB
+free-space floor (its data disks have 4 GB), and the commands after it use the lab's
 inventory (which adds the lab's offline apt repository and wheelhouse); WMT16 comes from a
 WMT16-shaped mirror on the lab's bridge (TANDEM_WMT16_MIRROR, 6000 pairs, a 1000-piece vocabulary);
 the lab has CPUs, not V100s, so the big preset becomes `tiny`, for 40 updates; `fab stop` waits for the
@@ -27,6 +28,7 @@ import pytest
 from labtools import TOP, ssh
 
 from benchmarks import wmt16_mirror
+from train.run.record import Run
 
 SECTION = "## Your machines in 15 minutes"
 SKIPPED = ("git clone", "make setup")  # the session's checkout and .venv
@@ -98,7 +100,8 @@ def lab_stands_in(provisioned, scratch) -> list[tuple[str, str]]:
         ("203.0.113.10,203.0.113.11", addresses),
         ("--user ubuntu", f"--user {cfg.login_user}"),
         ("--key ~/.ssh/id_ed25519", f"--key {cfg.key} --known-hosts {cfg.known_hosts}"),
-        ("--out inventory/mine.yml", f"--out {scratch / 'mine.yml'}"),
+        # the lab's 4 GB data disks: the 1 GB provisioning asks of a lab host (roles/data_volume)
+        ("--out inventory/mine.yml", f"--out {scratch / 'mine.yml'} --vars data_volume_min_free_gb=1"),
         ("-i inventory/mine.yml", f"-i {provisioned.inventory}"),
         ("--preset transformer_vaswani_wmt_en_de_big", "--preset tiny --set max_update=40"),
         ("--wmt16", "--wmt16 --vocab-size 1000"),
@@ -148,9 +151,9 @@ def test_the_readmes_quickstart_runs_as_written_on_the_lab(provisioned, mirror, 
 
 def wait_for_a_checkpoint(cfg, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
+    run = Run.load(None)  # the run fab train started or resumed: the controller's latest
     while time.monotonic() < deadline:
-        newest = "$(ls -td /data/tandem/runs/*/ | head -1)"  # the run fab train started
-        if ssh(cfg, cfg.names[0], f"test -s {newest}checkpoints/checkpoint_best.pt").returncode == 0:
+        if ssh(cfg, cfg.names[0], f"test -s {run.remote_dir}/checkpoints/checkpoint_best.pt").returncode == 0:
             return
         time.sleep(3)
     raise AssertionError("no checkpoint on rank 0's host within 5 minutes")

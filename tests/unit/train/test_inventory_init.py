@@ -37,6 +37,13 @@ def test_the_written_inventory_is_what_fab_and_ansible_read(tmp_path, key):
     assert [h.var("hourly_usd") for h in hosts] == [2.5, 2.5] and hosts[0].vars["ansible_become"] is True
 
 
+def test_vars_sets_any_of_tandems_host_variables_typed_for_every_host(tmp_path):
+    spec = spec_from_options("203.0.113.10,203.0.113.11", "ubuntu",
+                             vars="network_expected_mbps=25000,data_volume_min_free_gb=50")
+    hosts = load_hosts(write(spec.with_gpus({}), tmp_path / "mine.yml"))
+    assert [(h.var("network_expected_mbps"), h.var("data_volume_min_free_gb")) for h in hosts] == [(25000, 50.0)] * 2
+
+
 def test_the_defaults_name_the_hosts_count_their_gpus_and_keep_data_on_the_root_disk(tmp_path):
     spec = spec_from_options("203.0.113.10, gpu-b.example.com", "debian").with_gpus({"gpu1": 2})  # gpu2 not asked
     hosts = load_hosts(write(spec, tmp_path / "x.yml"))
@@ -83,6 +90,9 @@ def test_the_text_says_how_to_go_on():
     ({"known_hosts": "/no/such/file"}, "--known-hosts: no such file: /no/such/file"),
     ({"hourly_usd": "cheap"}, "--hourly-usd: 'cheap' is not US dollars per hour"),
     ({"hourly_usd": "-1"}, "--hourly-usd: '-1' is not US dollars per hour (0 or more)"),
+    ({"vars": "network_expected_mbps"}, "--vars: 'network_expected_mbps': expected NAME=VALUE"),
+    ({"vars": "netwrk_expected_mbps=1000"}, "--vars: 'netwrk_expected_mbps' is not one of tandem's host variables"),
+    ({"vars": "network_expected_mbps=fast"}, "--vars: network_expected_mbps must be"),
 ])
 def test_a_bad_option_is_named_with_what_it_must_be(options, said):
     given = {"hosts_at": "203.0.113.10,203.0.113.11", "user": "ubuntu", **options}
