@@ -17,6 +17,7 @@ import fabric.main
 from train import exits, options
 from train import version as tandem_version
 from train.agent.nccl_sockets import option as nccl_sockets_option
+from train.recipe import strategies
 from train.run import checkpoints, launch, logtail, session
 from train.run import status as run_status
 from train.run.command import parse_signature
@@ -26,6 +27,25 @@ from train.run.remote import venv_of
 from train.tasks import bad_input_exits_2, cluster_task, console, known_hosts, task
 
 bad_input_exits_2(fabric.main.program)  # an unknown option is bad input too: exit 2, as a bad value
+
+# The help of the options several tasks share, said once (each task's help= takes its own from here).
+_COMM = strategies.syntax().replace("[:H]", ":H").replace("[:R]", ":R")
+HELP = {
+    "preset": "the model: tiny (default; lab, CPU), transformer_wmt_en_de (base), transformer_vaswani_wmt_en_de_big",
+    "set": "fairseq option overrides, comma-separated: --set max_update=300000,lr=0.001",
+    "dataset": "dataset on /data/tandem/datasets (default synthetic)",
+    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in; "
+                 "default fp16 on GPU hosts, fp32 on CPU hosts",
+    "port": "rendezvous port on the first host (default 29500)",
+    "comm": f"how ranks share updates: {_COMM} (train/recipe/strategies: one module each), or auto (the least "
+            "invasive that reaches 90% on the measured link; see fab predict)",
+    "comm_list": f"communication strategies, comma-separated, one training job each: {_COMM}",
+}
+
+
+def shared(*names: str, **own: str) -> dict[str, str]:
+    """A task's help: the shared options' (HELP), then its own."""
+    return {**{name: HELP[name] for name in names}, **own}
 
 
 @task
@@ -59,29 +79,22 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=lines)
 
 
-@task(help={
-    "preset": "tiny (lab, CPU), transformer_wmt_en_de (base), transformer_vaswani_wmt_en_de_big",
-    "set": "fairseq option overrides, comma-separated: --set max_update=300000,lr=0.001",
-    "dataset": "dataset on /data/tandem/datasets (default synthetic)",
+@task(help=shared("preset", "set", "dataset", "precision", "port", "comm", **{
     "run": "run id (default: the latest run, resumed from its last checkpoint)",
     "new": "start a new run even if the latest can be resumed",
     "update_freq": "gradient accumulation: updates every K batches (divides traffic per sample by K); default: "
                    "derived with max_tokens from the preset's tokens per update and the GPUs' memory",
-    "precision": "fp32, fp16 or bf16 (the last two on GPUs); default fp16 on GPU hosts, fp32 on CPU hosts",
-    "port": "rendezvous port on the first host (default 29500)",
     "dry_run": "print every host's command and check them, start nothing",
     "detach": "start and return without following",
     "accept_slow_network": "start even when the network would take most of each step, or fewer hosts would "
                            "train faster (see fab predict)",
     "elastic": "the hosts' keepers go on without a lost host and take it back when it returns (default); "
                "--no-elastic: they stop the run instead",
-    "comm": "how ranks share updates: sync (default), fp16 (compressed gradients), local-sgd:H (average every H "
-            "updates), auto (the least invasive that reaches 90% on the measured link; see fab predict)",
     "rejoin": "start the keeper of every host the run lost whose own does not run (a replaced VM): the run "
               "takes it back at its next checkpoint; a stopped run resumes on them; --hosts naming them does the same",
     "backup": "the controller's copy of rank 0's newest checkpoint (the last resort: the hosts hold each "
               "other's): every:MIN (at most every MIN minutes; default every:60), last (when the run ends), off",
-})
+}))
 @cluster_task(checks=[options.resumable_run, options.precision_fits_hosts], preset=options.preset,
               set=options.overrides, dataset=options.name, run=options.name, update_freq=options.whole(1),
               precision=options.precision, port=options.port, comm=options.comm, backup=options.backup)
@@ -204,20 +217,14 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
             threshold=threshold, port=port, nccl_sockets=nccl_sockets, say=_say)
 
 
-@task(help={
+@task(help=shared("preset", "set", "dataset", "precision", "port", **{
     "rates": "tc rates to cap the cluster link at, comma-separated (default 10mbit,100mbit,1gbit,none)",
-    "preset": "the model (default tiny)",
-    "set": "fairseq option overrides, comma-separated, e.g. encoder_embed_dim=256",
-    "dataset": "dataset on /data/tandem/datasets (default synthetic)",
     "updates": "updates measured per rate and cycle (default 8)",
     "cycles": "times the rates are gone through, interleaved in one run (default 2)",
     "skip": "updates after each cap change left out, to settle (default 1)",
-    "port": "rendezvous port (default 29500)",
-    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in; "
-                 "default fp16 on GPU hosts, fp32 on CPU hosts",
-    "comm": "communication strategies, comma-separated, one training job each: sync (default), fp16, "
-            "local-sgd:H, auto (fab train's pick at each capped rate); several are compared side by side at the end",
-})
+    "comm": HELP["comm_list"] + " (default sync), or auto (fab train's pick at each capped rate); several are "
+            "compared side by side at the end",
+}))
 @cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset], rates=options.rates,
               preset=options.preset, set=options.overrides_text, dataset=options.name, updates=options.whole(1),
               cycles=options.whole(1), skip=options.whole(0), port=options.port, precision=options.precision,
@@ -231,9 +238,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
              skip=skip, port=port, precision=precision, comm=comm, say=_say)
 
 
-@task(help={
-    "preset": "the model (default tiny)",
-    "set": "fairseq option overrides, comma-separated",
+@task(help=shared("preset", "set", "comm", **{
     "dataset": "dataset whose dictionary sizes the embeddings (default synthetic)",
     "link": "measure (iperf3 now), bench (latest fab bench-net) or Mbit/s (default measure)",
     "compute_s": "compute-only s per batch of the derived max_tokens (default: the latest fab bench-step of the "
@@ -245,8 +250,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
                "bench-step's fit for pytorch_ddp)",
     "json": "print the figures as JSON",
-    "comm": "sync (default), fp16, local-sgd:H, or auto: the least invasive that reaches 90% scaling efficiency",
-})
+}))
 @cluster_task(checks=[options.overrides_fit_preset], preset=options.preset, set=options.overrides_text,
               dataset=options.name, link=options.link, compute_s=options.seconds, precision=options.precision,
               update_freq=options.whole(1), max_update=options.whole(1), overlap=options.fraction,
@@ -293,18 +297,14 @@ def _quality_entries(text):
     return text
 
 
-@task(help={
-    "comm": "strategies, comma-separated, one fresh training run each: sync (always run: the reference), fp16, "
-            "local-sgd:H, update-freq:K (default sync,fp16,local-sgd:16)",
-    "preset": "the model (default tiny)",
-    "set": "fairseq option overrides, comma-separated (not max_update: --updates sets it)",
-    "dataset": "dataset on /data/tandem/datasets (default synthetic)",
+@task(help=shared("preset", "dataset", "precision", "port", **{
+    "comm": HELP["comm_list"] + ", update-freq:K; sync always runs first, the reference (default "
+            "sync,fp16,local-sgd:16)",
+    "set": HELP["set"] + " (not max_update: --updates sets it)",
     "updates": "updates of every run, rounded up to a multiple of each H and K (update-freq:K runs N/K; default 300)",
-    "port": "rendezvous port (default 29500)",
-    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts); default as fab train",
     "bleu": "also translate the test set with each final model (SacreBLEU, as fab evaluate); --no-bleu: loss only",
     "timeout": "seconds each run may take (default 3600)",
-})
+}))
 @cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset], comm=_quality_entries,
               preset=options.preset, set=options.overrides_text, dataset=options.name, updates=options.whole(1),
               port=options.port, precision=options.precision, timeout=options.seconds)

@@ -42,9 +42,11 @@ from datetime import UTC, datetime
 from train.cluster import ClusterError, Host, connect, run_all, world_size
 from train.exits import OptionError
 from train.plan import measurements
+from train.recipe import strategies
+from train.recipe.strategies import CommError
+from train.recipe.strategies import update_freq as update_freq_rung
 from train.report import logparse
 from train.run import command, launch, preflight, presets
-from train.run.comm import CommError, Strategy
 from train.run.record import Run
 from train.run.remote import agent_command, venv_of
 
@@ -68,7 +70,7 @@ class Entry:
     @property
     def period(self) -> int:
         """What the common number of updates must be a multiple of: H for local-sgd, K for update-freq."""
-        return Strategy.parse(self.comm).syncs_every * self.update_freq
+        return strategies.parse(self.comm).syncs_every * self.update_freq
 
     @property
     def slug(self) -> str:
@@ -87,17 +89,17 @@ def parse_entries(text: str | None) -> list[Entry]:
         item = raw.strip().lower()
         if not item:
             continue
-        if item.startswith("update-freq"):
-            _, _, k = item.partition(":")
-            if not k.isdigit() or int(k) < 2:
-                raise CommError(f"--comm update-freq:K takes a whole number of batches per update, 2 or more, "
-                                f"not {item!r}")
-            entry = Entry(f"update-freq:{int(k)}", "sync", int(k))
+        try:
+            k = update_freq_rung.parse(item)
+        except ValueError as err:
+            raise CommError(str(err)) from None
+        if k is not None:
+            entry = Entry(f"update-freq:{k}", "sync", k)
         elif item == "auto":
             raise CommError("--comm auto picks one strategy for a run; bench-quality measures named ones "
-                            "(sync, fp16, local-sgd:H, update-freq:K)")
+                            f"({strategies.syntax()}, update-freq:K)")
         else:
-            strategy = Strategy.parse(item)  # raises on an unknown one
+            strategy = strategies.parse(item)  # raises on an unknown one
             entry = Entry(str(strategy), str(strategy))
         if entry.label not in [e.label for e in entries]:
             entries.append(entry)
@@ -177,7 +179,7 @@ def result_from_log(entry: Entry, updates: int, log_text: str) -> dict:
     valid = [r for r in log.of("valid") if r.get("loss") is not None]
     final = valid[-1] if valid else None
     options = logged_options(log_text)
-    strategy = Strategy.parse(entry.comm)
+    strategy = strategies.parse(entry.comm)
     train = log.of("train")
     return {
         "strategy": entry.label, "comm": entry.comm, "update_freq": entry.update_freq, "updates": updates,
@@ -190,9 +192,7 @@ def result_from_log(entry: Entry, updates: int, log_text: str) -> dict:
         "samples_logged": samples_logged(log), "epoch": train[-1].get("epoch") if train else None,
         "syncs_every": strategy.syncs_every,
         # the ranks hold one model when it validates: every update syncs, or the last update is a BMUF sync
-        "synced_at_end": strategy.kind != "local-sgd" or (
-            options.get("use_bmuf") is True and options.get("global_sync_iter") == strategy.period
-            and updates % strategy.period == 0),
+        "synced_at_end": strategy.synced_at_end(updates, options),
         "fairseq_options": options, "curve": loss_curve(log),
         "params": logparse.logged_params(log_text),
     }
@@ -365,7 +365,7 @@ def run_one(hosts: list[Host], entry: Entry, n: int, stamp: str, preset: str, ov
             sent = {name: after[name] - before[name] for name in after}
             result.update(run_id=run.run_id, wall_s=wall, s_per_update=wall / updates, tx_bytes=sent,
                           tx_per_update=sum(sent.values()) / len(sent) / updates,
-                          sync_updates=Strategy.parse(entry.comm).sync_updates(run.resolved_preset().options))
+                          sync_updates=strategies.parse(entry.comm).sync_updates(run.resolved_preset().options))
             if bleu:
                 result["bleu"], result["bleu_s"] = evaluate(run, hosts[0])
             say(f"[{entry.label}] valid loss {result['valid_loss']:.3f} after {updates} updates, {wall:.0f} s"

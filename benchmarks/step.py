@@ -51,12 +51,13 @@ from train.cluster import ClusterError, Host, connect, run_each, world_size
 from train.plan import link, measurements, model, predict
 from train.plan import mfu as flops
 from train.plan.predict import dataset_vocab
+from train.recipe import strategies
+from train.recipe.params import preset_params
+from train.recipe.strategies import CommError, Strategy
 from train.report import logparse
 from train.run import batching, launch, preflight, presets
-from train.run.comm import SYNC_UPDATES_OPTION, CommError, Strategy
 from train.run.command import default_precision
 from train.run.lease import HostLease
-from train.run.params import preset_params
 from train.run.record import Run
 from train.run.remote import agent_command
 
@@ -66,9 +67,9 @@ BENCH_OVERRIDES = ["log_interval=1", "disable_validation=true", "no_save=true"]
 
 
 def steady_state(strategy: Strategy) -> list[str]:
-    """Local SGD measured as it runs after its synchronous start (train.run.comm), from the first
+    """A strategy measured as it runs after its synchronous start (local SGD's), from the first
     update: the start costs sync's step, which the sync rows measure."""
-    return [f"{SYNC_UPDATES_OPTION}=0"] if strategy.kind == "local-sgd" else []
+    return strategy.steady_state()
 
 
 def parse_rates(text: str) -> list[str]:
@@ -99,8 +100,8 @@ def comm_s(point: dict, params: int, ranks: int, hosts: int, precision: str = "f
     H updates, averaged over them."""
     if hosts < 2:
         return 0.0
-    strategy = Strategy.parse(comm)
-    size = params * strategy.bytes_per_element(precision)
+    strategy = strategies.parse(comm)
+    size = strategy.payload_bytes(params, precision)
     return (model.allreduce_bytes_per_rank(size, ranks) / model.mbit_to_bytes_per_s(comm_mbps(point))
             / strategy.syncs_every)
 
@@ -128,7 +129,7 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ba
     measured = {p["rate"]: (comm_s(p, params, ranks, hosts, precision, comm), p["s_per_update"]) for p in ok}
     fast = measured[source]
     capped = [r for r in measured if r != source]
-    fits = backend in model.OVERLAPPING_BACKENDS and hosts > 1 and Strategy.parse(comm).overlaps
+    fits = backend in model.OVERLAPPING_BACKENDS and hosts > 1 and strategies.parse(comm).overlaps
 
     def overlap_without(rate: str | None) -> float:
         others = [measured[r] for r in capped if r != rate]
@@ -149,7 +150,7 @@ def with_predictions(points: list[dict], params: int, ranks: int, hosts: int, ba
         p["gives_compute"] = p["rate"] == source  # C is taken from it: its error is 0 by construction
         p["network_share"] = pred.comm_share
         p["model_tx_bytes"] = (model.allreduce_bytes_per_rank(pred.gradient_bytes, ranks)
-                               / Strategy.parse(comm).syncs_every)  # local SGD: one in H updates sends
+                               / strategies.parse(comm).syncs_every)  # local SGD: one in H updates sends
     return c, source, overlap
 
 
@@ -397,7 +398,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     vocab = dataset_vocab(hosts[0], dataset)
     params = preset_params(options, vocab)
     ranks = world_size(hosts)
-    strategy = Strategy.parse(comm)
+    strategy = strategies.parse(comm)
     period = strategy.syncs_every
     updates = -(-updates // period) * period
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -412,7 +413,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
             for h in hosts}
     with signals_raise(), HostLease(hosts, run.run_id, undo):
         try:
-            links, effective = measure_links(hosts, rates, params * strategy.bytes_per_element(precision), ranks,
+            links, effective = measure_links(hosts, rates, strategy.payload_bytes(params, precision), ranks,
                                              port, say)
             link.apply_caps(hosts, "none")
             # the run trains under every cap: its heartbeat and collective timeout outlast an update's
@@ -441,7 +442,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
               "preset": preset, "overrides": overrides, "dataset": dataset, "vocab": vocab, "params": params,
               "max_tokens": batch.max_tokens, "update_freq": batch.update_freq,
               "tokens_per_update": batch.tokens_per_update,
-              "precision": precision, "gradient_bytes": params * strategy.bytes_per_element(precision),
+              "precision": precision, "gradient_bytes": strategy.payload_bytes(params, precision),
               "comm": str(strategy),
               "ddp_backend": strategy.ddp_backend(model.ddp_backend(options, cpu=bool(cpu_only))),
               "updates": updates, "cycles": cycles, "skip": skip, "segments": segments,
@@ -453,7 +454,7 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
     """The points (medians per rate from rank 0's log), the model's predictions, JSON and plot written."""
     log = logparse.parse_log(log_text.splitlines())
     comm = report.get("comm", "sync")
-    average = statistics.mean if Strategy.parse(comm).syncs_every > 1 else statistics.median
+    average = statistics.mean if strategies.parse(comm).syncs_every > 1 else statistics.median
     points = summarize(rates, report["segments"], per_update(log.records), links, average)
     options = presets.resolve(report["preset"], report.get("overrides") or []).options
     for p in points:
@@ -593,11 +594,11 @@ def run(hosts: list[Host], rates: str = "10mbit,100mbit,1gbit,none", preset: str
         picked = auto_per_rate(hosts, rate_list, preset, overrides, dataset, precision, say)
         names = list(dict.fromkeys(n for name in names for n in (picked if name == "auto" else [name])))
     try:
-        strategies = [str(Strategy.parse(x)) for x in names]
+        chosen = [str(strategies.parse(x)) for x in names]
     except CommError as err:
         raise ClusterError(str(err)) from None
     reports = []
-    for strategy in strategies:
+    for strategy in chosen:
         report = bench_step(hosts, rate_list, preset=preset, overrides=overrides, dataset=dataset,
                             updates=int(updates), cycles=int(cycles), skip=int(skip), port=int(port),
                             precision=precision, comm=strategy, say=say)

@@ -20,9 +20,9 @@ from .agent.allreduce import parse_size
 from .cluster import Host
 from .exits import OptionError
 from .plan.link import rate_bits
+from .recipe import strategies
 from .run import presets
 from .run.checkpoints import BackupPolicy
-from .run.comm import Strategy
 from .run.record import REPORTS
 
 Parser = Callable[[object], object]
@@ -149,7 +149,7 @@ def overrides_text(value: object) -> str:
 def comm(value: object) -> str:
     """One strategy, or auto."""
     text = str(value).strip().lower()
-    return text if text == "auto" else str(Strategy.parse(text))
+    return text if text == "auto" else str(strategies.parse(text))
 
 
 def each_of(value: object, check, expected: str) -> str:
@@ -164,7 +164,7 @@ def each_of(value: object, check, expected: str) -> str:
 
 def comm_list(value: object) -> str:
     """Strategies, comma-separated, auto among them: the text, each checked."""
-    return each_of(value, comm, "strategies, comma-separated: sync, fp16, local-sgd:H or auto")
+    return each_of(value, comm, f"strategies, comma-separated: {strategies.syntax()} or auto")
 
 
 def backup(value: object) -> str:

@@ -17,6 +17,11 @@ TOP = Path(__file__).resolve().parents[2]
 OWN = ("train", "benchmarks", "lab", "fabfile")  # tandem's top-level modules
 GRAPH = ("train", "benchmarks", "fabfile")  # whose imports must not go round in a circle
 LAYERS = {"train": ("benchmarks", "fabfile"), "benchmarks": ("fabfile",)}  # what each may not import
+# Packages inside train/, each with the packages above it that it may not import: what a run is
+# (train.recipe: the model's size, the communication strategies) sits below everything that plans,
+# starts, reports or watches one.
+TRAIN_LAYERS = {"train.recipe": ("train.run", "train.plan", "train.report", "train.watch", "train.data",
+                                 "train.agent")}
 AGENT = "train.agent"  # runs on the hosts: with train/__init__, the only tandem code there (roles/train_env)
 # Tests import no `_name` of any tandem module, nor reach one by attribute
 # (`fabfile._pick_run(...)`, `plots._x`, `monkeypatch.setattr("fabfile._x", ...)`).
@@ -188,6 +193,16 @@ def test_imports_point_down():
              for name, path in modules().items() if name.split(".")[0] in LAYERS
              for imp in imports(path) if imp.wanted.split(".")[0] in LAYERS[name.split(".")[0]]]
     assert not wrong, "imports that point up a layer:\n" + "\n".join(wrong)
+
+
+def test_packages_inside_train_import_down():
+    """train.recipe imports nothing of the packages above it (no arrow back up, so no circle through it)."""
+    assert any(name.startswith("train.recipe.strategies.") for name in modules())
+    wrong = [f"{imp.where()}: {name} imports {imp.wanted}"
+             for package, above in TRAIN_LAYERS.items()
+             for name, path in modules().items() if name == package or name.startswith(package + ".")
+             for imp in imports(path) if any(imp.wanted == up or imp.wanted.startswith(up + ".") for up in above)]
+    assert not wrong, "imports that point up a layer inside train/:\n" + "\n".join(wrong)
 
 
 def test_agent_imports_nothing_else_of_tandem():

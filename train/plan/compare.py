@@ -1,6 +1,7 @@
 """Every way to run the same training on these hosts, side by side: 1 host, 2, ..., N (the first
-k of the hosts as given) × each `--comm` tandem would consider (sync, fp16 compression, a larger
---update-freq, local SGD), priced by the cost model (train.plan.model) from the same figures:
+k of the hosts as given) × each `--comm` tandem would consider (the rungs of `--comm auto`'s one
+ladder, train.recipe.strategies.ladder: sync, fp16 compression, a larger --update-freq, local SGD,
+...), priced by the cost model (train.plan.model) from the same figures:
 the compute-only time per batch and the link measured now.
 
 Every row trains on the same samples as the run asked for (max_update × its batches per update),
@@ -20,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from train.cluster import Host
-from train.run.comm import Strategy
+from train.recipe import strategies
+from train.recipe.strategies import update_freq as update_freq_rung
 
 from . import model, price
 
@@ -28,20 +30,12 @@ TARGET = 0.9  # the scaling efficiency the update-freq and local SGD rows are si
 MAX_UPDATE_FREQ_FACTOR = 16  # the update-freq row grows the batch per update at most this much
 MAX_PERIOD = 1000  # local SGD's longest averaging period considered
 
-CAVEATS = {
-    "sync": "the run as asked",
-    "fp16": "gradients averaged in fp16: rounding, usually harmless",
-    "update-freq": "batch per update {factor}x the run's: lr/warmup may need retuning",
-    "local-sgd": "ranks drift between averages: loss may be worse; `fab bench-quality` measures it",
-}
-
-
 @dataclass(frozen=True)
 class Option:
     """One way to run: these hosts, this strategy, what it costs."""
 
     hosts: tuple[str, ...]
-    kind: str  # sync, fp16, update-freq, local-sgd
+    kind: str  # a strategy's name (sync, fp16, local-sgd, ...) or update-freq
     prediction: model.Prediction
     batches_per_s: float  # micro-batches of every rank together per second
     tokens_per_s: float | None  # batches × max_tokens: an upper bound (padding and short batches)
@@ -182,18 +176,24 @@ def _count(n: int) -> str:
     return {1: "one", 2: "two", 3: "three", 4: "four"}.get(n, str(n))
 
 
+def period_for(strategy: strategies.Strategy, params: int, ranks: int, link_bytes_per_s: float, compute_s: float,
+               hosts: int, precision: str) -> int:
+    """The smallest period whose sync every H updates leaves ≥ TARGET of the compute speed (as model.choose)."""
+    every_update = model.predict(params, ranks, link_bytes_per_s, compute_s, hosts=hosts, precision=precision,
+                                 comm=str(strategy.with_period(2))).comm_s * 2
+    return model.period_for(every_update, compute_s, TARGET, MAX_PERIOD)
+
+
 def local_sgd_period(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, hosts: int,
                      precision: str) -> int:
-    """The smallest H whose averaging every H updates leaves ≥ TARGET of the compute speed (as model.choose)."""
-    every_update = model.predict(params, ranks, link_bytes_per_s, compute_s, hosts=hosts, precision=precision,
-                                 comm="local-sgd:2").comm_s * 2
-    return model.local_sgd_period(every_update, compute_s, TARGET, MAX_PERIOD)
+    """local SGD's H (period_for)."""
+    return period_for(strategies.parse("local-sgd"), params, ranks, link_bytes_per_s, compute_s, hosts, precision)
 
 
 def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: float, precision: str = "fp32",
             overlaps: Mapping[str, float] | None = None, comm: str = "sync", update_freq: int = 1,
             max_update: int | None = None, tokens_per_batch: int | None = None,
-            sync_updates: int = 0) -> Comparison:
+            sync_updates: int | Mapping[str, int] = 0) -> Comparison:
     """Every subset size × strategy for the run asked (`comm`, `update_freq` on all `hosts`).
     `compute_s`: one rank's compute-only seconds per batch of `tokens_per_batch` (the run's max_tokens as
     train.run.batching decided it for the GPUs: every row keeps that batch and reaches the update by
@@ -206,15 +206,16 @@ def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: 
 
     def option(k: int, kind: str, strategy: str, uf: int, caveat: str, same: bool) -> Option:
         subset = hosts[:k]
+        chosen = strategies.parse(strategy)
         p = model.predict(params, k * per_host, link, compute_s, hosts=k, precision=precision, update_freq=uf,
-                          overlap=overlaps.get(strategy.split(":")[0], 0.0) if kind != "local-sgd" else 0.0,
-                          comm=strategy, sync_updates=sync_updates if kind == "local-sgd" else 0)
+                          overlap=overlaps.get(chosen.name, 0.0) if chosen.overlaps else 0.0,
+                          comm=strategy, sync_updates=sync_updates)
         per_update = k * per_host * uf
         rate = per_update / p.step_s
         hours = None
         if total_batches is not None:
             seconds = total_batches / rate
-            if p.sync_updates:  # local SGD's synchronous start, at its own slower step
+            if p.sync_updates:  # a synchronous start (local SGD's), at its own slower step
                 start = min(p.sync_updates, math.ceil(total_batches / per_update))
                 seconds += start * (p.sync_step_s - p.step_s)
             hours = seconds / 3600
@@ -226,31 +227,35 @@ def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: 
     for k in range(1, len(hosts) + 1):
         keeps = (len(hosts) * update_freq) % k == 0
         base = len(hosts) * update_freq // k if keeps else update_freq  # the run's batch per update, if it divides
-        sync_caveat = CAVEATS["sync"] if k == len(hosts) else (
+        sync_caveat = strategies.get("sync").caveat if k == len(hosts) else (
             "the same updates, on fewer hosts" if keeps else
             f"batch per update {k}/{len(hosts)} of the run's: not the same updates")
         sync = option(k, "sync", "sync", base, sync_caveat, keeps)
         options.append(sync)
         if k == 1:
             continue  # nothing crosses a NIC: every strategy is sync
-        if precision == "fp32":
-            options.append(option(k, "fp16", "fp16", base, CAVEATS["fp16"], False))
-        if sync.prediction.efficiency < TARGET:
-            uf = base
-            while uf < base * MAX_UPDATE_FREQ_FACTOR:
-                uf += base
-                if option(k, "sync", "sync", uf, "", False).prediction.efficiency >= TARGET:
-                    break
-            options.append(option(k, "update-freq", "sync", uf,
-                                  CAVEATS["update-freq"].format(factor=uf // base), False))
-            h = local_sgd_period(params, k * per_host, link, compute_s, k, precision)
-            options.append(option(k, "local-sgd", f"local-sgd:{h}", base, CAVEATS["local-sgd"], False))
-    asked_comm = str(Strategy.parse(comm))
+        for rung in strategies.ladder(precision, params):  # its rungs above sync, each at its own size
+            if rung == strategies.UPDATE_FREQ:
+                if sync.prediction.efficiency < TARGET:
+                    uf = base
+                    while uf < base * MAX_UPDATE_FREQ_FACTOR:
+                        uf += base
+                        if option(k, "sync", "sync", uf, "", False).prediction.efficiency >= TARGET:
+                            break
+                    options.append(option(k, strategies.UPDATE_FREQ, "sync", uf,
+                                          update_freq_rung.CAVEAT.format(factor=uf // base), False))
+            elif isinstance(rung, strategies.Strategy) and rung.name != "sync" and (
+                    rung.always_compared or sync.prediction.efficiency < TARGET):
+                if rung.periodic:
+                    rung = rung.with_period(period_for(rung, params, k * per_host, link, compute_s, k, precision))
+                options.append(option(k, rung.name, str(rung), base, rung.caveat, False))
+    asked_strategy = strategies.parse(comm)
+    asked_comm = str(asked_strategy)
     asked = next((o for o in options if len(o.hosts) == len(hosts) and o.comm == asked_comm
                   and o.update_freq == update_freq), None)
     if asked is None:  # a strategy or update-freq of its own: its row too
-        kind = Strategy.parse(comm).kind
-        caveat = CAVEATS["sync"] if kind == "sync" else f"the run as asked; {CAVEATS.get(kind, '')}"
+        kind = asked_strategy.name
+        caveat = asked_strategy.caveat if kind == "sync" else f"the run as asked; {asked_strategy.caveat}"
         asked = option(len(hosts), kind, asked_comm, update_freq, caveat, kind == "sync")
         options.append(asked)
     return Comparison(options, asked, price.unpriced(hosts))
@@ -264,8 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    from train.run.comm import sync_start
-    from train.run.params import preset_params
+    from train.recipe.params import preset_params
     from train.run.presets import resolve
 
     parser = argparse.ArgumentParser(description="Every host subset x --comm, with hours and dollars.")
@@ -286,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     c = compare(hosts, preset_params(options, args.vocab), link_mbps=args.link_mbit, compute_s=args.compute_s,
                 precision=args.precision, max_update=args.max_update or options.get("max_update"),
                 tokens_per_batch=int(options["max_tokens"]) if options.get("max_tokens") else None,
-                sync_updates=sync_start(options))
+                sync_updates=strategies.starts(options))
     print(c.text())
     print("\n".join(c.verdict()))
     return 3 if c.fewer_hosts_faster else 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ..run.params import ARCH_DIMS, preset_params
+from ..recipe.params import ARCH_DIMS, preset_params
 
 # TFLOP/s, dense fp16/bf16 tensor cores (fp32 accumulate), from NVIDIA's data sheets.
 PEAK_TFLOPS: dict[str, float] = {

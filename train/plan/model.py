@@ -31,10 +31,11 @@ step time C (one rank, no communication).
   it); the smallest K with efficiency ≥ 90% is K = ⌈9 × exposed / C⌉.
 - Network-bound: the exposed communication (comm − hidden) is more than half of the step.
 - The run: max_update × step(K) seconds.
-- Communication strategies (train.run.comm): `fp16` all-reduces 2 bytes per gradient instead
-  of 4; `local-sgd:H` all-reduces the fp32 parameters' deltas once every H updates, after the
-  optimizer step (nothing hides it): comm per update = 2(n−1)/n × 4P / B / H.
-  `choose` picks the least invasive one that reaches 90% (sync, fp16, update-freq, local SGD).
+- Communication strategies (train.recipe.strategies): each says the bytes of its all-reduce
+  (`fp16` 2 bytes per gradient instead of 4; `local-sgd:H` the fp32 parameters' deltas once every
+  H updates, after the optimizer step, so nothing hides it: comm per update = 2(n−1)/n × 4P / B / H)
+  and whether it overlaps. `choose` climbs their one ladder (strategies.ladder: sync, fp16,
+  update-freq, local SGD, ...) and takes the least invasive one that reaches 90%.
 
 The field reports' numbers come out of it (tests/unit/train/plan/test_model.py): Transformer base ≈
 61M parameters = 244 MB of fp32 gradients; two ranks over 100 Mb/s (12.5 MB/s) spend
@@ -49,8 +50,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from train.run.comm import Strategy, sync_start
-from train.run.params import preset_params
+from train.recipe import strategies
+from train.recipe.params import preset_params
 from train.run.presets import resolve
 
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -90,9 +91,9 @@ class Prediction:
     step_s: float  # predicted seconds per update
     max_update: int | None
     update_freq_for_90: int  # the --update-freq that brings efficiency to 90%
-    comm: str = "sync"  # the communication strategy (train.run.comm)
-    sync_updates: int = 0  # local SGD's synchronous start (train.run.comm): its first updates
-    sync_step_s: float = 0.0  # seconds per update of that start (fp32 gradients, after the backward pass)
+    comm: str = "sync"  # the communication strategy (train.recipe.strategies)
+    sync_updates: int = 0  # the strategy's synchronous start (local SGD's): its first updates
+    sync_step_s: float = 0.0  # seconds per update of that start (all-reduced as sync does)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -194,16 +195,17 @@ def predict(
     intra_host_bytes_per_s: float | None = None,
     target_efficiency: float = 0.9,
     comm: str = "sync",
-    sync_updates: int = 0,
+    sync_updates: int | Mapping[str, int] = 0,
 ) -> Prediction:
     """Predict seconds per update (and the run's hours) for `ranks` ranks on `hosts` hosts.
 
     `hosts` defaults to `ranks` (one rank per host). With one host the all-reduce never
     crosses a NIC: it costs 0 unless `intra_host_bytes_per_s` is given. `comm`: the
-    communication strategy; `comm_s` is then its average per update. `sync_updates`: local SGD's
-    synchronous start, in the run's hours (its fp32 gradients all-reduced after each backward pass).
+    communication strategy; `comm_s` is then its average per update. `sync_updates`: the strategy's
+    synchronous start (local SGD's), in the run's hours; a mapping gives each strategy's own
+    (strategies.starts).
     """
-    strategy = Strategy.parse(comm)
+    strategy = strategies.parse(comm)
     hosts = ranks if hosts is None else hosts
     if not 1 <= hosts <= ranks:
         raise ValueError(f"hosts must be between 1 and ranks ({ranks}), not {hosts}")
@@ -211,20 +213,25 @@ def predict(
         raise ValueError(f"overlap is a fraction between 0 and 1, not {overlap}")
     if update_freq < 1:
         raise ValueError(f"update_freq must be at least 1, not {update_freq}")
-    size = params * strategy.bytes_per_element(precision)
-    per_rank = allreduce_bytes_per_rank(size, ranks) / strategy.syncs_every
-    if hosts > 1:
-        if link_bytes_per_s <= 0:
-            raise ValueError("link bandwidth must be positive")
-        comm = per_rank / link_bytes_per_s
-    elif ranks > 1 and intra_host_bytes_per_s:
-        comm = per_rank / intra_host_bytes_per_s
-    else:
-        comm = 0.0
+    if hosts > 1 and link_bytes_per_s <= 0:
+        raise ValueError("link bandwidth must be positive")
+    rate = link_bytes_per_s if hosts > 1 else intra_host_bytes_per_s if ranks > 1 else None
+
+    def seconds(size: float) -> float:
+        return allreduce_bytes_per_rank(size, ranks) / rate if rate else 0.0
+
+    size = strategy.payload_bytes(params, precision)
+    comm = seconds(size) / strategy.syncs_every
     hidden = min(comm, overlap * compute_s) if strategy.overlaps else 0.0
     step = update_freq * compute_s + comm - hidden
-    start = sync_updates if strategy.kind == "local-sgd" else 0
-    start_step = update_freq * compute_s + comm * strategy.syncs_every if start else 0.0
+    if isinstance(sync_updates, Mapping):
+        sync_updates = sync_updates.get(strategy.name, 0)
+    start = sync_updates if strategy.starts_synchronous else 0
+    start_step = 0.0
+    if start:
+        start_comm = seconds(params * strategy.start_bytes_per_element(precision))
+        start_step = update_freq * compute_s + start_comm - (
+            min(start_comm, overlap * compute_s) if strategy.start_overlaps else 0.0)
     return Prediction(
         params=params,
         ranks=ranks,
@@ -245,12 +252,16 @@ def predict(
     )
 
 
-def local_sgd_period(every_update_s: float, compute_s: float, target: float, max_period: int) -> int:
-    """The smallest H (2..max_period) whose averaging every H updates keeps `target` of the compute
-    speed: C / (C + comm/H) ≥ target, so H ≥ comm × target / ((1 − target) × C)."""
+def period_for(every_update_s: float, compute_s: float, target: float, max_period: int) -> int:
+    """The smallest period H (2..max_period) of a periodic strategy (local SGD's averaging every H
+    updates) that keeps `target` of the compute speed: C / (C + comm/H) ≥ target, so
+    H ≥ comm × target / ((1 − target) × C)."""
     if compute_s <= 0:
         return max_period
     return min(max_period, max(2, math.ceil(every_update_s * target / ((1 - target) * compute_s) - 1e-9)))
+
+
+local_sgd_period = period_for  # its first name
 
 
 @dataclass(frozen=True)
@@ -290,26 +301,31 @@ class Choice:
 def choose(params: int, ranks: int, link_bytes_per_s: float, compute_s: float, *, overlaps: Mapping[str, float],
            max_update_freq: int = 4, max_period: int = 1000, target: float = 0.9, update_freq: int = 1,
            **kwargs: object) -> Choice:
-    """The least invasive strategy predicted to reach `target` scaling efficiency: sync as the run
-    would run it (at its `update_freq`: the one derived from the preset's tokens per update,
-    train.plan.batch); fp16 compression; the update_freq up to `max_update_freq` times larger (the
-    effective batch grows with it); local SGD with the smallest H that reaches it (at most
-    `max_period`). `overlaps`: the overlap each strategy gets ({"sync": ..., "fp16": ...})."""
-    def at(comm: str, k: int = update_freq) -> Prediction:
-        return predict(params, ranks, link_bytes_per_s, compute_s, comm=comm, update_freq=k,
-                       overlap=overlaps.get(comm.split(":")[0], 0.0), **kwargs)  # type: ignore[arg-type]
+    """The least invasive strategy predicted to reach `target` scaling efficiency, up the one ladder
+    (train.recipe.strategies.ladder): sync as the run would run it (at its `update_freq`: the one
+    derived from the preset's tokens per update, train.plan.batch); fp16 compression; the update_freq
+    up to `max_update_freq` times larger (the effective batch grows with it); ...; local SGD with the
+    smallest H that reaches it (at most `max_period`). `overlaps`: the overlap each strategy gets
+    ({"sync": ..., "fp16": ...})."""
+    def at(strategy: strategies.Strategy, k: int = update_freq) -> Prediction:
+        return predict(params, ranks, link_bytes_per_s, compute_s, comm=str(strategy), update_freq=k,
+                       overlap=overlaps.get(strategy.name, 0.0), **kwargs)  # type: ignore[arg-type]
 
-    tried = [at("sync")]
-    if tried[0].efficiency < target and kwargs.get("precision", "fp32") == "fp32":
-        tried.append(at("fp16"))
-    k = 2
-    while tried[-1].efficiency < target and k <= max_update_freq:
-        tried.append(at("sync", update_freq * k))
-        k *= 2
-    if tried[-1].efficiency < target:
-        every_update = at("local-sgd:2").comm_s * 2  # the deltas' all-reduce, were it every update
-        h = local_sgd_period(every_update, compute_s * update_freq, target, max_period)
-        tried.append(at(f"local-sgd:{h}"))
+    tried: list[Prediction] = []
+    sync = strategies.parse("sync")
+    for rung in strategies.ladder(str(kwargs.get("precision", "fp32")), params):
+        if tried and tried[-1].efficiency >= target:
+            break
+        if rung == strategies.UPDATE_FREQ:
+            k = 2
+            while tried[-1].efficiency < target and k <= max_update_freq:
+                tried.append(at(sync, update_freq * k))
+                k *= 2
+        elif isinstance(rung, strategies.Strategy) and rung.periodic:
+            every_update = at(rung.with_period(2)).comm_s * 2  # its all-reduce, were it every update
+            tried.append(at(rung.with_period(period_for(every_update, compute_s * update_freq, target, max_period))))
+        elif isinstance(rung, strategies.Strategy):
+            tried.append(at(rung))
     good = [p for p in tried if p.efficiency >= target]
     pick = good[0] if good else max(tried, key=lambda p: p.efficiency)
     return Choice(pick, tried, bool(good), target)
@@ -326,9 +342,8 @@ def sweep(params: int, ranks: int, compute_s: float, rates_mbit: Iterable[float]
 def explain(p: Prediction) -> str:
     """A few lines a user can act on: the numbers behind the verdict."""
     mb = p.gradient_bytes / 1e6
-    strategy = Strategy.parse(p.comm)
-    what = {"sync": "gradients per update", "fp16": "fp16-compressed gradients per update"}.get(
-        strategy.kind, f"fp32 parameter deltas every {strategy.period} updates (local SGD)")
+    strategy = strategies.parse(p.comm)
+    what = strategy.describe()
     lines = [
         f"model: {p.params / 1e6:.1f}M parameters → {mb:.0f} MB of {what}",
         f"ring all-reduce over {p.ranks} ranks on {p.hosts} hosts: "
@@ -341,11 +356,11 @@ def explain(p: Prediction) -> str:
     ]
     if p.run_hours is not None:
         if p.sync_updates:
-            lines.append(f"the first {min(p.sync_updates, p.max_update):,} updates synchronous (local SGD's start): "
-                         f"{p.sync_step_s:.2f} s each")
+            lines.append(f"the first {min(p.sync_updates, p.max_update):,} updates synchronous "
+                         f"({strategy.start_label}): {p.sync_step_s:.2f} s each")
         lines.append(f"{p.max_update} updates ≈ {duration(p.run_hours * 3600)} (training steps only: validation "
                      "and checkpoints come on top)")
-    if p.update_freq_for_90 > p.update_freq and strategy.kind != "local-sgd":
+    if p.update_freq_for_90 > p.update_freq and strategy.syncs_every == 1:
         lines.append(f"--update-freq {p.update_freq_for_90} would bring scaling efficiency to 90%")
     return "\n".join(lines)
 
@@ -365,16 +380,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", type=float, default=0.0)
     parser.add_argument("--update-freq", type=int, default=1)
     parser.add_argument("--max-update", type=int)
-    parser.add_argument("--comm", default="sync", help="sync, fp16, local-sgd:H or auto")
+    parser.add_argument("--comm", default="sync", help=f"{strategies.syntax()} or auto")
     parser.add_argument("--sync-updates", type=int, help="local SGD's synchronous start in updates "
                         "(default: the preset's warmup_updates, else 0)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    start = 0
+    start: int | dict[str, int] = 0
     if args.preset:
         options = resolve(args.preset).options
         params = preset_params(options, args.vocab)
-        start = sync_start(options)
+        start = strategies.starts(options)
     else:
         params = int(args.params)
     kw = {"hosts": args.hosts, "precision": args.precision, "max_update": args.max_update,
@@ -383,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     choice = None
     if args.comm == "auto":
         choice = choose(params, args.ranks, link, args.compute_s,
-                        overlaps={"sync": args.overlap, "fp16": args.overlap}, **kw)  # type: ignore[arg-type]
+                        overlaps=dict.fromkeys(strategies.overlapping(), args.overlap), **kw)  # type: ignore[arg-type]
         p = choice.prediction
     else:
         p = predict(params, args.ranks, link, args.compute_s, overlap=args.overlap, update_freq=args.update_freq,

@@ -1,7 +1,7 @@
 """`fab predict` and `fab train`'s network check: the cost model fed with measured figures.
 
 Inputs, each with where it came from (printed beside the numbers):
-- gradient size: the preset's parameters (train.run.params.preset_params, the dataset's
+- gradient size: the preset's parameters (train.recipe.params.preset_params, the dataset's
   dictionary size read from the first host) × 4 bytes (fp32) or 2 (fp16/bf16);
 - ranks: every rank of every host (train.cluster.Host.ranks: one per GPU, `cpu_ranks` on a CPU host);
 - link: `measure` (iperf3 now, every ring link at once, 2 s), `bench` (the latest
@@ -34,10 +34,11 @@ import shlex
 from dataclasses import dataclass, field
 
 from train.cluster import ClusterError, Host, run_all, world_size
+from train.recipe import strategies
+from train.recipe.params import preset_params
+from train.recipe.strategies import CommError
 from train.run import batching, presets
-from train.run.comm import CommError, Strategy, sync_start
 from train.run.command import default_precision
-from train.run.params import preset_params
 from train.run.record import DATA_ROOT, Run
 
 from . import compare, link, measurements, model, price
@@ -215,17 +216,17 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
            compute_source: str, port_mbps: float | None = None, precision: str = "fp32", update_freq: int = 1,
            max_update: int | None = None, overlap: float = 0.0, overlap_source: str = "given",
            comm: str = "sync", overlaps: dict[str, float] | None = None,
-           overlap_sources: dict[str, str] | None = None, sync_updates: int = 0,
+           overlap_sources: dict[str, str] | None = None, sync_updates: int | dict[str, int] = 0,
            tokens_per_batch: int | None = None) -> Verdict:
     """Pure: figures in, verdict and the lines explaining it out. `comm`: a strategy, or `auto`
     (model.choose, with `overlaps` per strategy); a network-bound sync run is told which `--comm`
-    would reach 90%. `sync_updates`: local SGD's synchronous start (train.run.comm.sync_start)."""
+    would reach 90%. `sync_updates`: each strategy's synchronous start (strategies.starts)."""
     ranks = world_size(hosts)
     expected = hosts[0].var("network_expected_mbps")
     ratio = hosts[0].var("network_min_ratio")
     v = Verdict(params, ranks, link_mbps, link_source, compute_s, compute_source,
                 float(expected) if expected else None, ratio, port_mbps=port_mbps)
-    overlaps = dict(overlaps or {"sync": overlap, "fp16": overlap})
+    overlaps = dict(overlaps or dict.fromkeys(strategies.overlapping(), overlap))
     if comm == "auto" and compute_s is not None:
         v.choice = model.choose(params, ranks, model.mbit_to_bytes_per_s(link_mbps), compute_s, overlaps=overlaps,
                                 hosts=len(hosts), precision=precision, max_update=max_update, update_freq=update_freq,
@@ -234,12 +235,12 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
     elif comm == "auto":
         raise ClusterError("--comm auto needs the compute-only time per update: run `fab bench-step --rates none` "
                            "with the same model first (or pass --compute-s), or name a strategy: "
-                           "--comm sync|fp16|local-sgd:H")
+                           f"--comm {strategies.syntax()}")
     v.comm = comm
-    kind = Strategy.parse(comm).kind
-    overlap = overlaps.get(kind, overlap) if kind != "local-sgd" else 0.0
-    overlap_source = (overlap_sources or {}).get(kind, overlap_source) if kind != "local-sgd" else \
-        "local SGD: its all-reduce follows the optimizer step"
+    strategy = strategies.parse(comm)
+    overlap = overlaps.get(strategy.name, overlap) if strategy.overlaps else 0.0
+    overlap_source = (overlap_sources or {}).get(strategy.name, overlap_source) if strategy.overlaps else \
+        strategy.why_no_overlap
     kw = {"hosts": len(hosts), "precision": precision, "update_freq": update_freq, "max_update": max_update,
           "overlap": overlap, "comm": comm, "sync_updates": sync_updates}
     v.lines.append(f"link {link_mbps:.0f} Mbit/s ({link_source})"
@@ -312,7 +313,7 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
         raise ClusterError("a prediction of the network's cost needs at least two hosts")
     if comm != "auto":
         try:
-            Strategy.parse(comm)
+            strategies.parse(comm)
         except CommError as err:
             raise ClusterError(str(err)) from None
     params = model_params(hosts, preset, overrides, dataset)
@@ -328,16 +329,17 @@ def predict_for(hosts: list[Host], preset: str, overrides: list[str], dataset: s
         max_update = options.get("max_update")
     default_backend = model.ddp_backend(options, cpu=any(h.gpus == 0 for h in hosts))
     if overlap is None:
-        measured = {"sync": overlap_for(default_backend, hosts), "fp16": overlap_for("pytorch_ddp", hosts)}
+        measured = {name: overlap_for(strategies.parse(name).ddp_backend(default_backend), hosts)
+                    for name in strategies.overlapping()}
         overlaps = {k: v[0] for k, v in measured.items()}
         sources = {k: v[1] for k, v in measured.items()}
         overlap, overlap_source = measured["sync"]
     else:
-        overlaps, sources, overlap_source = {"sync": overlap, "fp16": overlap}, {}, "given"
+        overlaps, sources, overlap_source = dict.fromkeys(strategies.overlapping(), overlap), {}, "given"
     verdict = assess(hosts, params, link_mbps=mbps, link_source=where, port_mbps=port, compute_s=compute_s,
                      compute_source=source, precision=precision, update_freq=batch.update_freq,
                      max_update=max_update, overlap=overlap, overlap_source=overlap_source, comm=comm,
-                     overlaps=overlaps, overlap_sources=sources, sync_updates=sync_start(options),
+                     overlaps=overlaps, overlap_sources=sources, sync_updates=strategies.starts(options),
                      tokens_per_batch=batch.max_tokens)
     verdict.batch = batch
     verdict.lines.insert(0, f"batch: {batch.line()}")
@@ -352,7 +354,7 @@ def slow_link_lines(params: int, ranks: int, link_mbps: float, options: dict, co
     timeout = presets.failure_timeout_s(options, ranks=ranks, link_mbps=link_mbps)
     lines = [f"collective timeout (heartbeat, process group): {timeout} s for a "
              f"{params * presets.FP32_BYTES / 1e6:.0f} MB all-reduce over {ranks} ranks at {link_mbps:.0f} Mbit/s"]
-    extra = Strategy.parse(comm).extra_bytes_per_param(options) if comm != "auto" else 0
+    extra = strategies.parse(comm).extra_bytes_per_param(options) if comm != "auto" else 0
     if extra:
         lines.append(f"{comm} needs {params * extra / 1e9:.2f} GB more memory per GPU than sync "
                      f"({extra} B a parameter)")

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 
 from ..cluster import Host
 from ..plan import batch as batch_model
+from ..recipe import strategies
 from . import presets
-from .comm import Strategy
 from .record import Run
 
 VOCAB = 32000  # the joint dictionary the presets are meant for (the memory model's logits)
@@ -64,7 +64,7 @@ def cap(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = N
 
 def comm_extra_per_param(run: Run) -> int:
     """GPU bytes a parameter the run's --comm keeps beyond sync's (local SGD's copies)."""
-    return Strategy.parse(run.comm).extra_bytes_per_param(presets.resolve(run.preset, run.overrides).options)
+    return strategies.parse(run.comm).extra_bytes_per_param(presets.resolve(run.preset, run.overrides).options)
 
 
 def derive(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = None) -> batch_model.Batch:

@@ -48,7 +48,7 @@ from pathlib import PurePosixPath
 # ENV_FILE: what provisioning found out about the host (roles/network: the cluster NIC it detected,
 # NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
 from train.hostpaths import ENV_FILE
-from train.run.comm import OUTER_STEP_OPTIONS, SYNC_UPDATES_OPTION, Strategy
+from train.recipe import strategies
 from train.run.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
@@ -83,7 +83,7 @@ class Launch:
     venv: str
     update_freq: int = 1
     precision: str = "fp32"  # fp32, fp16, bf16 (the last two on GPUs only)
-    comm: str = "sync"  # train.run.comm: sync, fp16, local-sgd:H
+    comm: str = "sync"  # a train.recipe.strategies value: sync, fp16, local-sgd:H, ...
     omp_threads: int | None = None
     pid_path: str | None = None  # default: beside the log, <log stem>.pid
     env_file: str = ENV_FILE
@@ -105,7 +105,7 @@ class Launch:
             raise ValueError(f"precision is fp32, fp16 or bf16, not {self.precision!r}")
         if self.precision != "fp32" and self.gpus_per_host == 0:
             raise ValueError(f"{self.precision} needs GPUs; this host has none (use fp32 on CPU)")
-        Strategy.parse(self.comm)  # raises on an unknown one
+        strategies.parse(self.comm)  # raises on an unknown one
         if not 1 <= self.master_port <= 65535:
             raise ValueError(f"master_port {self.master_port} is not a TCP port")
 
@@ -148,10 +148,9 @@ def _fill(options: Mapping[str, Value], launch: Launch) -> dict[str, Value]:
 def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
     """fairseq-train's arguments for this host (data dir first), unquoted."""
     args = [launch.data_dir, "--save-dir", launch.save_dir]
-    strategy = Strategy.parse(launch.comm)
-    options = {k: v for k, v in preset.options.items()  # fairseq knows BMUF's options only under --use-bmuf
-               if (strategy.kind == "local-sgd" or k not in OUTER_STEP_OPTIONS)
-               and k != SYNC_UPDATES_OPTION and k not in TANDEM_OPTIONS}
+    strategy = strategies.parse(launch.comm)
+    _, dropped = strategies.fairseq_options_of(strategy)  # fairseq knows BMUF's options only under --use-bmuf
+    options = {k: v for k, v in preset.options.items() if k not in dropped and k not in TANDEM_OPTIONS}
     args += to_args(_fill(options, launch))
     if launch.update_freq > 1:
         args += ["--update-freq", str(launch.update_freq)]
@@ -193,9 +192,10 @@ def environment(launch: Launch, preset: Preset | None = None,
     if not launch.cpu:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
         env[ALLOC_CONF] = (os.environ if user_env is None else user_env).get(ALLOC_CONF, ALLOCATOR)
-    # local SGD (BMUF) runs without fairseq's distributed wrapper, so without its heartbeat: on CPU
-    # hosts too only the process group's timeout ends a rank whose peer vanished (gloo's: 30 min)
-    if (not launch.cpu or Strategy.parse(launch.comm).kind == "local-sgd") and preset \
+    # a strategy without fairseq's distributed wrapper (local SGD's BMUF) runs without its heartbeat: on
+    # CPU hosts too only the process group's timeout ends a rank whose peer vanished (gloo's: 30 min)
+    strategy = strategies.parse(launch.comm)
+    if (not launch.cpu or not strategy.heartbeat_in_wrapper) and preset \
             and preset.options.get("heartbeat_timeout"):
         env["TANDEM_PG_TIMEOUT_S"] = str(preset.options["heartbeat_timeout"])
     if launch.nic:
@@ -203,8 +203,8 @@ def environment(launch: Launch, preset: Preset | None = None,
         env["NCCL_SOCKET_IFNAME"] = launch.nic
     if launch.omp_threads:
         env["OMP_NUM_THREADS"] = str(launch.omp_threads)
-    if preset and (sync_updates := Strategy.parse(launch.comm).sync_updates(preset.options)):
-        env["TANDEM_LOCAL_SGD_SYNC_UPDATES"] = str(sync_updates)  # train.agent.fairseq_train
+    if preset:
+        env.update(strategy.environment(preset.options))  # its host-side hook's (train/agent/comm_*.py)
     env.update(fast_step_environment(launch, preset))
     return env
 

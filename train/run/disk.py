@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .params import preset_params
+from ..recipe.params import preset_params
 
 # bytes a parameter in a checkpoint: fp32 weights + the optimizer's state (Adam: two moments)
 CHECKPOINT_BYTES_PER_PARAM = {"adam": 12, "nag": 8, "sgd": 8, "adagrad": 8}

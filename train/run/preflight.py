@@ -15,9 +15,9 @@ from ..agent import pins
 from ..agent.probe import agent_digest, versions_differ
 from ..cluster import TOP, ClusterError, Host, HostResult, run_all
 from ..plan import batch as batch_model
+from ..recipe import strategies
+from ..recipe.params import preset_params
 from . import batching, disk
-from .comm import Strategy
-from .params import preset_params
 from .record import Run
 from .remote import agent_command, venv_of
 
@@ -126,7 +126,7 @@ def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) ->
         return None
     smallest = min(gpus, key=lambda g: g["memory_mib"])
     gib, max_tokens = smallest["memory_mib"] / 1024, int(options["max_tokens"])  # type: ignore[call-overload]
-    extra = Strategy.parse(run.comm).extra_bytes_per_param(options)
+    extra = strategies.parse(run.comm).extra_bytes_per_param(options)
     if batch_model.fits(options, vocab, max_tokens, gib, run.precision, extra):
         return None
     peak = batch_model.peak_gib(options, vocab, max_tokens, run.precision, extra)

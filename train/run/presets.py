@@ -17,9 +17,9 @@ Presets:
   with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates; 32,768 tokens per update (RECIPES);
   100,000 updates, the paper's (3.3 B tokens: ≈ 21 WMT16 epochs, by big's 70 in 11 B).
 - `transformer_vaswani_wmt_en_de_big`: Transformer big as in fairseq's "Scaling NMT"
-  recipe (Ott et al. 2018): lr 1e-3 (its rate for big batches), dropout 0.3; 458,752 tokens per update, as their 8-GPU run
-  (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs); 24,000 updates, where their
-  large-batch run reached 29.3 BLEU (11 B tokens, ≈ 70 epochs).
+  recipe (Ott et al. 2018): lr 1e-3 (its rate for big batches), dropout 0.3; 458,752 tokens per
+  update, as their 8-GPU run (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs);
+  24,000 updates, where their large-batch run reached 29.3 BLEU (11 B tokens, ≈ 70 epochs).
 
 max_tokens is the batch of a CPU host (and the cap where GPU memory is not known yet); on GPUs
 `fab train` derives max_tokens and update_freq from tokens_per_update (train.run.batching).
@@ -45,8 +45,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..recipe import strategies
+from ..recipe.params import preset_params
 from .comm import allreduce_bytes_per_host, collective_timeout_s
-from .params import preset_params
 
 Value = bool | int | float | str | None
 
@@ -193,10 +194,9 @@ EXTRA_OPTIONS: dict[str, type] = {
     "bucket_cap_mb": int,
     "ddp_backend": str,
     "heartbeat_timeout": int,
-    # --comm local-sgd:H's outer step (fairseq's BMUF): train.run.comm sets them unless given here
-    "block_momentum": float,
-    "block_lr": float,
-    "local_sgd_sync_updates": int,  # tandem's own: local SGD's synchronous start (train.run.comm)
+    # each communication strategy's own (local-sgd's BMUF outer step, its synchronous start, ...): passed
+    # to fairseq only for that strategy, some never (train.recipe.strategies)
+    **strategies.options(),
     "report_accuracy": bool,
     "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
     # tandem's own, on GPUs (train/agent/fast_steps.py): torch's fused AdamW for fairseq's Adam, and

@@ -14,9 +14,10 @@ from ..cluster import ClusterError, Host, placement, select
 from ..exits import OptionError, Refused
 from ..plan import predict
 from ..plan.link import PeerUnreachable
+from ..recipe import strategies
+from ..recipe.strategies import CommError
 from . import batching, checkpoints, command, interval, keepers, launch, length, preflight, presets
 from . import rejoin as rejoining
-from .comm import CommError, Strategy
 from .follow import follow
 from .record import Run, new_run_id
 from .status import closing_mfu, summarize, why_stopped_early
@@ -226,7 +227,7 @@ def grow_running(run: Run, current: list[Host], joining: list[Host], known: list
 def set_comm(run: Run, comm: str, resuming: bool, console) -> None:
     """The run's communication strategy; a resumed run keeps its own unless told otherwise."""
     try:
-        chosen = str(Strategy.parse(comm))
+        chosen = str(strategies.parse(comm))
     except CommError as err:
         raise OptionError("comm", err) from None
     if resuming and chosen != run.comm:

@@ -12,6 +12,7 @@ from rich.console import Console
 from train import options
 from train.cluster import ClusterError, Host
 from train.exits import OptionError, Refused
+from train.recipe import strategies
 from train.run import session
 from train.run.record import Run
 from train.tasks import cluster_task
@@ -31,7 +32,7 @@ from train.tasks import cluster_task
     (options.checkpoint, "../x.pt", "expected a checkpoint file name"),
     (options.size, "1X", "expected a size like 1M, 64M or 1G"),
     (options.link, "fast", "expected measure, bench or a speed in Mbit/s, got 'fast'"),
-    (options.comm, "gossip", "--comm is sync, fp16, local-sgd[:H] or auto, not 'gossip'"),
+    (options.comm, "gossip", f"--comm is {strategies.syntax()} or auto, not 'gossip'"),
     (options.comm_list, "sync,local-sgd:1", "H must be at least 2"),
     (options.rates, "10mbit,fast", "rate 'fast' is not a tc rate"),
     (options.backup, "sometimes", "--backup must be off, last or every:MIN"),

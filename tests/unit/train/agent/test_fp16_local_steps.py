@@ -24,14 +24,14 @@ from fairseq.optim import FairseqOptimizer
 from fairseq.optim.bmuf import FairseqBMUF
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-from train.agent import fairseq_train
+from train.agent import comm_local_sgd
 
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
-fairseq_train.local_sgd_state_in_checkpoints()
-fairseq_train.local_sgd_synchronous_start()
-fairseq_train.local_sgd_agrees_on_overflow()
-fairseq_train.local_sgd_saves_the_average()
+comm_local_sgd.local_sgd_state_in_checkpoints()
+comm_local_sgd.local_sgd_synchronous_start()
+comm_local_sgd.local_sgd_agrees_on_overflow()
+comm_local_sgd.local_sgd_saves_the_average()
 
 
 class Plain(FairseqOptimizer):
@@ -219,9 +219,9 @@ def test_every_checkpoint_save_is_a_sync_whatever_h_is():
             params[0].grad = torch.full((4,), 0.1 if rank == 0 else 0.3)
             bmuf.step()
         differed = params[0].tolist()
-        synced = fairseq_train.sync_before_save(bmuf)
+        synced = comm_local_sgd.sync_before_save(bmuf)
         bmuf.set_num_updates(10)
-        again = fairseq_train.sync_before_save(bmuf)  # a sync update: BMUF's own step synced already
+        again = comm_local_sgd.sync_before_save(bmuf)  # a sync update: BMUF's own step synced already
         print(synced, again, differed[0] != 0.0, params[0].tolist())
     """)
     assert a == b, (a, b)

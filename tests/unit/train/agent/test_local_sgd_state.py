@@ -22,9 +22,9 @@ import torch.distributed as dist
 from fairseq.optim import FairseqOptimizer
 from fairseq.optim.bmuf import FairseqBMUF
 
-from train.agent import fairseq_train
+from train.agent import comm_local_sgd
 
-fairseq_train.local_sgd_state_in_checkpoints()
+comm_local_sgd.local_sgd_state_in_checkpoints()
 
 
 class Plain(FairseqOptimizer):
@@ -108,7 +108,7 @@ def test_the_first_updates_average_the_gradients_then_each_rank_steps_alone():
         import os
 
         os.environ["TANDEM_LOCAL_SGD_SYNC_UPDATES"] = "2"
-        fairseq_train.local_sgd_synchronous_start()
+        comm_local_sgd.local_sgd_synchronous_start()
         param = torch.nn.Parameter(torch.zeros(3))
         bmuf = bmuf_around([param])
         calls = []

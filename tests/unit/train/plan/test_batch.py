@@ -8,8 +8,8 @@ import pytest
 
 from train.cluster import Host
 from train.plan import batch, mfu
+from train.recipe.params import preset_params
 from train.run import batching, presets
-from train.run.params import preset_params
 from train.run.preflight import memory_problem
 from train.run.record import Run
 

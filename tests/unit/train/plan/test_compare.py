@@ -8,7 +8,7 @@ import pytest
 
 from train.cluster import ClusterError, Host, load_hosts
 from train.plan import compare, predict, price
-from train.run.params import transformer_params
+from train.recipe.params import transformer_params
 
 TINY = 296_448  # bench-step, tiny: C 0.165 s
 TINY_13X = 3_938_304  # bench-step, 13× tiny: C 0.848 s on the quiet machine

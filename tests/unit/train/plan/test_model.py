@@ -16,7 +16,7 @@ from train.plan.model import (
     sweep,
     update_freq_for_efficiency,
 )
-from train.run.params import preset_params, transformer_params
+from train.recipe.params import preset_params, transformer_params
 from train.run.presets import PRESETS
 
 BASE = 61_000_000
@@ -133,6 +133,19 @@ def test_parameter_count_matches_fairseq():
         model = TransformerModel.build_model(args, task)
         built = sum(p.numel() for p in model.parameters())
         assert preset_params(options, vocab) == built, preset
+        # and tensor by tensor: the shapes a strategy's bytes follow from (PowerSGD's low-rank factors)
+        assert sorted(preset_params(options, vocab).shapes) == sorted(tuple(p.shape) for p in model.parameters())
+
+
+def test_the_count_keeps_its_shapes_through_copies_and_json():
+    import copy
+    import json
+    import pickle
+
+    count = preset_params(PRESETS["tiny"], 984)
+    for again in (copy.deepcopy(count), pickle.loads(pickle.dumps(count))):
+        assert again == count and again.shapes == count.shapes
+    assert json.loads(json.dumps({"params": count})) == {"params": 296_448}
 
 
 def test_tiny_matches_the_count_fairseq_logged():

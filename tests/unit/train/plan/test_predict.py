@@ -9,7 +9,7 @@ import pytest
 
 from train.cluster import ClusterError, GroupResult, Host, HostResult
 from train.plan import measurements, predict
-from train.run.params import transformer_params
+from train.recipe.params import transformer_params
 
 
 def hosts(expected=1000):
@@ -64,8 +64,12 @@ def test_a_network_bound_sync_verdict_names_the_comm_that_reaches_90_percent():
     v = predict.assess(two, params, link_mbps=100.0, link_source="given", compute_s=0.6, compute_source="given",
                        precision="fp16", overlap=0.6)
     assert v.network_bound and v.comm == "sync"
-    assert v.choice and v.choice.comm.startswith("local-sgd:") and v.choice.reached
-    assert any(line.startswith(f"{v.choice.flag()} would reach 90%") for line in v.lines), v.lines
+    assert v.choice and v.choice.comm == "powersgd:4" and v.choice.reached  # before local SGD on the ladder
+    bare = predict.assess(two, int(params), link_mbps=100.0, link_source="given", compute_s=0.6,
+                          compute_source="given", precision="fp16", overlap=0.6)  # no shapes: no PowerSGD
+    assert bare.choice and bare.choice.comm.startswith("local-sgd:") and bare.choice.reached
+    assert any(line.startswith(f"{v.choice.flag()} would reach 100%") for line in v.lines), v.lines
+    assert any(line.startswith(f"{bare.choice.flag()} would reach 90%") for line in bare.lines), bare.lines
     auto = predict.assess(two, params, link_mbps=100.0, link_source="given", compute_s=0.6,
                           compute_source="given", precision="fp16", overlap=0.6, comm="auto")
     assert auto.comm == v.choice.comm and not auto.network_bound

@@ -8,9 +8,10 @@ import shlex
 import pytest
 
 from train.plan import model
-from train.run.comm import CommError, Strategy
+from train.recipe import strategies
+from train.recipe.params import transformer_params
+from train.recipe.strategies import CommError
 from train.run.command import launches, training_command
-from train.run.params import transformer_params
 from train.run.presets import resolve
 
 TINY = resolve("tiny")
@@ -29,12 +30,12 @@ def _value(argv: list[str], flag: str) -> str:
 
 
 def test_strategies_parse_and_print_back():
-    assert str(Strategy.parse(None)) == "sync"
-    assert str(Strategy.parse("local-sgd")) == "local-sgd:16"
-    assert Strategy.parse("LOCAL-SGD:32").period == 32
+    assert str(strategies.parse(None)) == "sync"
+    assert str(strategies.parse("local-sgd")) == "local-sgd:16"
+    assert strategies.parse("LOCAL-SGD:32").period == 32
     for bad in ("gossip", "local-sgd:1", "local-sgd:x", "fp16:4"):
         with pytest.raises(CommError, match="--comm"):
-            Strategy.parse(bad)
+            strategies.parse(bad)
 
 
 def test_sync_keeps_the_cpu_default_and_fp16_compresses_through_pytorch_ddp():
@@ -125,10 +126,10 @@ def test_local_sgd_states_the_gpu_memory_it_needs_beyond_sync():
 
     big = presets.resolve("transformer_vaswani_wmt_en_de_big").options
     params = 209e6
-    local = Strategy.parse("local-sgd:16")
+    local = strategies.parse("local-sgd:16")
     assert local.extra_bytes_per_param(big) * params / 1e9 < 1
     assert local.extra_bytes_per_param({**big, "block_momentum": 0.5}) * params / 1e9 > 3.3
-    assert Strategy.parse("sync").extra_bytes_per_param(big) == 0
+    assert strategies.parse("sync").extra_bytes_per_param(big) == 0
     lines = slow_link_lines(int(params), 16, 10, big, "local-sgd:16")
     assert "0.84 GB more memory per GPU" in lines[-1]
     assert re.search(r"collective timeout .*: \d{4} s for a 836 MB all-reduce over 16 ranks at 10 Mbit/s", lines[0])
