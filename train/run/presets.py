@@ -17,9 +17,9 @@ Presets:
   with a 32k joint vocabulary; lr 7e-4, 4000 warmup updates; 32,768 tokens per update (RECIPES);
   100,000 updates, the paper's (3.3 B tokens: ≈ 21 WMT16 epochs, by big's 70 in 11 B).
 - `transformer_vaswani_wmt_en_de_big`: Transformer big as in fairseq's "Scaling NMT"
-  recipe (Ott et al. 2018): lr 1e-3 (its rate for big batches), dropout 0.3; 458,752 tokens per update, as their 8-GPU run
-  (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs); 24,000 updates, where their
-  large-batch run reached 29.3 BLEU (11 B tokens, ≈ 70 epochs).
+  recipe (Ott et al. 2018): lr 1e-3 (its rate for big batches), dropout 0.3; 458,752 tokens per
+  update, as their 8-GPU run (3,584 tokens per GPU, `--update-freq 16` to simulate 128 GPUs);
+  24,000 updates, where their large-batch run reached 29.3 BLEU (11 B tokens, ≈ 70 epochs).
 
 max_tokens is the batch of a CPU host (and the cap where GPU memory is not known yet); on GPUs
 `fab train` derives max_tokens and update_freq from tokens_per_update (train.run.batching).
