@@ -7,44 +7,70 @@ the preset's tokens per update (train.run.presets.RECIPES).
 
 Memory model: the peak GPU memory of a rank (GiB, as NVML counts it: the allocator's pool, its
 fragmentation and the CUDA context included) = the static part (parameters x bytes per parameter of
-precision and optimizer) + max_tokens x bytes per token: BYTES_PER_TOKEN_VOCAB per vocabulary entry
-(logits, log-probabilities and their gradients) and BYTES_PER_TOKEN_WIDTH per layer and model
+precision and optimizer) + max_tokens x bytes per token: BYTES_PER_TOKEN's first figure per
+vocabulary entry (logits, log-probabilities and their gradients) and its second per layer and model
 dimension (activations kept for the backward pass, attention's scores included: with two
 architectures measured, heads and sentence length cannot be told from width).
 
-The fit (`fit`, over MEASURED) is an upper envelope, not a least-squares line: the per-token bytes
-are the least whose line lies on or above every measured peak. A peak is the worst batch a run met
-(the longest sentences make the largest attention scores) plus what the caching allocator kept
-from earlier shapes, and a run of hours meets more batches than a benchmark's hundreds: big at
-40,960 x 1 (100 batches) peaked at 44.1 GiB, at 57,344 x 8 (480 batches) at 134.7. A fit through
-the middle of such points under-predicts the runs that met more (the old one: +25.7% on the H200,
-5 GiB from the card's end). Model against each measured peak (+: over-predicts; 0%: the points that
-set the fit):
+The allocator matters as much as the batch: GPU ranks run torch's caching allocator with expandable
+segments (train.run.command.environment), and at the same batch on one H100 the default allocator
+peaked 60% (big fp16 26,985 x 17: 48.1 GiB against 30.0) and 83% higher (base 32,768: 44.4 against
+24.3): most likely blocks it reserved for one batch's shapes and could not reuse for the next's.
+Each row of MEASURED says its allocator, each allocator has its own fit (BYTES_PER_TOKEN), and
+every function here takes the one the ranks will get from fab train's environment (`allocator_of`:
+expandable segments unless the user's PYTORCH_CUDA_ALLOC_CONF leaves them out), so a user who
+sets torch's defaults is sized by the default allocator's rows.
 
-    run                         card   measured   model   error
-    base fp16   4,096 x 1       H100      5.7       8.2    +44%
-    base fp16  16,384 x 1       H100     29.5      29.5     +0%  (sets base's bytes a token)
-    base fp16  32,768 x 1       H100     46.0      57.9    +26%  (twice: 300 and 600 updates)
-    base fp16  32,768 x 1       H200     46.1      57.9    +26%
-    big  fp16   3,584 x 1       H100     10.4      12.1    +16%
-    big  fp16  10,240 x 1       H100     20.4      27.3    +34%
-    big  bf16  10,240 x 1       H100     21.4      27.3    +27%
-    big  fp16  20,480 x 1       H100     43.8      50.6    +16%
-    big  fp16  30,583 x 15      H100     63.8      73.7    +16%
-    big  fp16  40,960 x 1       H200     44.1      97.4   +121%  (100 batches)
-    big  fp16  57,344 x 8       H200    134.7     134.8     +0%  (sets big's)
+The fit (`fit(MEASURED)`: expandable segments; `fit(MEASURED, DEFAULT)`) is an upper envelope, not a
+least-squares line: the per-token bytes are the least whose line lies on or above every measured
+peak. A peak is the worst batch a run met (the longest sentences make the largest attention scores)
+plus, with the default allocator, what it kept from earlier shapes; a run of hours meets more
+batches than a benchmark's hundreds: with the default allocator big at 40,960 x 1 (100 batches)
+peaked at 44.1 GiB, at 57,344 x 8 (480 batches) at 134.7. Model against each measured peak, each
+row by its allocator's fit (+: over-predicts; 0%: the points that set the fit):
+
+    allocator   run                          card   measured   model   error
+    expandable  big  fp16  26,985 x 17       H100     30.0      30.1     +0%  (sets big's; 510 batches)
+    expandable  big  bf16  26,985 x 17       H100     29.7      30.1     +1%
+    expandable  big  fp16  26,985 x 17       H100     28.1      30.1     +7%  (memory_efficient_fp16)
+    expandable  base fp16  32,768 x 1        H100     24.3      24.4     +0%  (sets base's; 300 batches)
+    default     base fp16   4,096 x 1        H100      5.7       8.2    +44%
+    default     base fp16  16,384 x 1        H100     29.5      29.5     +0%  (sets base's)
+    default     base fp16  32,768 x 1        H100     46.0      57.9    +26%  (twice: 300 and 600 updates)
+    default     base fp16  32,768 x 1        H200     46.1      57.9    +26%
+    default     base fp16  32,768 x 1        H100     44.5      57.9    +30%  (issue 36's -before run)
+    default     big  fp16   3,584 x 1        H100     10.4      12.1    +16%
+    default     big  fp16  10,240 x 1        H100     20.4      27.3    +34%
+    default     big  bf16  10,240 x 1        H100     21.4      27.3    +27%
+    default     big  fp16  20,480 x 1        H100     43.8      50.6    +16%
+    default     big  fp16  26,985 x 17       H100     48.1      65.5    +36%  (issue 36's -before run)
+    default     big  fp16  30,583 x 15       H100     63.8      73.7    +16%
+    default     big  fp16  40,960 x 1        H200     44.1      97.4   +121%  (100 batches)
+    default     big  fp16  57,344 x 8        H200    134.7     134.8     +0%  (sets big's)
+
+With expandable segments one batch per architecture is measured so far, so the fit meets both
+points and says nothing yet of other batches: below them (16-40 GB cards) it is a straight line
+towards the static bytes, measured nowhere. The CUDA context and workspaces (not measured apart),
+which the two points fold into the bytes a token, are what RESERVED_GIB covers there.
 
 MARGIN on top: the derived batch's predicted peak x MARGIN + RESERVED_GIB fits the card
-(`headroom_gib`: what it leaves), for what a run of hours may meet beyond any benchmark. 1.15: the
-highest row's bytes a token (big at 57,344 x 8) are 16% above the next (30,583 x 15, 20,480 x 1);
-another such step beyond the highest measured still fits.
+(`headroom_gib`: what it leaves), for what a run of hours may meet beyond any benchmark. 1.15, kept
+from the default allocator's rows, the only ones with several batches and run lengths: the highest
+row's bytes a token (big at 57,344 x 8) are 16% above the next (30,583 x 15, 20,480 x 1), and
+another such step beyond the highest measured still fits. Under expandable segments the spread at
+one batch is smaller (28.1-30.0 GiB for big's fp16, bf16 and memory-efficient fp16, 7%); a longer
+run under them (hours, the whole corpus's longest sentences) is what would say whether 1.15 can
+shrink.
 
-Extrapolation is refused: the derived max_tokens is at most the largest measured for the arch and
-precision (`measured_cap`; fp16 and bf16 hold the same bytes and share their rows): the model of a
-batch larger than any measured is a guess, and the largest batch (on the H200) is where the old
-model fell 25.7% short.
-New measurements (benchmarks.gpu's `gpu_mem_peak_mb`, with the allocator tandem now configures:
-train.run.command.environment) are rows of MEASURED; `fit(MEASURED)` then gives the constants
+Extrapolation is refused: the derived max_tokens is at most the largest measured with the
+allocator for the arch and precision (`measured_cap`; fp16 and bf16 hold the same bytes and share
+their rows): 26,985 for big and 32,768 for base under expandable segments (57,344 and 32,768 under
+the default allocator). The model of a batch larger than any measured is a guess, and the largest
+batch (on the H200) is where the older, least-squares model fell 25.7% short. On cards that would
+hold more (big on a 40 GB card and up), the batch grows when a larger one is measured under
+expandable segments.
+New measurements (benchmarks.gpu's `gpu_mem_peak_mb`, in MiB: a row's GiB is it / 1024, with the
+allocator the run had) are rows of MEASURED; `fit(MEASURED, allocator)` then gives the constants
 (tests/unit/train/plan/test_batch.py checks that they are the fit's).
 """
 
@@ -52,11 +78,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..recipe.params import ARCH_DIMS, preset_params
+from ..run.command import ALLOC_CONF, ALLOCATOR
 
 # Bytes a parameter takes on the GPU: fairseq's fp16/bf16 optimizer keeps the half-precision weights
 # and gradients (2 + 2) beside fp32 master weights and gradients (4 + 4) and Adam's two moments (8).
@@ -65,8 +93,12 @@ BYTES_PER_PARAM = {("fp16", "adam"): 20, ("bf16", "adam"): 20, ("fp32", "adam"):
 # Activations of fp32 training take 4 bytes where fp16/bf16 take 2: twice the measured half-precision
 # bytes is an upper bound (the loss's fp32 part is the same in both). fp32 itself is not measured.
 ACTIVATION_SCALE = {"fp16": 1.0, "bf16": 1.0, "fp32": 2.0}
-BYTES_PER_TOKEN_VOCAB = 39.7  # fit(MEASURED), rounded up: per vocabulary entry
-BYTES_PER_TOKEN_WIDTH = 96.1  # fit(MEASURED), rounded up: per (encoder + decoder layers) x model dimension
+# torch's caching allocator: with expandable segments (what tandem gives GPU ranks: train.run.command) or
+# with its defaults (a user's PYTORCH_CUDA_ALLOC_CONF without them); each has its own rows and fit
+EXPANDABLE, DEFAULT = "expandable", "default"
+# fit(MEASURED, allocator), rounded up: bytes a token per vocabulary entry, and per (encoder + decoder
+# layers) x model dimension
+BYTES_PER_TOKEN = {EXPANDABLE: (15.1, 45.5), DEFAULT: (39.7, 96.1)}
 MARGIN = 1.15  # the predicted peak x MARGIN must fit: beyond the envelope of every measured peak
 RESERVED_GIB = 1.0  # other processes, NCCL's buffers (the measured runs had one GPU): what a batch may not count on
 GIB = 2**30
@@ -87,26 +119,38 @@ class Measured(NamedTuple):
     gib: float
     card: str
     source: str
+    allocator: str  # EXPANDABLE or DEFAULT: what the run's PYTORCH_CUDA_ALLOC_CONF gave it
 
 
 _README = "benchmarks/README.md 'Batch size, after the fix'"
 _ISSUE = "issue 36 (main 0d9d639, preset defaults)"
-# With the caching allocator's defaults (before expandable segments), 300 updates unless said. Rows
-# measured with expandable segments (what training runs with now) may replace these: the fit is
-# the envelope of whatever rows are here.
+_ISSUE36 = "benchmarks/README.md 'Issue 36 (2026-11-26)'"
+# 300 updates unless said. The default allocator's rows are kept for a user who sets
+# PYTORCH_CUDA_ALLOC_CONF without expandable segments (fit(MEASURED, DEFAULT)).
 MEASURED: list[Measured] = [
-    Measured(BASE, "fp16", 4096, 1, 5.7, H100, f"{_README}, base-fp16-4k (the profiled run)"),
-    Measured(BASE, "fp16", 16384, 1, 29.5, H100, f"{_README}, base-fp16-16k (maybe with a previous run's memory)"),
-    Measured(BASE, "fp16", 32768, 1, 46.0, H100, f"{_README}, base-fp16-32k"),
-    Measured(BASE, "fp16", 32768, 1, 46.0, H100, f"{_ISSUE}, base-fp16, 600 updates"),
-    Measured(BASE, "fp16", 32768, 1, 46.1, H200, f"{_ISSUE}, base-fp16, 600 updates"),
-    Measured(BIG, "fp16", 3584, 1, 10.4, H100, f"{_README}, big-fp16-3.5k"),
-    Measured(BIG, "fp16", 10240, 1, 20.4, H100, f"{_README}, big-fp16-10k"),
-    Measured(BIG, "bf16", 10240, 1, 21.4, H100, f"{_README}, big-bf16-10k"),
-    Measured(BIG, "fp16", 20480, 1, 43.8, H100, f"{_README}, big-fp16-20k"),
-    Measured(BIG, "fp16", 30583, 15, 63.8, H100, f"{_ISSUE}, big-fp16, 60 updates (900 batches)"),
-    Measured(BIG, "fp16", 40960, 1, 44.1, H200, f"{_ISSUE}, big-fp16-40k, 100 updates"),
-    Measured(BIG, "fp16", 57344, 8, 134.7, H200, f"{_ISSUE}, big-fp16, 60 updates (480 batches)"),
+    # expandable segments (what tandem's GPU ranks run with), one H100, the batch fab train derived then
+    Measured(BIG, "fp16", 26985, 17, 30.01, H100, f"{_ISSUE36}, big-fp16-after, 30 updates (510 batches)",
+             EXPANDABLE),
+    Measured(BIG, "bf16", 26985, 17, 29.68, H100, f"{_ISSUE36}, big-bf16-after, 30 updates", EXPANDABLE),
+    Measured(BIG, "fp16", 26985, 17, 28.09, H100, f"{_ISSUE36}, big-fp16-mefp16 (memory_efficient_fp16), 30 updates",
+             EXPANDABLE),
+    Measured(BASE, "fp16", 32768, 1, 24.31, H100, f"{_ISSUE36}, base-fp16-after", EXPANDABLE),
+    # torch's default allocator
+    Measured(BASE, "fp16", 4096, 1, 5.7, H100, f"{_README}, base-fp16-4k (the profiled run)", DEFAULT),
+    Measured(BASE, "fp16", 16384, 1, 29.5, H100, f"{_README}, base-fp16-16k (maybe with a previous run's memory)",
+             DEFAULT),
+    Measured(BASE, "fp16", 32768, 1, 46.0, H100, f"{_README}, base-fp16-32k", DEFAULT),
+    Measured(BASE, "fp16", 32768, 1, 46.0, H100, f"{_ISSUE}, base-fp16, 600 updates", DEFAULT),
+    Measured(BASE, "fp16", 32768, 1, 46.1, H200, f"{_ISSUE}, base-fp16, 600 updates", DEFAULT),
+    Measured(BASE, "fp16", 32768, 1, 44.45, H100, f"{_ISSUE36}, base-fp16-before", DEFAULT),
+    Measured(BIG, "fp16", 3584, 1, 10.4, H100, f"{_README}, big-fp16-3.5k", DEFAULT),
+    Measured(BIG, "fp16", 10240, 1, 20.4, H100, f"{_README}, big-fp16-10k", DEFAULT),
+    Measured(BIG, "bf16", 10240, 1, 21.4, H100, f"{_README}, big-bf16-10k", DEFAULT),
+    Measured(BIG, "fp16", 20480, 1, 43.8, H100, f"{_README}, big-fp16-20k", DEFAULT),
+    Measured(BIG, "fp16", 26985, 17, 48.15, H100, f"{_ISSUE36}, big-fp16-before, 30 updates (510 batches)", DEFAULT),
+    Measured(BIG, "fp16", 30583, 15, 63.8, H100, f"{_ISSUE}, big-fp16, 60 updates (900 batches)", DEFAULT),
+    Measured(BIG, "fp16", 40960, 1, 44.1, H200, f"{_ISSUE}, big-fp16-40k, 100 updates", DEFAULT),
+    Measured(BIG, "fp16", 57344, 8, 134.7, H200, f"{_ISSUE}, big-fp16, 60 updates (480 batches)", DEFAULT),
 ]
 
 
@@ -124,19 +168,36 @@ def _measured_options(arch: str) -> dict[str, object]:
     return {"arch": arch, "share_all_embeddings": True}
 
 
-def fit(rows: Iterable[Measured]) -> tuple[float, float]:
-    """(bytes a token per vocabulary entry, per layer x width): the least per-token bytes whose model
-    lies on or above every row, least in the sum of the model's ratios to the rows. A linear program
-    in two unknowns, solved at its corners: each pair of rows (or a row and an axis) met exactly."""
+def allocator_of(env: Mapping[str, str] | None = None) -> str:
+    """The allocator GPU ranks get from `env` (default: the environment fab train runs in), as
+    train.run.command.environment gives it: expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set
+    without `expandable_segments:True` (set empty: torch's defaults)."""
+    conf = (os.environ if env is None else env).get(ALLOC_CONF, ALLOCATOR)
+    return EXPANDABLE if "expandable_segments:True" in conf.replace(" ", "").split(",") else DEFAULT
+
+
+def _allocator(allocator: str | None) -> str:
+    if allocator is None:
+        return allocator_of()
+    if allocator not in BYTES_PER_TOKEN:
+        raise ValueError(f"allocator {allocator!r}: {EXPANDABLE!r} or {DEFAULT!r}")
+    return allocator
+
+
+def fit(rows: Iterable[Measured], allocator: str = EXPANDABLE) -> tuple[float, float]:
+    """(bytes a token per vocabulary entry, per layer x width) of the rows measured with `allocator`:
+    the least per-token bytes whose model lies on or above every such row, least in the sum of the
+    model's ratios to the rows. A linear program in two unknowns, solved at its corners: each pair of
+    rows (or a row and an axis) met exactly."""
     needs = []  # (bytes a token per vocab coefficient, per layer-width coefficient, bytes to cover, measured)
-    for r in rows:
+    for r in (r for r in rows if r.allocator == _allocator(allocator)):
         options = _measured_options(r.arch)
         static = preset_params(options, FIT_VOCAB) * BYTES_PER_PARAM[(r.precision, "adam")]
         layers, width = _dims(options)
         scale = r.max_tokens * ACTIVATION_SCALE[r.precision]
         needs.append((FIT_VOCAB * scale, layers * width * scale, r.gib * GIB - static, r.gib * GIB))
     if not needs:
-        raise ValueError("no measured peaks to fit")
+        raise ValueError(f"no peaks measured with the {allocator} allocator to fit")
     lines = [(v, w, need) for v, w, need, _ in needs] + [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]  # and a, b >= 0
     best: tuple[float, float, float] | None = None
     for (v1, w1, n1), (v2, w2, n2) in itertools.combinations(lines, 2):
@@ -161,17 +222,21 @@ def static_gib(params: int, precision: str = "fp16", optimizer: str = "adam", ex
     return params * (BYTES_PER_PARAM[key] + extra_per_param) / GIB
 
 
-def bytes_per_token(options: Mapping[str, object], vocab: int, precision: str = "fp16") -> float:
+def bytes_per_token(options: Mapping[str, object], vocab: int, precision: str = "fp16",
+                    allocator: str | None = None) -> float:
+    """`allocator`: EXPANDABLE or DEFAULT; None, the one the ranks get from fab train's environment
+    (allocator_of), as in every function below."""
     layers, width = _dims(options)
-    return (BYTES_PER_TOKEN_VOCAB * vocab + BYTES_PER_TOKEN_WIDTH * layers * width) * ACTIVATION_SCALE[precision]
+    per_vocab, per_width = BYTES_PER_TOKEN[_allocator(allocator)]
+    return (per_vocab * vocab + per_width * layers * width) * ACTIVATION_SCALE[precision]
 
 
 def peak_gib(options: Mapping[str, object], vocab: int, max_tokens: int, precision: str = "fp16",
-             extra_per_param: int = 0) -> float:
+             extra_per_param: int = 0, allocator: str | None = None) -> float:
     """Predicted peak GPU memory of one rank training with `max_tokens` (no margin)."""
     params = preset_params(options, vocab)
     return static_gib(params, precision, str(options.get("optimizer", "adam")), extra_per_param) + \
-        max_tokens * bytes_per_token(options, vocab, precision) / GIB
+        max_tokens * bytes_per_token(options, vocab, precision, allocator) / GIB
 
 
 def headroom_gib(peak: float) -> float:
@@ -181,39 +246,41 @@ def headroom_gib(peak: float) -> float:
 
 
 def fits(options: Mapping[str, object], vocab: int, max_tokens: int, gpu_gib: float, precision: str = "fp16",
-         extra_per_param: int = 0) -> bool:
-    peak = peak_gib(options, vocab, max_tokens, precision, extra_per_param)
+         extra_per_param: int = 0, allocator: str | None = None) -> bool:
+    peak = peak_gib(options, vocab, max_tokens, precision, extra_per_param, allocator)
     return peak + headroom_gib(peak) <= gpu_gib
 
 
 def measured_cap(options: Mapping[str, object], precision: str = "fp16",
-                 rows: Iterable[Measured] = MEASURED) -> tuple[int, str]:
-    """The largest max_tokens measured for the options' arch at the precision (fp16 and bf16 together:
-    the same bytes), and where it comes from; an arch or precision without rows: the arch's largest,
-    else the largest of any."""
+                 rows: Iterable[Measured] = MEASURED, allocator: str | None = None) -> tuple[int, str]:
+    """The largest max_tokens measured with the allocator for the options' arch at the precision (fp16
+    and bf16 together: the same bytes), and where it comes from; an arch or precision without rows:
+    the arch's largest, else the largest of any."""
     arch = str(options.get("arch", "transformer"))
-    rows = list(rows)
+    allocator = _allocator(allocator)
+    rows = [r for r in rows if r.allocator == allocator]
     half = ACTIVATION_SCALE[precision]
     for found, said in (([r for r in rows if r.arch == arch and ACTIVATION_SCALE[r.precision] == half], ""),
                         ([r for r in rows if r.arch == arch], f", {precision} not measured"),
                         (rows, f", {arch} not measured")):
         if found:
             top = max(found, key=lambda r: r.max_tokens)
-            return top.max_tokens, f"the largest measured ({top.arch} {top.precision} on {top.card}{said})"
-    raise ValueError("no measured peaks")
+            segments = "expandable segments" if allocator == EXPANDABLE else "torch's default allocator"
+            return top.max_tokens, f"the largest measured ({top.arch} {top.precision} on {top.card}, {segments}{said})"
+    raise ValueError(f"no peaks measured with the {allocator} allocator")
 
 
 def largest_max_tokens(options: Mapping[str, object], vocab: int, gpu_gib: float, precision: str = "fp16",
-                       multiple: int = 256, extra_per_param: int = 0) -> int:
-    """The largest max_tokens (a multiple of `multiple`) predicted to fit `gpu_gib` with the margin and
-    at most the largest measured (measured_cap); 0 when not even the model fits."""
+                       multiple: int = 256, extra_per_param: int = 0, allocator: str | None = None) -> int:
+    """The largest max_tokens predicted to fit `gpu_gib` with the margin (a multiple of `multiple`) and
+    at most the largest measured (measured_cap, as measured); 0 when not even the model fits."""
     params = preset_params(options, vocab)
     room = (gpu_gib - RESERVED_GIB) / MARGIN - static_gib(params, precision, str(options.get("optimizer", "adam")),
                                                           extra_per_param)
     if room <= 0:
         return 0
-    by_memory = int(room * GIB / bytes_per_token(options, vocab, precision))
-    return min(by_memory, measured_cap(options, precision)[0]) // multiple * multiple
+    by_memory = int(room * GIB / bytes_per_token(options, vocab, precision, allocator))
+    return min(by_memory // multiple * multiple, measured_cap(options, precision, allocator=allocator)[0])
 
 
 @dataclass(frozen=True)
@@ -246,9 +313,10 @@ class Batch:
 
 def derive(target: int | None, ranks: int, cap: int, *, max_tokens: int | None = None,
            update_freq: int | None = None, why: str = "") -> Batch:
-    """The batch for `ranks` ranks: update_freq = ⌈target / (cap x ranks)⌉, then max_tokens lowered to
-    target / (update_freq x ranks), so the product is within one token per rank-batch of the target
-    (within 5% unless ranks x update_freq is near the target itself). A `max_tokens` or `update_freq`
+    """The batch for `ranks` ranks: update_freq the least whose max_tokens, ⌊target / (update_freq x
+    ranks)⌋, is within the cap, so the product is within one token per rank-batch of the target
+    (within 5% unless ranks x update_freq is near the target itself): big's 458,752 on one H100 is
+    the measured 26,985 x 17 (458,745), not 25,486 x 18. A `max_tokens` or `update_freq`
     given by the user wins: the other follows from it; both given, both stay."""
     if ranks < 1 or cap < 1:
         raise ValueError(f"ranks and the max_tokens cap must be positive, not {ranks} and {cap}")
@@ -262,5 +330,7 @@ def derive(target: int | None, ranks: int, cap: int, *, max_tokens: int | None =
         max_tokens = max(1, min(cap, target // (update_freq * ranks)))
     else:
         update_freq = max(1, math.ceil(target / (cap * ranks)))
+        while update_freq > 1 and target // ((update_freq - 1) * ranks) <= cap:
+            update_freq -= 1  # the product a few tokens short of the target, one pass fewer
         max_tokens = max(1, min(cap, target // (update_freq * ranks)))
     return Batch(int(max_tokens), int(update_freq), ranks, target, cap, why)  # type: ignore[arg-type]

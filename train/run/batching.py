@@ -56,6 +56,8 @@ def cap(run: Run, hosts: Sequence[Host], gpu_gib: Mapping[str, float] | None = N
     extra = comm_extra_per_param(run)
     largest = batch_model.largest_max_tokens(options, VOCAB, gib, run.precision, extra_per_param=extra)
     beside = f", {run.comm}'s {extra} B a parameter" if extra else ""
+    if batch_model.allocator_of() == batch_model.DEFAULT:  # PYTORCH_CUDA_ALLOC_CONF set without expandable segments
+        beside += ", torch's default allocator"
     measured, said = batch_model.measured_cap(options, run.precision)
     if largest == measured:  # the GPU would hold more by the model: a batch never measured is not derived
         return largest, f"{said}; {name}'s {gib:.0f} GiB GPU would hold more by the memory model"
