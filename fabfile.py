@@ -18,12 +18,12 @@ from train import exits, options
 from train import version as tandem_version
 from train.agent.nccl_sockets import option as nccl_sockets_option
 from train.recipe import strategies
+from train.recipe.record import Run
+from train.remote import venv_of
 from train.run import checkpoints, launch, logtail, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
-from train.run.record import Run
-from train.run.remote import venv_of
 from train.tasks import bad_input_exits_2, cluster_task, console, known_hosts, task
 
 bad_input_exits_2(fabric.main.program)  # an unknown option is bad input too: exit 2, as a bad value

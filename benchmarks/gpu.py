@@ -31,8 +31,8 @@ import psutil
 from train.agent import profile, stop
 from train.plan import batch as batch_model
 from train.plan import mfu
-from train.report import logparse
-from train.run import command, presets
+from train.recipe import logformat, presets
+from train.run import command
 
 BIG, BASE = "transformer_vaswani_wmt_en_de_big", "transformer_wmt_en_de"
 BIG_30 = ["max_update=30", "log_interval=2", "no_save=true"]  # ~2 s an update at the recipe's batch
@@ -147,7 +147,7 @@ def while_busy(util: list[float]) -> list[float]:
 
 def figures(log_text: str, samples: list[dict]) -> dict:
     """The run's medians over its second half (the warm part), and its GPU samples."""
-    log = logparse.parse_log(log_text.splitlines())
+    log = logformat.parse_log(log_text.splitlines())
     last = max((r.update or 0) for r in log.of("train_inner")) if log.of("train_inner") else 0
     inner = [r for r in log.of("train_inner") if (r.update or 0) > last / 2]
     per_update = [r.get("wpb") / r.get("wps") for r in inner if r.get("wps") and r.get("wpb")]
@@ -156,7 +156,7 @@ def figures(log_text: str, samples: list[dict]) -> dict:
     return {
         "updates": max((r.update or 0) for r in log.records) if log.records else 0,
         "finished": log.finished,
-        "params": logparse.logged_params(log_text),
+        "params": logformat.logged_params(log_text),
         "s_per_update": statistics.median(per_update) if per_update else None,
         "wps": statistics.median([r.get("wps") for r in inner]) if inner else None,
         "wpb": statistics.median([r.get("wpb") for r in inner]) if inner else None,

@@ -39,8 +39,8 @@ from train.agent import allreduce, iperf, nccl_sockets
 from train.agent.allreduce import parse_size
 from train.cluster import ClusterError, Host, placement, run_all, run_each, world_size
 from train.plan import link, measurements
+from train.remote import venv_of
 from train.run.command import ENV_FILE
-from train.run.remote import venv_of
 
 # Each host's all_reduce output and pid file (the code is installed): one directory per login user, as the
 # iperf3 pid file (train.plan.link.iperf_pidfile): another user's (root's, a colleague's) is not writable.

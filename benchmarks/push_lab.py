@@ -12,6 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
+from train import peercopy
 from train.cluster import Host, load_hosts, run_all
 from train.plan import link
 from train.run import checkpoints
@@ -30,8 +31,8 @@ def sh(host: Host, command: str) -> str:
 def both_files_line(peers: list[Host]) -> str:
     """The push as it was: every file that exists, each sent as itself."""
     names = " ".join(f"{SAVE_DIR}/{name}" for name in checkpoints.CHECKPOINTS)
-    return checkpoints.to_peers_command("$files", SAVE_DIR, peers, tries=3,
-                                        prelude=f"files=$(ls {names} 2>/dev/null); ")
+    return peercopy.to_peers_command("$files", SAVE_DIR, peers, tries=3,
+                                     prelude=f"files=$(ls {names} 2>/dev/null); ")
 
 
 def measure(source: Host, peer: Host, mb: int) -> None:
@@ -45,7 +46,7 @@ def measure(source: Host, peer: Host, mb: int) -> None:
             sh(peer, f"rm -rf {SAVE_DIR}")
             sent = int(sh(source, f"cat /sys/class/net/{nic}/statistics/tx_bytes"))
             started = time.monotonic()
-            failed = checkpoints.copy_to_peers(source, [peer], line)
+            failed = peercopy.copy_to_peers(source, [peer], line)
             seconds = time.monotonic() - started
             sent = int(sh(source, f"cat /sys/class/net/{nic}/statistics/tx_bytes")) - sent
             digests = sh(peer, f"cd {SAVE_DIR} && sha256sum checkpoint_last.pt checkpoint_best.pt | cut -c1-64 | uniq")

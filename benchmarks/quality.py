@@ -21,7 +21,7 @@ train` starts one (preflight included) but without touching `reports/latest`; it
 its end and then stopped (train.run.launch.stop, which confirms no process is left), also on any
 error, Ctrl-C, SIGTERM or SIGHUP. The final valid loss, the run's options (use_bmuf,
 global_sync_iter, ddp_comm_hook, as fairseq logged them) and the loss curve come from rank 0's
-log (train.report.logparse); the bytes each host's NIC sent during the run (its tx counter before
+log (train.recipe.logformat); the bytes each host's NIC sent during the run (its tx counter before
 and after) show how much the strategy really exchanged.
 
 Report: reports/bench/quality-<time>.json and quality-latest.json (train.plan.measurements), and a
@@ -42,13 +42,12 @@ from datetime import UTC, datetime
 from train.cluster import ClusterError, Host, connect, run_all, world_size
 from train.exits import OptionError
 from train.plan import measurements
-from train.recipe import strategies
+from train.recipe import logformat, presets, strategies
+from train.recipe.record import Run
 from train.recipe.strategies import CommError
 from train.recipe.strategies import update_freq as update_freq_rung
-from train.report import logparse
-from train.run import command, launch, preflight, presets
-from train.run.record import Run
-from train.run.remote import agent_command, venv_of
+from train.remote import agent_command, venv_of
+from train.run import command, launch, preflight
 
 from .step import require_cluster, signals_ignored, signals_raise, tx_bytes
 
@@ -154,7 +153,7 @@ def logged_options(log_text: str) -> dict[str, object]:
     return out
 
 
-def samples_logged(log: logparse.Log) -> int | None:
+def samples_logged(log: logformat.Log) -> int | None:
     """Sentences trained, from the per-epoch `train` lines: Σ bsz × the epoch's updates. Exact when
     every update all-reduces its statistics (sync, fp16, update-freq); under BMUF rank 0 logs its own
     batch between syncs, so this undercounts there."""
@@ -168,14 +167,14 @@ def samples_logged(log: logparse.Log) -> int | None:
     return round(total) if last else None
 
 
-def loss_curve(log: logparse.Log) -> list[list[float]]:
+def loss_curve(log: logformat.Log) -> list[list[float]]:
     """[[update, training loss], ...] from the train_inner lines (rank 0's own between BMUF syncs)."""
     return [[r.update, r.get("loss")] for r in log.of("train_inner") if r.update and r.get("loss") is not None]
 
 
 def result_from_log(entry: Entry, updates: int, log_text: str) -> dict:
     """What one run's rank-0 log says: final valid loss at the last update, samples, options, curve."""
-    log = logparse.parse_log(log_text.splitlines())
+    log = logformat.parse_log(log_text.splitlines())
     valid = [r for r in log.of("valid") if r.get("loss") is not None]
     final = valid[-1] if valid else None
     options = logged_options(log_text)
@@ -194,7 +193,7 @@ def result_from_log(entry: Entry, updates: int, log_text: str) -> dict:
         # the ranks hold one model when it validates: every update syncs, or the last update is a BMUF sync
         "synced_at_end": strategy.synced_at_end(updates, options),
         "fairseq_options": options, "curve": loss_curve(log),
-        "params": logparse.logged_params(log_text),
+        "params": logformat.logged_params(log_text),
     }
 
 

@@ -51,15 +51,14 @@ from train.cluster import ClusterError, Host, connect, run_each, world_size
 from train.plan import link, measurements, model, predict
 from train.plan import mfu as flops
 from train.plan.predict import dataset_vocab
-from train.recipe import strategies
+from train.recipe import logformat, presets, strategies
 from train.recipe.params import preset_params
+from train.recipe.record import Run
 from train.recipe.strategies import CommError, Strategy
-from train.report import logparse
-from train.run import batching, launch, preflight, presets
+from train.remote import agent_command
+from train.run import batching, launch, preflight
 from train.run.command import default_precision
 from train.run.lease import HostLease
-from train.run.record import Run
-from train.run.remote import agent_command
 
 from .net import run_allreduce
 
@@ -283,7 +282,7 @@ class Follower:
         self.conn.close()
 
 
-def per_update(records: list[logparse.Record]) -> dict[int, dict[str, float]]:
+def per_update(records: list[logformat.Record]) -> dict[int, dict[str, float]]:
     """{update: {s, wps, wpb}} from log_interval=1 lines (s = wpb / wps)."""
     out = {}
     for r in records:
@@ -452,7 +451,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
 
 def finish(report: dict, log_text: str, rates: list[str], links: dict, effective: dict) -> dict:
     """The points (medians per rate from rank 0's log), the model's predictions, JSON and plot written."""
-    log = logparse.parse_log(log_text.splitlines())
+    log = logformat.parse_log(log_text.splitlines())
     comm = report.get("comm", "sync")
     average = statistics.mean if strategies.parse(comm).syncs_every > 1 else statistics.median
     points = summarize(rates, report["segments"], per_update(log.records), links, average)
@@ -469,7 +468,7 @@ def finish(report: dict, log_text: str, rates: list[str], links: dict, effective
                                                         update_freq=int(report.get("update_freq") or 1))
     now = datetime.now(UTC)
     report = {"benchmark": "bench-step", "timestamp": now.isoformat(timespec="seconds"), **report,
-              "params_logged": logparse.logged_params(log_text), "compute_s": compute_s, "overlap": overlap,
+              "params_logged": logformat.logged_params(log_text), "compute_s": compute_s, "overlap": overlap,
               "compute_from": compute_from, "points": points}
     path = measurements.write(report, "step", now)
     png = path.with_suffix(".png")

@@ -20,10 +20,9 @@ from .agent.allreduce import parse_size
 from .cluster import Host
 from .exits import OptionError
 from .plan.link import rate_bits
-from .recipe import strategies
-from .run import presets
+from .recipe import presets, strategies
+from .recipe.record import REPORTS
 from .run.checkpoints import BackupPolicy
-from .run.record import REPORTS
 
 Parser = Callable[[object], object]
 Values = Mapping[str, object]

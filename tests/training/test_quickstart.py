@@ -28,7 +28,7 @@ import pytest
 from labtools import TOP, ssh
 
 from benchmarks import wmt16_mirror
-from train.run.record import Run
+from train.recipe.record import Run
 
 SECTION = "## Your machines in 15 minutes"
 SKIPPED = ("git clone", "make setup")  # the session's checkout and .venv

@@ -16,7 +16,7 @@ from test_recipe_batch import TARGET, train_and_read
 from test_train import QUICK_HEARTBEAT, RUNS, inner_records, log_of, training_processes, wait_for_update
 
 from lab.config import LabConfig
-from train.report import logparse
+from train.recipe import logformat
 
 # Both runs: the undisturbed one is the disturbed one's reference. The validation loss of the lab's
 # tiny model falls steeply until ~250 updates (-6% every 10 at 150: a few updates of difference
@@ -49,7 +49,7 @@ def three_hosts(tmp_path_factory):
 
 
 def final_valid_loss(log: str) -> float:
-    valid = logparse.parse_log(log.splitlines()).of("valid")
+    valid = logformat.parse_log(log.splitlines()).of("valid")
     assert valid, "no validation in the log"
     return float(valid[-1].get("loss"))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import fabric.main
 import pytest
 
-from train.run.record import REPORTS, Run
+from train.recipe.record import REPORTS, Run
 
 TOP = Path(__file__).resolve().parents[2]
 FAB = str(Path(sys.executable).parent / "fab")

@@ -18,10 +18,14 @@ OWN = ("train", "benchmarks", "lab", "fabfile")  # tandem's top-level modules
 GRAPH = ("train", "benchmarks", "fabfile")  # whose imports must not go round in a circle
 LAYERS = {"train": ("benchmarks", "fabfile"), "benchmarks": ("fabfile",)}  # what each may not import
 # Packages inside train/, each with the packages above it that it may not import: what a run is
-# (train.recipe: the model's size, the communication strategies) sits below everything that plans,
-# starts, reports or watches one.
+# (train.recipe: the model's size, the communication strategies, the presets, the run record, the
+# fairseq log's format) sits below everything that plans, starts, reports or watches one; datasets
+# (train.data) are made and spread without a run; a run starts and is followed without its reports
+# (train.report reads runs, the arrow goes one way).
 TRAIN_LAYERS = {"train.recipe": ("train.run", "train.plan", "train.report", "train.watch", "train.data",
-                                 "train.agent")}
+                                 "train.agent"),
+                "train.data": ("train.run",),
+                "train.run": ("train.report",)}
 AGENT = "train.agent"  # runs on the hosts: with train/__init__, the only tandem code there (roles/train_env)
 # Tests import no `_name` of any tandem module, nor reach one by attribute
 # (`fabfile._pick_run(...)`, `plots._x`, `monkeypatch.setattr("fabfile._x", ...)`).
@@ -196,7 +200,10 @@ def test_imports_point_down():
 
 
 def test_packages_inside_train_import_down():
-    """train.recipe imports nothing of the packages above it (no arrow back up, so no circle through it)."""
+    """train.recipe imports nothing of the packages above it (no arrow back up, so no circle through it);
+    train.data nothing of train.run; train.run nothing of train.report."""
+    assert {"train.recipe.presets", "train.recipe.record", "train.recipe.logformat", "train.data.distribute",
+            "train.run.session"} <= set(modules())  # the walk found the packages the rules name
     assert any(name.startswith("train.recipe.strategies.") for name in modules())
     wrong = [f"{imp.where()}: {name} imports {imp.wanted}"
              for package, above in TRAIN_LAYERS.items()

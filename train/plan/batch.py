@@ -1,5 +1,5 @@
 """The recipe's batch on any cluster: max_tokens per GPU from a GPU memory model, update_freq from
-the preset's tokens per update (train.run.presets.RECIPES).
+the preset's tokens per update (train.recipe.presets.RECIPES).
 
     >>> b = derive(458752, ranks=2, cap=20480)  # big on 2 hosts x 1 H100
     >>> b.max_tokens, b.update_freq, b.tokens_per_update

@@ -270,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from train.recipe.params import preset_params
-    from train.run.presets import resolve
+    from train.recipe.presets import resolve
 
     parser = argparse.ArgumentParser(description="Every host subset x --comm, with hours and dollars.")
-    parser.add_argument("--preset", required=True, help="a train.run.presets preset")
+    parser.add_argument("--preset", required=True, help="a train.recipe.presets preset")
     parser.add_argument("--vocab", type=int, default=32000, help="joint dictionary size")
     parser.add_argument("--hosts", type=int, required=True)
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) per host")

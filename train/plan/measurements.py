@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from train.cluster import TOP
-from train.run import presets
+from train.recipe import presets
 
 REPORT_DIR = TOP / "reports" / "bench"
 

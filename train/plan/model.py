@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 
 from train.recipe import strategies
 from train.recipe.params import preset_params
-from train.run.presets import resolve
+from train.recipe.presets import resolve
 
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Predict seconds per update and the run's hours.")
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=float, help="parameters, e.g. 61e6")
-    size.add_argument("--preset", help="a train.run.presets preset (with --vocab)")
+    size.add_argument("--preset", help="a train.recipe.presets preset (with --vocab)")
     parser.add_argument("--vocab", type=int, default=32000, help="joint dictionary size (with --preset)")
     parser.add_argument("--ranks", type=int, required=True)
     parser.add_argument("--hosts", type=int, help="default: one rank per host")

@@ -34,12 +34,13 @@ import shlex
 from dataclasses import dataclass, field
 
 from train.cluster import ClusterError, Host, run_all, world_size
-from train.recipe import strategies
+from train.hostpaths import DATA_ROOT
+from train.recipe import presets, strategies
 from train.recipe.params import preset_params
+from train.recipe.record import Run
 from train.recipe.strategies import CommError
-from train.run import batching, presets
+from train.run import batching
 from train.run.command import default_precision
-from train.run.record import DATA_ROOT, Run
 
 from . import compare, link, measurements, model, price
 from .batch import Batch

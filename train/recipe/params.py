@@ -1,7 +1,7 @@
 """The one parameter count of a fairseq Transformer, from a preset's options (no torch).
 
 Used where a size follows from the model: the heartbeat's checkpoint-save allowance
-(train.run.presets), the gradient bytes of the cost model (train.plan.model); the count carries
+(train.recipe.presets), the gradient bytes of the cost model (train.plan.model); the count carries
 the tensors' shapes (ParamCount), for a strategy whose bytes follow from them.
 """
 

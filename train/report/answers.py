@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.plan import mfu as flops
-from train.report.logparse import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
-from train.run import presets
+from train.recipe import presets
+from train.recipe.logformat import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
 
 # The link busy more than half the training time: the network takes most of each step, the same
 # definition `fab predict` uses (train.plan.model.Prediction.network_bound).
@@ -70,7 +70,7 @@ class RunData:
     run_dir: Path
     run: dict
     hosts: list[str]
-    options: dict  # the resolved fairseq options (train.run.presets)
+    options: dict  # the resolved fairseq options (train.recipe.presets)
     log: Log  # rank 0's
     logs: dict[str, Log]
     log_times: list[float]  # unix times of rank 0's timestamped lines

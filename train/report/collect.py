@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 from ..cluster import Host, get_whole, on_each
+from ..recipe.record import REPORTS, Run
 from ..run import idle, launch
-from ..run.record import REPORTS, Run
 
 
 def collect(run: Run, hosts: list[Host]) -> dict[str, str]:

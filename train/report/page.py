@@ -23,9 +23,9 @@ from pathlib import Path
 import jinja2
 
 from train.cluster import rank_layout, ranks_label
+from train.recipe.logformat import format_eta
 from train.report import answers as A
 from train.report import plots
-from train.report.logparse import format_eta
 
 # verdict → CSS class of its badge
 BADGES = {

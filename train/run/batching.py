@@ -18,9 +18,8 @@ from collections.abc import Mapping, Sequence
 
 from ..cluster import Host
 from ..plan import batch as batch_model
-from ..recipe import strategies
-from . import presets
-from .record import Run
+from ..recipe import presets, strategies
+from ..recipe.record import Run
 
 VOCAB = 32000  # the joint dictionary the presets are meant for (the memory model's logits)
 

@@ -1,7 +1,7 @@
 """Where a run's checkpoints live besides the hosts' keepers' copies (train.agent.replica): the
 controller's bounded backup of rank 0's newest (`--backup`), read back onto a host where a resume
-finds no host holding one; what each host holds (`held`); the host-to-host rsync line prepare-data
-spreads datasets with (`to_peers_command`), and the push benchmarks/push_lab.py measures.
+finds no host holding one; what each host holds (`held`); the push host to host (train.peercopy's
+rsync line, the one prepare-data spreads datasets with) that benchmarks/push_lab.py measures.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..agent import checkpoint_info
-from ..cluster import TRANSFER_STALL_S, ClusterError, Host, connect, get_whole, on_each, run_all
-from .record import Run
-from .remote import agent_command
+from ..cluster import ClusterError, Host, connect, get_whole, on_each, run_all
+from ..peercopy import copy_to_peers, to_peers_command
+from ..recipe.record import Run
+from ..remote import agent_command
 
 CHECKPOINTS = ["checkpoint_last.pt", "checkpoint_best.pt"]
 # One copy to or from the controller at a time, whoever asks (the backup, a restart that needs the
@@ -81,67 +82,6 @@ def upload_checkpoints(hosts: list[Host], save_dir: str, local: Path, names: lis
     failed = on_each(hosts, upload).failed
     if failed:
         raise ClusterError("could not share the checkpoint: " + "; ".join(f"{n}: {r.error}" for n, r in failed.items()))
-
-
-CLUSTER_KEY = "$HOME/.ssh/tandem_cluster"  # roles/common/tasks/cluster_key.yml
-
-
-def cluster_address(host: Host) -> str:
-    """Where the other hosts reach this one (Host.cluster_address: the inventory's
-    `cluster_address`, else the address tandem connects to)."""
-    return host.cluster_address
-
-
-# the cluster key's ssh on the host that copies (the shell expands $HOME there): rsync's -e, and
-# the few commands a push runs on a peer
-CLUSTER_SSH_OPTIONS = (f"-i {CLUSTER_KEY} -o BatchMode=yes -o ConnectTimeout=10"
-                       " -o ServerAliveInterval=10 -o ServerAliveCountMax=3")
-CLUSTER_SSH = f'"ssh {CLUSTER_SSH_OPTIONS}"'
-
-
-def to_peers_command(sources: str, dest_dir: str, peers: list[Host], rsync_options: str = "-a", tries: int = 1,
-                     prelude: str = "", then: Callable[[Callable[[str], str], Callable[[str], str]], str] | None = None
-                     ) -> str:
-    """The shell line, run on the host that holds `sources` (words the shell there expands), that
-    rsyncs them into `dest_dir` on every peer at once, over the cluster network with the cluster
-    key; rsync's exits 23/24 (a file rewritten while read) are tried again up to `tries` times. It
-    prints `PEER rc [rsync's last words]` per peer; rsync's errors go to a directory of this call's
-    own (a fixed name in /tmp may be another user's file). `then(copy, on_peer)`, where given, is a
-    shell step run per peer after its copy succeeded (copy(words): rsync those to it; on_peer(cmd):
-    run cmd there); it sets $rc."""
-    rsync = (f"rsync {rsync_options} --timeout={TRANSFER_STALL_S} "
-             f"--rsync-path={shlex.quote(f'mkdir -p {dest_dir} && rsync')}")
-    pushes = []
-    for peer in peers:
-        login = f"{peer.user}@{cluster_address(peer)}"
-        target = shlex.quote(f"{login}:{dest_dir.rstrip('/')}/")
-        err = f'"$errs/{peer.name}"'
-
-        def copy(words: str, target=target, err=err) -> str:
-            return (f"for try in {' '.join(str(i) for i in range(1, tries + 1))}; do {rsync} -e {CLUSTER_SSH} "
-                    f"{words} {target} >/dev/null 2>{err}; rc=$?; "
-                    f"[ $rc = 23 ] || [ $rc = 24 ] || break; sleep 2; done")
-
-        def on_peer(command: str, login=login, err=err) -> str:
-            return f"ssh {CLUSTER_SSH_OPTIONS} {login} {command} </dev/null >/dev/null 2>{err}; rc=$?"
-
-        step = f" if [ $rc = 0 ]; then {then(copy, on_peer)}; fi;" if then else ""
-        pushes.append(f"{{ {copy(sources)};{step} "
-                      f"echo {peer.name} $rc $(tail -c 300 {err} | tr '\\n' ' '); }} &")
-    return (f'test -f "{CLUSTER_KEY}" || {{ echo no-cluster-key; exit 3; }}; errs=$(mktemp -d) || exit 4; '
-            + prelude + " ".join(pushes) + ' wait; rm -rf "$errs"')
-
-
-def copy_to_peers(source: Host, peers: list[Host], command: str) -> list[str]:
-    """Run a to_peers_command on `source`; the lines of the peers whose copy failed. LookupError
-    where `source` has no cluster key (provisioned before tandem made one)."""
-    with connect(source) as conn:
-        result = conn.run(command, warn=True, hide=True, in_stream=False)
-    if "no-cluster-key" in result.stdout:
-        raise LookupError(f"{source.name} has no cluster key ({CLUSTER_KEY}): re-run provisioning")
-    answers = {line.split(" ", 1)[0]: line for line in result.stdout.splitlines() if line.strip()}
-    return [answers.get(p.name, f"{p.name} (no answer)") for p in peers
-            if answers.get(p.name, "").split(" ")[1:2] != ["0"]]
 
 
 def push_command(save_dir: str, peers: list[Host]) -> str:

@@ -1,13 +1,12 @@
-"""The link's side of communication: what a ring all-reduce sends per host, how long a transfer
-takes on a measured link, and a collective's time limit from it. The strategies themselves (sync,
-fp16, local-sgd:H, ...) are train.recipe.strategies; their names are re-exported here for the
+"""Communication as the run's modules know it: the strategies (sync, fp16, local-sgd:H, ...:
+train.recipe.strategies) and the link's arithmetic (train.recipe.link_time: what a ring all-reduce
+sends per host, how long a transfer takes, a collective's time limit), re-exported here for the
 modules that knew them here.
 """
 
 from __future__ import annotations
 
-import math
-
+from train.recipe.link_time import TRANSFER_MARGIN, allreduce_bytes_per_host, collective_timeout_s, transfer_s
 from train.recipe.strategies import CommError, Strategy
 from train.recipe.strategies.local_sgd import (
     DEFAULT_PERIOD,
@@ -16,28 +15,5 @@ from train.recipe.strategies.local_sgd import (
     sync_start,
 )
 
-__all__ = ["DEFAULT_PERIOD", "OUTER_STEP_OPTIONS", "SYNC_UPDATES_OPTION", "CommError", "Strategy",
+__all__ = ["DEFAULT_PERIOD", "OUTER_STEP_OPTIONS", "SYNC_UPDATES_OPTION", "TRANSFER_MARGIN", "CommError", "Strategy",
            "allreduce_bytes_per_host", "collective_timeout_s", "sync_start", "transfer_s"]
-
-# A collective's time limit over its transfer time on the measured link: a link measured once by
-# iperf3 varies, and NCCL's ring shares it with whatever else the host sends.
-TRANSFER_MARGIN = 2.0
-
-
-def allreduce_bytes_per_host(payload_bytes: float, ranks: int) -> float:
-    """What each host sends (and receives) in a ring all-reduce of `payload_bytes` over `ranks`:
-    2 (n − 1) / n of the payload. Transformer base's fp32 model (242 MB) on 16 ranks: 454 MB."""
-    return 2 * (ranks - 1) / ranks * payload_bytes if ranks > 1 else 0.0
-
-
-def transfer_s(bytes_per_host: float, link_mbps: float) -> float:
-    """Seconds to move `bytes_per_host` over a link of `link_mbps` Mbit/s."""
-    return bytes_per_host * 8 / (link_mbps * 1e6)
-
-
-def collective_timeout_s(bytes_per_host: float, link_mbps: float | None, margin: float = TRANSFER_MARGIN) -> int:
-    """A time limit for one collective that moves `bytes_per_host` over the measured link, with
-    `margin`; 0 when the link is unknown (the caller keeps its floor)."""
-    if not link_mbps or link_mbps <= 0 or bytes_per_host <= 0:
-        return 0
-    return math.ceil(margin * transfer_s(bytes_per_host, link_mbps))

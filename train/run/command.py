@@ -49,7 +49,7 @@ from pathlib import PurePosixPath
 # NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
 from train.hostpaths import ENV_FILE
 from train.recipe import strategies
-from train.run.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
+from train.recipe.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 # torch's caching allocator on GPU hosts: segments that grow in place instead of a new reserve per

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..cluster import ClusterError, Host, run_all
+from ..recipe.record import Run
+from ..remote import venv_of
 from . import command, gpu_choice
-from .record import Run
-from .remote import venv_of
 
 
 def evaluate(run: Run, hosts: list[Host], checkpoint: str, console) -> float:

@@ -13,11 +13,11 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
 from ..cluster import Host
+from ..recipe.record import Run
 from ..watch.compact import HostLines, ProgressWithHosts
 from . import checkpoints, keepers, launch
 from .checkpoints import Backup, BackupPolicy
 from .launch import HostState
-from .record import Run
 from .status import describe, mfu_of
 
 

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 from ..cluster import Host, run_all
 from ..plan import model, price
-from .record import Run
+from ..recipe.record import Run
 
 PROVIDERS_STOP = ("e.g. `aws ec2 stop-instances --instance-ids ID`, `gcloud compute instances stop NAME`, "
                   "`az vm deallocate -g GROUP -n NAME` (a VM shut down from inside still bills on Azure)")

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..plan.mfu import peak_tflops
-from . import presets
+from ..recipe import presets
 
 BOUND_S = 600  # ~10 minutes of training, at most, done again after a resume
 
@@ -150,9 +150,9 @@ def over_bound(updates: int | None, figure: StepFigure | None, bound_s: float = 
 
 def from_log(text: str) -> StepFigure | None:
     """The run's own recent s/update (rank 0's log), when it logged enough."""
-    from train.report import logparse
+    from train.recipe import logformat
 
-    s = logparse.seconds_per_update(logparse.parse_log(text.splitlines()).records)
+    s = logformat.seconds_per_update(logformat.parse_log(text.splitlines()).records)
     return StepFigure(s, "this run's log") if s and s > 0 else None
 
 
@@ -270,7 +270,7 @@ def choose(run, hosts, read_log: bool) -> Checkpoints:
     figure = measured_step(run, hosts, read_log) or predicted_step(run.preset, tokens, run.gpu_name)
     every = derived_interval(run.preset, figure, given)
     if given is None and every:
-        run.save_interval_updates = every  # train.run.record applies it to the command
+        run.save_interval_updates = every  # train.recipe.record applies it to the command
     elif every is None:
         every = int(options.get("save_interval_updates") or 0)
     return Checkpoints(every, figure, given is not None)

@@ -22,11 +22,11 @@ import time
 from ..agent import tracker
 from ..agent.generation import change_line  # noqa: F401 (what following and status say)
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
+from ..recipe.record import Run
+from ..remote import agent_command
 from . import batching
 from .elastic import scaled_update_freq
 from .launch import host_commands
-from .record import Run
-from .remote import agent_command
 
 LOST_AFTER_S = 20.0  # a peer silent this long on the cluster network is lost (heartbeats every 2 s)
 PORT_OFFSET = 100  # the keepers' heartbeat port: the run's rendezvous port + this

@@ -1,7 +1,7 @@
 """A run's processes on the cluster: each host's command, start, state, stop.
 
 `train.run.command` builds each host's command; this module only moves it between machines.
-The run record is train.run.record, the preflight train.run.preflight, checkpoints
+The run record is train.recipe.record, the preflight train.run.preflight, checkpoints
 train.run.checkpoints.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cluster import ClusterError, Host, connect, rank_layout, ranks_label, run_all, run_each
-from ..report import logparse
+from ..recipe import logformat
+from ..recipe.record import Run
+from ..remote import agent_command, train_threads, venv_of
 from . import command
 from .preflight import answer
-from .record import Run
-from .remote import agent_command, train_threads, venv_of
 
 
 def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
@@ -62,10 +62,10 @@ class HostState:
     name: str
     running: bool
     reachable: bool
-    progress: logparse.Progress | None
+    progress: logformat.Progress | None
     tail: list[str]
     error: str | None = None
-    ended: logparse.RankEnd | None = None  # torchrun's word on a rank that failed
+    ended: logformat.RankEnd | None = None  # torchrun's word on a rank that failed
     stopped_by_user: bool = False  # `fab stop` ended it (train.agent.stop's mark)
     ranks: str = ""  # the global ranks this host runs: "0", "2-3" (train.cluster.ranks_label)
     keeper: dict | None = None  # what its keeper knows (train.agent.keeper.show): generation, timeline, ended
@@ -96,9 +96,9 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
             out.append(HostState(host.name, False, result.reachable, None, [], error=str(why), ranks=ranks_label(span)))
             continue
         log = said["tail"]
-        prog = logparse.progress(logparse.parse_log(log), run.max_update) if log else None
-        out.append(HostState(host.name, said["running"], True, prog, logparse.meaningful(log)[-8:],
-                             ended=logparse.rank_end(log), stopped_by_user=bool(said.get("stopped_by_user")),
+        prog = logformat.progress(logformat.parse_log(log), run.max_update) if log else None
+        out.append(HostState(host.name, said["running"], True, prog, logformat.meaningful(log)[-8:],
+                             ended=logformat.rank_end(log), stopped_by_user=bool(said.get("stopped_by_user")),
                              ranks=ranks_label(span), keeper=said.get("keeper")))
     return out
 

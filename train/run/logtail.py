@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 
 from ..cluster import Host, connect
-from .record import Run
+from ..recipe.record import Run
 from .status import require_reachable
 
 

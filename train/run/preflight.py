@@ -17,9 +17,9 @@ from ..cluster import TOP, ClusterError, Host, HostResult, run_all
 from ..plan import batch as batch_model
 from ..recipe import strategies
 from ..recipe.params import preset_params
+from ..recipe.record import Run
+from ..remote import agent_command, venv_of
 from . import batching, disk
-from .record import Run
-from .remote import agent_command, venv_of
 
 
 @functools.cache

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from ..recipe.record import Run
 from . import batching
 from .elastic import scaled_update_freq
-from .record import Run
 
 
 def _trained(members: Sequence[dict] | None) -> list[str]:

@@ -14,12 +14,12 @@ from ..cluster import ClusterError, Host, placement, select
 from ..exits import OptionError, Refused
 from ..plan import predict
 from ..plan.link import PeerUnreachable
-from ..recipe import strategies
+from ..recipe import presets, strategies
+from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
-from . import batching, checkpoints, command, interval, keepers, launch, length, preflight, presets
+from . import batching, checkpoints, command, interval, keepers, launch, length, preflight
 from . import rejoin as rejoining
 from .follow import follow
-from .record import Run, new_run_id
 from .status import closing_mfu, summarize, why_stopped_early
 
 

@@ -12,13 +12,13 @@ from rich.text import Text
 
 from ..cluster import ClusterError, Host, run_all
 from ..plan import mfu as flops
-from ..report import logparse
+from ..recipe import logformat
+from ..recipe.record import Run
 from . import batching, idle, launch
 from .launch import HostState
-from .record import Run
 
 
-def describe(p: logparse.Progress | None, mfu: str = "") -> str:
+def describe(p: logformat.Progress | None, mfu: str = "") -> str:
     """Rank 0's progress in a few words: loss, s/update, words/s (and `mfu`, train.plan.mfu), ETA."""
     if p is None:
         return "starting"
@@ -29,7 +29,7 @@ def describe(p: logparse.Progress | None, mfu: str = "") -> str:
         parts.append(f"{p.seconds_per_update:.2f} s/upd")
     if p.wps is not None:
         parts.append(f"{p.wps:,.0f} wps" + (f" · {mfu}" if mfu else ""))
-    parts.append(f"ETA {logparse.format_eta(p.eta_seconds)}")
+    parts.append(f"ETA {logformat.format_eta(p.eta_seconds)}")
     return " · ".join(parts)
 
 
@@ -130,7 +130,7 @@ def doing(rank: int, s: HostState, states: list[HostState], finished: bool) -> s
     """What a host is doing, in a few words. Rank 0's host: its log's last meaningful line (it logs
     the updates). A host after it logs no update: its last line is a PyTorch warning's fragment or
     `initialized host v100b as rank 1`, so while its ranks run it says it trains in step with rank 0."""
-    own = logparse.message(s.tail[-1]) if s.tail else (s.error or "")
+    own = logformat.message(s.tail[-1]) if s.tail else (s.error or "")
     if rank == 0 or not s.reachable:
         return own
     if s.running:

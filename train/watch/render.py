@@ -17,7 +17,7 @@ import time
 from rich.console import Group
 from rich.text import Text
 
-from ..report.logparse import format_eta
+from ..recipe.logformat import format_eta
 from .screen import HostRow, Screen
 
 NIC_HOT = 0.80  # a NIC above this share of the link is drawn red

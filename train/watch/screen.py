@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from ..agent.generation import change_line
 from ..cluster import ranks_label
 from ..plan import mfu
+from ..recipe.logformat import progress
 from ..report import answers
-from ..report.logparse import progress
 from ..run.batching import VOCAB
 from .feed import Reading
 

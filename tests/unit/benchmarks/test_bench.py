@@ -20,7 +20,7 @@ from train.agent import allreduce
 from train.cluster import ClusterError, GroupResult, Host, HostResult
 from train.plan import link, measurements, model
 from train.recipe import strategies
-from train.report.logparse import logged_params, parse_log
+from train.recipe.logformat import logged_params, parse_log
 
 
 def row(size: int, time_ms: float, ranks: int = 2) -> dict:

@@ -10,8 +10,8 @@ import pytest
 from benchmarks import quality
 from train.cluster import ClusterError, Host
 from train.exits import OptionError
+from train.recipe import presets
 from train.recipe.strategies import CommError
-from train.run import presets
 
 
 def entries(text):

@@ -14,10 +14,10 @@ import pytest
 from benchmarks import net
 from train.agent import iperf
 from train.cluster import Host, load_hosts
+from train.peercopy import cluster_address
 from train.plan import link
+from train.recipe.record import Run
 from train.run import launch
-from train.run.checkpoints import cluster_address
-from train.run.record import Run
 
 INVENTORY = """
 all:

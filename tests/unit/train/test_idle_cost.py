@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from train.cluster import Host
+from train.recipe.record import Run
 from train.report import answers
 from train.run import idle
-from train.run.record import Run
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 

@@ -13,8 +13,8 @@ from train import options
 from train.cluster import ClusterError, Host
 from train.exits import OptionError, Refused
 from train.recipe import strategies
+from train.recipe.record import Run
 from train.run import session
-from train.run.record import Run
 from train.tasks import cluster_task
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from train.cluster import ClusterError, Host, placement, rank_layout, ranks_label, world_size
 from train.plan import model, predict
-from train.run import command, launch, preflight, presets, record
+from train.recipe import presets, record
+from train.run import command, launch, preflight
 
 
 def cpu(name: str, ranks: object = None, **extra) -> Host:

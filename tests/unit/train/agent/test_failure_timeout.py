@@ -7,8 +7,9 @@ import subprocess
 import sys
 import time
 
-from train.run import comm, command, presets
-from train.run.record import Run
+from train.recipe import presets
+from train.recipe.record import Run
+from train.run import comm, command
 
 WAIT_FOR_A_PEER = """
 import torch.distributed as dist

@@ -13,7 +13,7 @@ from fairseq.optim.adam import Adam
 from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
 
 from train.agent import fast_steps
-from train.run import presets
+from train.recipe import presets
 from train.run.command import Launch, environment
 
 CONFIG = {"lr": 1e-3, "betas": (0.9, 0.98), "eps": 1e-8}

@@ -11,7 +11,7 @@ import time
 import psutil
 
 from train.agent import monitor
-from train.report import logparse
+from train.recipe import logformat
 
 
 def test_it_follows_the_run_by_its_save_dir_and_writes_samples(tmp_path, spawn):
@@ -49,7 +49,7 @@ def test_a_process_of_the_run_left_stopped_is_killed_and_the_kill_written_to_the
     assert running.poll() is None
     line = log.read_text().strip()
     assert f"process {frozen.pid} of the run was stopped (frozen) for 60 s; killed it" in line
-    end = logparse.rank_end([line, *TORCHRUN_REPORT.splitlines()])
+    end = logformat.rank_end([line, *TORCHRUN_REPORT.splitlines()])
     assert end.how == "frozen (stopped 60 s), killed by tandem's watchdog"
 
 
@@ -78,7 +78,7 @@ def test_a_peer_silent_45_s_ends_this_hosts_ranks_and_says_why(tmp_path, spawn):
     watch.end_ranks([rank.pid], "10.0.0.2")  # psutil reaps it: gone is what counts
     assert not psutil.pid_exists(rank.pid) or psutil.Process(rank.pid).status() == psutil.STATUS_ZOMBIE
     line = (tmp_path / "train.log").read_text().strip()
-    end = logparse.rank_end([line])
+    end = logformat.rank_end([line])
     assert end.how == "ended by tandem's watchdog: peer 10.0.0.2 silent 45 s" and end.peer_gone
 
 

@@ -8,7 +8,8 @@ import sys
 
 from train.agent import pins
 from train.cluster import Host
-from train.run import preflight, record
+from train.recipe import record
+from train.run import preflight
 
 PINNED = {"torch": "2.13.0", "sacrebleu": "2.6.0", "numpy": "2.4.6", "fairseq-fixed": "0.12.3.1"}
 

@@ -99,7 +99,8 @@ def test_a_host_whose_agent_is_another_version_is_named_before_launch(tmp_path):
     provisioning copied, which silently ignores what it does not know. The probe says which
     agent it is; `fab train`'s preflight names the host that has another one, and the fix."""
     from train.cluster import Host
-    from train.run import preflight, record
+    from train.recipe import record
+    from train.run import preflight
 
     installed_agent(tmp_path)
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}

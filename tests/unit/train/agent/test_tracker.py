@@ -13,8 +13,9 @@ import pytest
 
 from train.agent import keeper, tracker
 from train.cluster import Host
-from train.run import command, keepers, presets
-from train.run.record import Run
+from train.recipe import presets
+from train.recipe.record import Run
+from train.run import command, keepers
 
 KEY = "0123456789abcdef0123456789abcdef01234567"
 

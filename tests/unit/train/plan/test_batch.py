@@ -8,10 +8,11 @@ import pytest
 
 from train.cluster import Host
 from train.plan import batch, mfu
+from train.recipe import presets
 from train.recipe.params import preset_params
-from train.run import batching, command, presets
+from train.recipe.record import Run
+from train.run import batching, command
 from train.run.preflight import memory_problem
-from train.run.record import Run
 
 BASE, BIG = "transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big"
 

@@ -17,7 +17,7 @@ from train.plan.model import (
     update_freq_for_efficiency,
 )
 from train.recipe.params import preset_params, transformer_params
-from train.run.presets import PRESETS
+from train.recipe.presets import PRESETS
 
 BASE = 61_000_000
 MB = 1e6

@@ -8,8 +8,8 @@ import pytest
 
 from train.cluster import GroupResult, Host, HostResult
 from train.plan import measurements, predict
+from train.recipe.record import Run
 from train.run import batching
-from train.run.record import Run
 
 BASE, BIG = "transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big"
 H100_MIB, V100_MIB = 81559, 16160  # NVML's and nvidia-smi's memory.total of an H100 80GB HBM3 and a V100 16GB

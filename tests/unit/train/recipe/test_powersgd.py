@@ -10,9 +10,9 @@ import pytest
 from train.plan import model, predict
 from train.recipe import strategies
 from train.recipe.params import ParamCount, transformer_params
+from train.recipe.presets import resolve
 from train.recipe.strategies import CommError
 from train.run.command import foreground_command, launches, training_command
-from train.run.presets import resolve
 
 BASE = transformer_params(32000, 512, 2048, 6, 6)  # Transformer base, shared 32k vocabulary
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from train.plan import mfu
+from train.recipe import presets
 from train.report import answers as A
-from train.run import presets
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -60,7 +60,7 @@ def capped(iv):
 
 
 def logged_inner(path: Path) -> list[dict]:
-    """The train_inner JSON objects of a log, read without train.report.logparse."""
+    """The train_inner JSON objects of a log, read without train.recipe.logformat."""
     out = []
     for line in path.read_text().splitlines():
         if "| train_inner |" in line:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shlex
 
-from train.run import command, presets
+from train.recipe import presets
+from train.run import command
 
 BIG = presets.resolve("transformer_vaswani_wmt_en_de_big")
 

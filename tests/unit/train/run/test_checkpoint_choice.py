@@ -10,9 +10,9 @@ import pytest
 
 from train.cluster import Host
 from train.plan import measurements
+from train.recipe.record import Run
 from train.run import interval
 from train.run.launch import host_commands
-from train.run.record import Run
 
 HOSTS = [Host("v100a", "10.10.0.1"), Host("v100b", "10.10.0.2")]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from rich.console import Console
 
 from train.cluster import Host
-from train.report import logparse
+from train.recipe import logformat
+from train.recipe.record import Run
 from train.run.follow import ProgressView
 from train.run.launch import HostState
-from train.run.record import Run
 from train.run.status import closing_mfu, describe, mfu_of, run_state_line, summarize
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -25,8 +25,8 @@ def gpu_host(name: str, gpus: int = 1) -> Host:
     return Host(name, "10.0.0.1", gpus=gpus)
 
 
-def progress(wps: float | None, update: int = 24_000, finished: bool = True) -> logparse.Progress:
-    return logparse.Progress(update=update, max_update=24_000, loss=3.9, valid_loss=4.1, seconds_per_update=2.42,
+def progress(wps: float | None, update: int = 24_000, finished: bool = True) -> logformat.Progress:
+    return logformat.Progress(update=update, max_update=24_000, loss=3.9, valid_loss=4.1, seconds_per_update=2.42,
                              wps=wps, wpb=458_752.0, devices=1, finished=finished)
 
 

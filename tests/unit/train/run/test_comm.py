@@ -10,9 +10,9 @@ import pytest
 from train.plan import model
 from train.recipe import strategies
 from train.recipe.params import transformer_params
+from train.recipe.presets import resolve
 from train.recipe.strategies import CommError
 from train.run.command import launches, training_command
-from train.run.presets import resolve
 
 TINY = resolve("tiny")
 BASE_PARAMS = transformer_params(32000, 512, 2048, 6, 6)  # Transformer base, shared 32k vocabulary
@@ -122,7 +122,7 @@ def test_local_sgd_states_the_gpu_memory_it_needs_beyond_sync():
     """BMUF kept three more fp32 copies of the model (+ the flat sync buffer): ~3.4 GB on a GPU for
     Transformer big. A plain average (tandem's default) keeps only the flat buffer."""
     from train.plan.predict import slow_link_lines
-    from train.run import presets
+    from train.recipe import presets
 
     big = presets.resolve("transformer_vaswani_wmt_en_de_big").options
     params = 209e6

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from train.recipe.presets import resolve
 from train.run.command import Launch, evaluation_command, launches, parse_bleu, training_command
-from train.run.presets import resolve
 
 TINY = resolve("tiny")
 
@@ -168,7 +168,7 @@ def test_parse_bleu():
 @pytest.mark.parametrize("value", ["four", 0, -2, 1.5, True])
 def test_a_bad_train_threads_names_the_host_and_the_value(value):
     from train.cluster import ClusterError, Host
-    from train.run.remote import train_threads
+    from train.remote import train_threads
 
     with pytest.raises(ClusterError, match=f"v100b: train_threads must be a whole number .* gives {value!r}"):
         train_threads(Host("v100b", "10.0.0.2", vars={"train_threads": value}))
@@ -178,7 +178,7 @@ def test_a_bad_train_threads_names_the_host_and_the_value(value):
 
 def test_a_runs_hosts_come_in_rank_order_and_a_stranger_is_named():
     from train.cluster import ClusterError, Host
-    from train.run.record import Run
+    from train.recipe.record import Run
 
     run = Run(run_id="r1", hosts=["v100b", "v100a"], preset="tiny", overrides=[], dataset="synthetic")
     inventory = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2"), Host("v100c", "10.0.0.3")]

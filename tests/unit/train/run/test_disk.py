@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from train.cluster import Host
-from train.run import disk, preflight, presets
-from train.run.record import Run
+from train.recipe import presets
+from train.recipe.record import Run
+from train.run import disk, preflight
 
 BASE, BIG = presets.PRESETS["transformer_wmt_en_de"], presets.PRESETS["transformer_vaswani_wmt_en_de_big"]
 

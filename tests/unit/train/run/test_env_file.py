@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from train.recipe.presets import resolve
 from train.run.command import Launch, evaluation_command, monitor_command, reading_env_file, training_command
-from train.run.presets import resolve
 
 ENV = """# BEGIN network (roles/network)
 NCCL_SOCKET_IFNAME=lo

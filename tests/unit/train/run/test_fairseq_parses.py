@@ -12,7 +12,8 @@ import shlex
 import pytest
 
 from train.agent import fairseq_train
-from train.run import command, presets
+from train.recipe import presets
+from train.run import command
 
 fairseq_options = pytest.importorskip("fairseq.options")
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from train.cluster import Host
+from train.recipe.record import Run
 from train.run import follow, launch
 from train.run.launch import HostState
-from train.run.record import Run
 
 RUN = Run(run_id="run-x", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
 HOSTS = [Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2")]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from train.recipe.presets import PRESETS
 from train.run import interval
 from train.run.interval import BOUND_S, REFERENCE, StepFigure
-from train.run.presets import PRESETS
 
 BENCH = {
     "benchmark": "bench-step", "timestamp": "2026-11-23T05:51:26+00:00", "preset": "tiny", "overrides": [],

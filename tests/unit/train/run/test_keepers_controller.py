@@ -1,9 +1,9 @@
 """What the controller tells the hosts' keepers, and how it reads their record (train.run.keepers)."""
 
 from train.cluster import Host
+from train.recipe.record import Run
 from train.run import keepers
 from train.run.launch import HostState
-from train.run.record import Run
 
 HOSTS = [Host("v100a", "10.0.0.1", cluster_address="172.30.0.11"),
          Host("v100b", "10.0.0.2", cluster_address="172.30.0.12")]
@@ -27,7 +27,7 @@ def keeper(timeline, alive=True, ended=""):
 
 
 def test_the_record_merges_every_hosts_timeline_once_and_follows_the_newest_membership(tmp_path, monkeypatch):
-    monkeypatch.setattr("train.run.record.REPORTS", tmp_path)
+    monkeypatch.setattr("train.recipe.record.REPORTS", tmp_path)
     run = Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
     start = {"generation": 1, "hosts": ["v100a", "v100b"], "time": 1.0, "why": "start", "update_freq": 1}
     lost = {"generation": 2, "hosts": ["v100b"], "time": 2.0, "why": "v100a lost at update 57", "update_freq": 2,
@@ -65,7 +65,7 @@ def test_after_a_split_the_record_keeps_the_history_the_run_went_on_with():
 
 
 def test_following_says_each_change_once_even_the_side_of_a_split_that_was_set_aside(tmp_path, monkeypatch):
-    monkeypatch.setattr("train.run.record.REPORTS", tmp_path)
+    monkeypatch.setattr("train.recipe.record.REPORTS", tmp_path)
     run = Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
     start = {"generation": 1, "hosts": ["v100a", "v100b"], "time": 1.0, "why": "start", "from_update": 0}
     a_alone = {"generation": 2, "hosts": ["v100a"], "time": 2.0, "why": "v100b lost", "source": "v100a",

@@ -4,9 +4,9 @@ epochs of its dataset (the dataset's tokens read from its prepared binaries)."""
 from __future__ import annotations
 
 from train.cluster import Host
+from train.recipe.presets import PRESETS
+from train.recipe.record import Run
 from train.run import length
-from train.run.presets import PRESETS
-from train.run.record import Run
 
 WMT16_TOKENS = 140_000_000  # ~4.5M pairs x ~31 tokens the longer side
 

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from train.cluster import ClusterError, Host
+from train.recipe.record import Run
 from train.run import logtail
-from train.run.record import Run
 
 RUN = Run(run_id="run-1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from train.run.presets import parse_overrides, resolve
+from train.recipe.presets import parse_overrides, resolve
 
 
 @pytest.mark.parametrize(("text", "overrides"), [

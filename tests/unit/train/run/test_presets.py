@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from train.run.presets import PRESETS, OverrideError, resolve, to_args
+from train.recipe.presets import PRESETS, OverrideError, resolve, to_args
 
 
 def test_every_preset_has_the_training_recipe():

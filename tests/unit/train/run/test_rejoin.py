@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from train.cluster import ClusterError, Host
-from train.report import logparse, members
-from train.run import record, rejoin, session
+from train.recipe import logformat, record
+from train.report import members
+from train.run import rejoin, session
 
 START = {"hosts": ["v100a", "v100b", "v100c"], "from_update": 0, "why": "start", "update_freq": 1}
 LOST_C = {"hosts": ["v100a", "v100b"], "from_update": 30, "why": "v100c lost at update 34 (unreachable)",
@@ -16,8 +17,8 @@ LOST_A = {"hosts": ["v100b", "v100c"], "from_update": 30, "why": "v100a lost at 
           "lost": ["v100a"], "lost_at": 34, "update_freq": 2}
 
 
-def progress(update: int, saved: int | None, finished: bool = False, max_update: int = 100) -> logparse.Progress:
-    return logparse.Progress(update=update, max_update=max_update, loss=5.0, valid_loss=None,
+def progress(update: int, saved: int | None, finished: bool = False, max_update: int = 100) -> logformat.Progress:
+    return logformat.Progress(update=update, max_update=max_update, loss=5.0, valid_loss=None,
                              seconds_per_update=0.5, wps=1000.0, wpb=400.0, devices=2, finished=finished, saved=saved)
 
 
@@ -81,8 +82,8 @@ def test_the_log_says_which_checkpoint_was_saved_last():
         "2026-11-23 09:00:05 | INFO | fairseq.checkpoint_utils | Saved checkpoint /data/tandem/runs/r/checkpoints/"
         "checkpoint_best.pt (epoch 1 @ 86 updates, score 5.537) (writing took 0.02 seconds)",
     ]
-    assert logparse.progress(logparse.parse_log(lines)).saved == 86
-    assert logparse.progress(logparse.parse_log([])).saved is None
+    assert logformat.progress(logformat.parse_log(lines)).saved == 86
+    assert logformat.progress(logformat.parse_log([])).saved is None
 
 
 # the membership entry and the line

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from train.cluster import Host
+from train.recipe.record import Run
 from train.run import checkpoints
-from train.run.record import Run
 
 RUN = Run(run_id="run-x", hosts=["v100a", "v100b", "v100c"], preset="tiny", overrides=[], dataset="synthetic")
 A, B, C = Host("v100a", "10.0.0.1"), Host("v100b", "10.0.0.2"), Host("v100c", "10.0.0.3")

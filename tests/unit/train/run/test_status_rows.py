@@ -8,9 +8,9 @@ import json
 
 from rich.console import Console
 
-from train.report import logparse
+from train.recipe import logformat
+from train.recipe.record import Run
 from train.run.launch import HostState
-from train.run.record import Run
 from train.run.status import rows, status_json, table
 
 RANK1_LOG = ["2026-11-26 08:00:01 | INFO | fairseq.distributed.utils | initialized host v100b as rank 1",
@@ -19,15 +19,15 @@ RANK1_LOG = ["2026-11-26 08:00:01 | INFO | fairseq.distributed.utils | initializ
              "key_padding_mask = _canonical_mask("]
 
 
-def progress(update: int, finished: bool = False) -> logparse.Progress:
-    return logparse.Progress(update=update, max_update=400, loss=5.0, valid_loss=None, seconds_per_update=0.4,
+def progress(update: int, finished: bool = False) -> logformat.Progress:
+    return logformat.Progress(update=update, max_update=400, loss=5.0, valid_loss=None, seconds_per_update=0.4,
                              wps=1000.0, wpb=400.0, devices=2, finished=finished)
 
 
 def hosts(rank0_running: bool = True, rank1_running: bool = True, finished: bool = False) -> list[HostState]:
     rank0 = HostState("v100a", rank0_running, True, progress(130, finished),
                       ["2026-11-26 08:01:02 | INFO | train_inner | epoch 001: 130 / 400 loss=5.0"], ranks="0")
-    rank1 = HostState("v100b", rank1_running, True, logparse.progress(logparse.parse_log(RANK1_LOG)),
+    rank1 = HostState("v100b", rank1_running, True, logformat.progress(logformat.parse_log(RANK1_LOG)),
                       RANK1_LOG[-1:], ranks="1")
     return [rank0, rank1]
 

@@ -1,6 +1,6 @@
 """fab train, following a run that ends early, names the culprit in one line and fails."""
 
-from train.report import logparse
+from train.recipe import logformat
 from train.run.launch import HostState
 from train.run.status import why_stopped_early
 
@@ -42,13 +42,13 @@ GLOO_PEER_CLOSED = [
 ]
 
 
-def progress(update: int, finished: bool = False) -> logparse.Progress:
-    return logparse.Progress(update=update, max_update=400, loss=5.0, valid_loss=None, seconds_per_update=0.4,
+def progress(update: int, finished: bool = False) -> logformat.Progress:
+    return logformat.Progress(update=update, max_update=400, loss=5.0, valid_loss=None, seconds_per_update=0.4,
                              wps=1000.0, wpb=400.0, devices=2, finished=finished)
 
 
 def state(name, running=False, reachable=True, prog=None, lines=()):
-    return HostState(name, running, reachable, prog, list(lines)[-8:], ended=logparse.rank_end(list(lines)))
+    return HostState(name, running, reachable, prog, list(lines)[-8:], ended=logformat.rank_end(list(lines)))
 
 
 def test_the_first_rank_torchrun_saw_die_is_named_with_its_signal_and_update():
@@ -67,9 +67,9 @@ def test_a_finished_or_running_run_is_not_an_early_stop():
 
 
 def test_torchruns_failure_block_is_read():
-    end = logparse.rank_end(["noise", *TORCHRUN_SIGKILL])
+    end = logformat.rank_end(["noise", *TORCHRUN_SIGKILL])
     assert (end.rank, end.how, end.time) == (1, "killed by SIGKILL", "2026-11-23_02:58:01")
-    assert logparse.rank_end(["2026 | INFO | train_inner | {}"]) is None
+    assert logformat.rank_end(["2026 | INFO | train_inner | {}"]) is None
 
 
 def test_each_rank_says_what_became_of_it():
@@ -86,7 +86,7 @@ def test_the_last_log_line_shown_is_not_a_warning():
              "/opt/tandem/venv/lib/python3.11/site-packages/torch/x.py:12: UserWarning: something deprecated",
              "  warnings.warn(",
              "============================================================"]
-    assert logparse.meaningful(lines) == ["2026-11-23 02:58:00 | INFO | train_inner | {}"]
+    assert logformat.meaningful(lines) == ["2026-11-23 02:58:00 | INFO | train_inner | {}"]
 
 
 def test_a_run_stopped_with_fab_stop_is_not_an_early_stop_but_a_death_before_it_still_is():
@@ -101,7 +101,7 @@ def test_a_survivor_that_lost_its_peer_in_the_same_second_is_not_the_culprit():
     states = [state("v100a", prog=progress(20), lines=GLOO_PEER_CLOSED), state("v100b", lines=TORCHRUN_SIGKILL)]
     assert why_stopped_early(states) == "v100b: rank 1 killed by SIGKILL at update 20; the others stopped"
     # the survivor's last words are gloo's error, not torchrun's report ("[0]:") after it
-    assert logparse.meaningful(GLOO_PEER_CLOSED)[-1].endswith("Connection closed by peer [10.77.0.3]:4123")
+    assert logformat.meaningful(GLOO_PEER_CLOSED)[-1].endswith("Connection closed by peer [10.77.0.3]:4123")
 
 
 def test_a_rank_that_crashed_on_its_own_is_the_culprit_even_with_an_exit_code():

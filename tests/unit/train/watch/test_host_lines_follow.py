@@ -4,7 +4,7 @@ without v100b they show v100a alone, and v100b again once it is grown back."""
 from __future__ import annotations
 
 from train.cluster import Host
-from train.run.record import Run
+from train.recipe.record import Run
 from train.watch.compact import HostLines
 
 

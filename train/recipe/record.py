@@ -17,8 +17,6 @@ from .. import hostpaths
 from ..cluster import TOP, ClusterError, Host
 from . import presets
 
-DATA_ROOT = "/data/tandem/datasets"
-RUNS_ROOT = hostpaths.RUNS_ROOT
 REPORTS = TOP / "reports"
 
 
@@ -43,7 +41,7 @@ class Run:
     save_interval_updates: int | None = None
     gpu_name: str | None = None  # rank 0's GPU as NVML names it (the probe): MFU's peak (train.plan.mfu)
     precision: str = "fp32"
-    comm: str = "sync"  # train.run.comm.Strategy, `auto` already resolved
+    comm: str = "sync"  # train.recipe.strategies.Strategy, `auto` already resolved
     link_mbps: float | None = None  # the cluster link as measured when the run started
     members: list[dict] = field(default_factory=list)  # which hosts from which update (the keepers' timeline)
     order: list[str] = field(default_factory=list)  # every host the keepers know, in rank order (train.run.keepers)
@@ -52,11 +50,11 @@ class Run:
 
     @property
     def remote_dir(self) -> str:
-        return f"{RUNS_ROOT}/{self.run_id}"
+        return f"{hostpaths.RUNS_ROOT}/{self.run_id}"
 
     @property
     def data_dir(self) -> str:
-        return f"{DATA_ROOT}/{self.dataset}"
+        return f"{hostpaths.DATA_ROOT}/{self.dataset}"
 
     @property
     def local_dir(self) -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from train.report.logparse import format_eta, parse_log, parse_record, progress, seconds_per_update
+from train.recipe.logformat import format_eta, parse_log, parse_record, progress, seconds_per_update
 
 CONFIG = (
     "2026-11-22 07:52:34 | INFO | fairseq_cli.train | {'_name': None, 'optimization': "

@@ -45,9 +45,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..recipe import strategies
-from ..recipe.params import preset_params
-from .comm import allreduce_bytes_per_host, collective_timeout_s
+from . import strategies
+from .link_time import allreduce_bytes_per_host, collective_timeout_s
+from .params import preset_params
 
 Value = bool | int | float | str | None
 
@@ -265,7 +265,7 @@ def option_type(preset: Mapping[str, Value], key: str) -> type:
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise OverrideError(
         f"unknown option `{key}`{hint} (known: the preset's options and "
-        f"train.run.presets.EXTRA_OPTIONS; write names with underscores, e.g. max_update)"
+        f"train.recipe.presets.EXTRA_OPTIONS; write names with underscores, e.g. max_update)"
     )
 
 
@@ -345,7 +345,7 @@ def failure_timeout_s(options: Mapping[str, Value], vocab: int = 32000, ranks: i
     - the slowest checkpoint save (the other ranks wait in the next all-reduce meanwhile: 4 copies
       on a 100 MB/s disk, 1.2× for safety; Transformer big, 2.9 GB a checkpoint: 141 s);
     - on `ranks` ranks over a link measured at `link_mbps`, the largest collective, with margin
-      (comm.collective_timeout_s): an all-reduce of the whole fp32 model (every sync update, local
+      (link_time.collective_timeout_s): an all-reduce of the whole fp32 model (every sync update, local
       SGD's every sync) and a resume's broadcast of Adam's state. Base on 16 ranks sends 454 MB a
       host per all-reduce: at 81 Mbit/s that is the old 45 s, now 90 s; at 10 Mbit/s 727 s;
     and at least the preset's heartbeat (45 s)."""
