@@ -108,7 +108,7 @@ def gpu_model() -> tuple[str, float]:
 
 def batch_for(preset: presets.Preset, overrides: list[str], precision: str, gpus: int,
               gpu_mib: float) -> batch_model.Batch:
-    """What `fab train` derives on this machine (train.run.batching): the preset's tokens per update,
+    """What `fab train` derives on this machine (train.plan.batching): the preset's tokens per update,
     max_tokens the GPU holds. A run that sets max_tokens measures one batch an update, as the figures
     recorded before the derivation existed (benchmarks/README.md)."""
     options = preset.options

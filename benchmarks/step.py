@@ -5,7 +5,7 @@
    iperf3 (2 s, all links at once).
 2. Start the configured model once on every host through train.run.launch (run `bench-<time>`,
    `log_interval=1`, no validation, no checkpoints; `reports/latest` is left alone), at the batch
-   `fab train` would run on these GPUs (train.run.batching.decide: max_tokens per rank from the
+   `fab train` would run on these GPUs (train.plan.batching.decide: max_tokens per rank from the
    probed GPU memory, update_freq from the preset's tokens per update; the record keeps both), and,
    while it trains, change the cap under it: `cycles` times through the rates, each for
    `skip` updates to settle and then `updates` measured ones. Interleaving the rates in one
@@ -48,16 +48,16 @@ import time
 from datetime import UTC, datetime
 
 from train.cluster import ClusterError, Host, connect, run_each, world_size
-from train.plan import link, measurements, model, predict
+from train.plan import batching, link, measurements, model, predict
 from train.plan import mfu as flops
 from train.plan.predict import dataset_vocab
 from train.recipe import logformat, presets, strategies
+from train.recipe.gpu_defaults import default_precision
 from train.recipe.params import preset_params
 from train.recipe.record import Run
 from train.recipe.strategies import CommError, Strategy
 from train.remote import agent_command
-from train.run import batching, launch, preflight
-from train.run.command import default_precision
+from train.run import launch, preflight
 from train.run.lease import HostLease
 
 from .net import run_allreduce

@@ -21,10 +21,13 @@ LAYERS = {"train": ("benchmarks", "fabfile"), "benchmarks": ("fabfile",)}  # wha
 # (train.recipe: the model's size, the communication strategies, the presets, the run record, the
 # fairseq log's format) sits below everything that plans, starts, reports or watches one; datasets
 # (train.data) are made and spread without a run; a run starts and is followed without its reports
-# (train.report reads runs, the arrow goes one way).
+# (train.report reads runs, the arrow goes one way); a run is planned (train.plan: the batch, the
+# prediction) and watched (train.watch: the screen) without the code that starts it.
 TRAIN_LAYERS = {"train.recipe": ("train.run", "train.plan", "train.report", "train.watch", "train.data",
                                  "train.agent"),
                 "train.data": ("train.run",),
+                "train.plan": ("train.run", "train.report", "train.watch"),
+                "train.watch": ("train.run",),
                 "train.run": ("train.report",)}
 AGENT = "train.agent"  # runs on the hosts: with train/__init__, the only tandem code there (roles/train_env)
 # Tests import no `_name` of any tandem module, nor reach one by attribute
@@ -201,7 +204,8 @@ def test_imports_point_down():
 
 def test_packages_inside_train_import_down():
     """train.recipe imports nothing of the packages above it (no arrow back up, so no circle through it);
-    train.data nothing of train.run; train.run nothing of train.report."""
+    train.data nothing of train.run; train.plan nothing of train.run, report or watch; train.watch nothing
+    of train.run; train.run nothing of train.report."""
     assert {"train.recipe.presets", "train.recipe.record", "train.recipe.logformat", "train.data.distribute",
             "train.run.session"} <= set(modules())  # the walk found the packages the rules name
     assert any(name.startswith("train.recipe.strategies.") for name in modules())

@@ -192,7 +192,7 @@ def iterator_position_across_world_sizes() -> None:
 
 def epoch_resumes_with_the_sentences_left() -> None:
     """A batch position is no place in an epoch once the batches change: a restart on another world
-    size derives another max_tokens (train.run.batching), so fairseq's batches (sentences bucketed up to
+    size derives another max_tokens (train.plan.batching), so fairseq's batches (sentences bucketed up to
     max_tokens, shuffled by epoch) are other batches, and any position skips or repeats sentences (big
     on 3x8 -> 2x8 GPUs resumed at 75% of an epoch saved at 50%). The iterator's state now records which
     of the dataset's sentences the epoch has consumed (`tandem_consumed`: one bit a sentence, 570 KB for

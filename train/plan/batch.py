@@ -83,8 +83,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..recipe.gpu_defaults import ALLOC_CONF, ALLOCATOR
 from ..recipe.params import ARCH_DIMS, preset_params
-from ..run.command import ALLOC_CONF, ALLOCATOR
 
 # Bytes a parameter takes on the GPU: fairseq's fp16/bf16 optimizer keeps the half-precision weights
 # and gradients (2 + 2) beside fp32 master weights and gradients (4 + 4) and Adam's two moments (8).

@@ -196,7 +196,7 @@ def compare(hosts: Sequence[Host], params: int, *, link_mbps: float, compute_s: 
             sync_updates: int | Mapping[str, int] = 0) -> Comparison:
     """Every subset size × strategy for the run asked (`comm`, `update_freq` on all `hosts`).
     `compute_s`: one rank's compute-only seconds per batch of `tokens_per_batch` (the run's max_tokens as
-    train.run.batching decided it for the GPUs: every row keeps that batch and reaches the update by
+    train.plan.batching decided it for the GPUs: every row keeps that batch and reaches the update by
     --update-freq, so C holds for every row)."""
     overlaps = dict(overlaps or {})
     per_host = hosts[0].ranks

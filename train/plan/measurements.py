@@ -6,7 +6,7 @@ train`'s network check (train.plan.predict) and its start line (train.run.interv
 latest: the measured link, compute-only step and overlap they plan with.
 
 A bench-step record says the batch it trained at (`max_tokens` per rank and `update_freq`, the
-batch train.run.batching decided for its GPUs; older records: the preset's max_tokens at
+batch train.plan.batching decided for its GPUs; older records: the preset's max_tokens at
 update-freq 1) and its compute-only C for one batch (`compute_s`). A run at another max_tokens gets
 C scaled per token (`compute_at`), and says so.
 """

@@ -9,7 +9,7 @@ Inputs, each with where it came from (printed beside the numbers):
   what a burst of that size gets; iperf3's slowest pair if it has no all_reduce rows), or a
   number in Mbit/s;
 - the batch (max_tokens per rank x update_freq): the one `fab train` would run, decided by the same
-  function (train.run.batching.decide) for the GPUs' memory (nvidia-smi now; `fab train`'s check
+  function (train.plan.batching.decide) for the GPUs' memory (nvidia-smi now; `fab train`'s check
   reads the run's own);
 - compute-only s per batch: `compute_s`, else the latest `fab bench-step` of the same model on
   as many hosts (its compute_s: the uncapped step less its own communication), at that batch's
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 
 from train.cluster import ClusterError, Host, run_all, world_size
 from train.hostpaths import DATA_ROOT
+from train.plan import batching
 from train.recipe import presets, strategies
+from train.recipe.gpu_defaults import default_precision
 from train.recipe.params import preset_params
 from train.recipe.record import Run
 from train.recipe.strategies import CommError
-from train.run import batching
-from train.run.command import default_precision
 
 from . import compare, link, measurements, model, price
 from .batch import Batch
@@ -64,7 +64,7 @@ class Verdict:
     choice: model.Choice | None = None  # what `--comm auto` picked, or would pick for a network-bound run
     comm: str = "sync"
     comparison: compare.Comparison | None = None  # every host subset × strategy (needs the compute figure)
-    batch: Batch | None = None  # the batch priced: max_tokens per rank x update_freq (train.run.batching)
+    batch: Batch | None = None  # the batch priced: max_tokens per rank x update_freq (train.plan.batching)
 
     @property
     def fewer_hosts_faster(self) -> compare.Option | None:
@@ -152,7 +152,7 @@ def gpu_memory(hosts: list[Host]) -> dict[str, float]:
 
 def batch_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, precision: str,
               comm: str = "sync", update_freq: int | None = None) -> Batch:
-    """The batch `fab train` would run this preset with on these hosts (train.run.batching.decide, the
+    """The batch `fab train` would run this preset with on these hosts (train.plan.batching.decide, the
     GPUs' memory from nvidia-smi); `update_freq`: the user's --update-freq (max_tokens follows)."""
     run = Run(run_id="predict", hosts=[h.name for h in hosts], preset=preset, overrides=list(overrides),
               dataset=dataset, precision=precision, comm=comm if comm != "auto" else "sync",

@@ -22,7 +22,7 @@ Presets:
   24,000 updates, where their large-batch run reached 29.3 BLEU (11 B tokens, ≈ 70 epochs).
 
 max_tokens is the batch of a CPU host (and the cap where GPU memory is not known yet); on GPUs
-`fab train` derives max_tokens and update_freq from tokens_per_update (train.run.batching).
+`fab train` derives max_tokens and update_freq from tokens_per_update (train.plan.batching).
 
 Every preset: Adam (0.9, 0.98), inverse-sqrt schedule with linear warmup, label-smoothed
 cross entropy (0.1), shared embeddings (joint dictionary), the 5 best checkpoints by

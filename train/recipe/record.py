@@ -31,11 +31,11 @@ class Run:
     dataset: str
     master_port: int = 29500
     update_freq: int = 1
-    update_freq_given: bool = False  # the user's --update-freq: kept; else derived (train.run.batching)
+    update_freq_given: bool = False  # the user's --update-freq: kept; else derived (train.plan.batching)
     # --comm auto's accumulation beyond the recipe's (model.choose: update_freq x 2 or x 4 on a slow
     # link): every new world's derived update_freq is multiplied by it, so the chosen strategy lasts
     update_freq_scale: int = 1
-    max_tokens: int | None = None  # derived from the preset's tokens per update (train.run.batching)
+    max_tokens: int | None = None  # derived from the preset's tokens per update (train.plan.batching)
     max_tokens_cap: int | None = None  # the largest max_tokens the GPUs hold (memory model), as derived
     # checkpoints every ~10 minutes of this run's measured or predicted step (train.run.interval.choose)
     save_interval_updates: int | None = None

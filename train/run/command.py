@@ -49,13 +49,10 @@ from pathlib import PurePosixPath
 # NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
 from train.hostpaths import ENV_FILE
 from train.recipe import strategies
+from train.recipe.gpu_defaults import ALLOC_CONF, ALLOCATOR, default_precision  # noqa: F401 (its users read them here too)
 from train.recipe.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
-# torch's caching allocator on GPU hosts: segments that grow in place instead of a new reserve per
-# batch shape (fairseq's batches all differ), so a long run's peak stays near its tensors'
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-ALLOCATOR = "expandable_segments:True"
 
 
 def reading_env_file(env_file: str = ENV_FILE) -> str:
@@ -132,12 +129,6 @@ class Launch:
     @property
     def log_dir(self) -> str:
         return str(PurePosixPath(self.log_path).parent)
-
-
-def default_precision(gpus_per_host: list[int]) -> str:
-    """fp16 where every host has GPUs (V100 tensor cores need it; fairseq's GPU recipes use it),
-    fp32 where any host is CPU-only (fp16/bf16 need a GPU)."""
-    return "fp16" if gpus_per_host and all(g > 0 for g in gpus_per_host) else "fp32"
 
 
 def _fill(options: Mapping[str, Value], launch: Launch) -> dict[str, Value]:

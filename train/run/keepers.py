@@ -4,7 +4,7 @@
 cluster addresses, the heartbeat port and token, and every membership's exact training commands,
 built here by the one command builder (train.run.command), with the update-freq that keeps the
 run's effective batch on that membership's ranks (train.run.elastic.scaled_update_freq, re-derived
-by train.run.batching). The keepers then choose among those commands by themselves: no command is
+by train.plan.batching). The keepers then choose among those commands by themselves: no command is
 ever built on a host, and none needs the controller. Every ordered subset of the hosts is one
 membership: 2 hosts -> 3, 4 -> 15, 8 -> 255 (a spec of a few MB at most).
 """
@@ -22,9 +22,9 @@ import time
 from ..agent import tracker
 from ..agent.generation import change_line  # noqa: F401 (what following and status say)
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
+from ..plan import batching
 from ..recipe.record import Run
 from ..remote import agent_command
-from . import batching
 from .elastic import scaled_update_freq
 from .launch import host_commands
 

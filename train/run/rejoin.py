@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from ..plan import batching
 from ..recipe.record import Run
-from . import batching
 from .elastic import scaled_update_freq
 
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from ..cluster import ClusterError, Host, placement, select
 from ..exits import OptionError, Refused
-from ..plan import predict
+from ..plan import batching, predict
 from ..plan.link import PeerUnreachable
 from ..recipe import presets, strategies
 from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
-from . import batching, checkpoints, command, interval, keepers, launch, length, preflight
+from . import checkpoints, command, interval, keepers, launch, length, preflight
 from . import rejoin as rejoining
 from .follow import follow
 from .status import closing_mfu, summarize, why_stopped_early
@@ -36,7 +36,7 @@ class TrainRequest:
     dataset: str = "synthetic"
     run_id: str | None = None
     new: bool = False
-    update_freq: int | None = None  # None: derived from the preset's tokens per update (train.run.batching)
+    update_freq: int | None = None  # None: derived from the preset's tokens per update (train.plan.batching)
     precision: str | None = None  # None: fp16 on GPU hosts, fp32 on CPU hosts
     port: int = 29500
     dry_run: bool = False

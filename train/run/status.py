@@ -11,10 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cluster import ClusterError, Host, run_all
+from ..plan import batching
 from ..plan import mfu as flops
 from ..recipe import logformat
 from ..recipe.record import Run
-from . import batching, idle, launch
+from . import idle, launch
 from .launch import HostState
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from ..agent.generation import change_line
 from ..cluster import ranks_label
 from ..plan import mfu
+from ..plan.batching import VOCAB
 from ..recipe.logformat import progress
 from ..report import answers
-from ..run.batching import VOCAB
 from .feed import Reading
 
 WINDOW_S = 30.0  # the verdict's window: long enough for several samples, short enough to follow a cap

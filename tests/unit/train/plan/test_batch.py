@@ -1,4 +1,4 @@
-"""The recipe's batch on any cluster (train.plan.batch, train.run.batching) and the GPU memory model."""
+"""The recipe's batch on any cluster (train.plan.batch, train.plan.batching) and the GPU memory model."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 import pytest
 
 from train.cluster import Host
-from train.plan import batch, mfu
+from train.plan import batch, batching, mfu
 from train.recipe import presets
 from train.recipe.params import preset_params
 from train.recipe.record import Run
-from train.run import batching, command
+from train.run import command
 from train.run.preflight import memory_problem
 
 BASE, BIG = "transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big"

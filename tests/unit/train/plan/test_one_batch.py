@@ -1,5 +1,5 @@
 """One batch decision: `fab predict` prices, `fab train` checks and `fab bench-step` measures the batch
-`fab train` runs on the cluster's GPUs (train.run.batching.decide), and a compute time measured at
+`fab train` runs on the cluster's GPUs (train.plan.batching.decide), and a compute time measured at
 another max_tokens is scaled per token, saying so (train.plan.measurements.compute_at)."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 
 from train.cluster import GroupResult, Host, HostResult
-from train.plan import measurements, predict
+from train.plan import batching, measurements, predict
 from train.recipe.record import Run
-from train.run import batching
 
 BASE, BIG = "transformer_wmt_en_de", "transformer_vaswani_wmt_en_de_big"
 H100_MIB, V100_MIB = 81559, 16160  # NVML's and nvidia-smi's memory.total of an H100 80GB HBM3 and a V100 16GB

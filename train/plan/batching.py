@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..cluster import Host
-from ..plan import batch as batch_model
 from ..recipe import presets, strategies
 from ..recipe.record import Run
+from . import batch as batch_model
 
 VOCAB = 32000  # the joint dictionary the presets are meant for (the memory model's logits)
 
