@@ -9,7 +9,7 @@ import pytest
 
 from train.plan import model, predict
 from train.recipe import strategies
-from train.recipe.params import ParamCount, transformer_params
+from train.recipe.params import ParamCount, preset_params, transformer_params
 from train.recipe.presets import resolve
 from train.recipe.strategies import CommError
 from train.run.command import foreground_command, launches, training_command
@@ -114,3 +114,33 @@ def test_it_states_the_memory_its_error_feedback_keeps():
     assert strategies.parse("powersgd:4").extra_bytes_per_param({}) == 4
     lines = predict.slow_link_lines(int(BASE), 2, 100, dict(resolve("transformer_wmt_en_de").options), "powersgd:4")
     assert "powersgd:4 needs 0.24 GB more memory per GPU than sync" in lines[-1]
+
+
+THIRTEEN_TIMES_TINY = ["encoder_embed_dim=256", "decoder_embed_dim=256", "encoder_ffn_embed_dim=1024",
+                       "decoder_ffn_embed_dim=1024"]
+
+
+@pytest.mark.parametrize("overrides, measured", [
+    # fab bench-step --rates 10mbit,100mbit,none --comm powersgd:4 on the lab, 2026-11-26 (benchmarks/README.md,
+    # "PowerSGD"): per rate the iperf3 and all_reduce Mbit/s under the cap, s/update, NIC bytes sent per update
+    ([], {"10mbit": (8.5, 10.54, 0.330, 129_820), "100mbit": (95.1, 137.1, 0.251, 138_620),
+          "none": (9093.0, 246.6, 0.239, 128_859)}),
+    (THIRTEEN_TIMES_TINY, {"10mbit": (9.4, 7.54, 1.140, 480_406), "100mbit": (95.0, 101.5, 0.800, 453_303),
+                           "none": (13202.6, 721.8, 0.787, 448_407)}),
+])
+def test_bench_step_on_the_lab_is_predicted_within_15_percent(overrides, measured):
+    """The byte model is what the hosts' NICs sent (R x (rows + cols) a matrix, vectors dense: within 15%,
+    TCP/IP headers and tbf's resent drops above it), and bench-step's prediction from it (pytorch_ddp,
+    overlap fitted to the other capped rate) is the measured step within +-15% at both capped rates."""
+    from benchmarks import step
+
+    params = preset_params(resolve("tiny", overrides).options, 1008)  # the synthetic corpus' dictionary
+    points = [{"rate": rate, "link_mbps": link, "allreduce_mbps": allreduce, "s_per_update": s}
+              for rate, (link, allreduce, s, _) in measured.items()]
+    step.with_predictions(points, params, ranks=2, hosts=2, backend="pytorch_ddp", comm="powersgd:4")
+    for p in points:
+        sent = measured[p["rate"]][3]
+        assert 1.0 <= sent / p["model_tx_bytes"] < 1.15, p["rate"]
+        assert abs(p["error"]) <= 0.15, (p["rate"], p["predicted_s"], p["s_per_update"])
+    # a tenth of sync's bytes for tiny, a thirty-fifth for the 13x model: the cap costs it little
+    assert points[0]["model_tx_bytes"] < strategies.parse("sync").payload_bytes(params, "fp32") / 9
