@@ -215,7 +215,8 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_its_own_copy(data_ready):
     assert follower.returncode == 0, out[-4000:]
     start = re.search(r"started\s+on\s+2\s+hosts\s+\(tiny;\s+batch\s+2\s+hosts\s+x\s+1\s+rank\s+x\s+2,048\s+"
                       r"tokens\s+x\s+update-freq\s+1\s+=\s+4,096\s+tokens\s+per\s+update;\s+"
-                      r"(checkpoint\s+every\s+10\s+updates\s+\([^)]*\));", out)
+                      r"[^;]*tokens\s+per\s+update\s+x\s+70\s+updates[^;]*epochs[^;]*;\s+"  # the run's length
+                      r"(checkpoint\s+every\s+10\s+updates\s+(?:as\s+set\s+)?\([^)]*\));", out)
     assert start, out[:3000]  # bounded loss: the interval, and its time or that it is unmeasured
     print(" ".join(start.group(1).split()))
     said = re.search(r"generation 2: v100b from update (\d+) \(v100b's checkpoint\), update-freq 2; "

@@ -52,7 +52,9 @@ def test_bench_net_measures_each_hosts_ranks_alone_then_all_four(two_by_two):
 def test_dry_run_says_each_hosts_ranks_and_the_batch(two_by_two):
     out = fab(two_by_two, "train", "--new", "--dry-run").stdout
     assert "--nproc_per_node 2" in out and '--distributed-rank "$RANK"' in out and "--distributed-world-size 4" in out
-    assert f"{BATCH}; ranks v100a 0-1, v100b 2-3" in out, out[-2000:]
+    # the batch, the run's length in tokens (train.run.length), the checkpoint interval, then the ranks
+    assert re.search(re.escape(BATCH) + r"; .*? tokens per update x 300 updates = .*?; checkpoint every .*; "
+                     r"ranks v100a 0-1, v100b 2-3", out), out[-2000:]
 
 
 @pytest.fixture(scope="module")
