@@ -248,7 +248,7 @@ def test_losing_rank_0s_host_goes_on_on_v100b_from_its_own_copy(data_ready):
 
     # resumed on the host it has now, 10 more updates: the start line times the interval with the run's own pace
     again = fab(data_ready, "--hosts", "v100b", "train", "--run", run_id, "--set", "max_update=80").stdout
-    measured = re.search(r"checkpoint\s+every\s+10\s+updates\s+\(≈\s+\d+\s+s\s+at\s+[\d.]+\s+s/update,"
+    measured = re.search(r"checkpoint\s+every\s+10\s+updates\s+(?:as\s+set\s+)?\(≈\s+\d+\s+s\s+at\s+[\d.]+\s+s/update,"
                          r"\s+this\s+run's\s+log\)", again)
     assert measured, again[-3000:]
     print(" ".join(measured.group(0).split()))
