@@ -153,11 +153,33 @@ def prebuilt_fairseq(python: str) -> Path | None:
     return wheels[-1] if wheels else None
 
 
+# What a build writes into --dest (besides its *.whl): a rebuild clears these and keeps anything else
+# there (tools/: the py-spy wheel on_gpu.sh's PROFILE installs).
+KIT_ENTRIES = ("sdist", "subwords", "MANIFEST.json")
+
+
+def _is_kit(dest: Path) -> bool:
+    """`dest` holds a kit this module wrote: its MANIFEST.json parses and has the kit's keys."""
+    try:
+        manifest = json.loads((dest / "MANIFEST.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and {"needs", "wheels", "subwords"} <= manifest.keys()
+
+
 def _fresh(dest: Path) -> None:
-    """Empty `dest` for the kit; never a directory that is not one (a mistyped --dest)."""
-    if dest.exists() and any(dest.iterdir()) and not (dest / "MANIFEST.json").exists():
-        raise SystemExit(f"{dest} is not empty and holds no kit (no MANIFEST.json): give another --dest")
-    shutil.rmtree(dest, ignore_errors=True)
+    """Clear the kit's own entries in `dest`; never a directory that holds no kit (a mistyped --dest)
+    nor what a kit's directory holds besides (tools/)."""
+    if dest.exists() and not dest.is_dir():
+        raise SystemExit(f"--dest {dest} is a file, not a directory: give another --dest")
+    if dest.is_dir() and any(dest.iterdir()) and not _is_kit(dest):
+        raise SystemExit(f"{dest} is not empty and holds no kit (no MANIFEST.json of gpu_kit's): give another --dest")
+    if dest.is_dir():
+        for path in [*dest.glob("*.whl"), *(dest / name for name in KIT_ENTRIES)]:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
     (dest / "sdist").mkdir(parents=True)
     (dest / "subwords").mkdir()
 

@@ -137,3 +137,28 @@ def test_a_directory_that_is_not_a_kit_is_never_emptied(tmp_path):
     assert (mistaken / "notes.txt").read_text() == "mine"
     gpu_kit.assemble(tmp_path / "kit", downloaded, tmp_path / "corpus", "3.12", None)
     gpu_kit.assemble(tmp_path / "kit", downloaded, tmp_path / "corpus", "3.12", None)  # a kit is rebuilt
+
+
+def test_a_rebuild_keeps_what_else_the_kit_holds_and_refuses_a_foreign_manifest(tmp_path):
+    downloaded = _downloaded(tmp_path, ["hydra_core-1.3.2-py3-none-any.whl"])
+    kit = tmp_path / "kit"
+    gpu_kit.assemble(kit, downloaded, tmp_path / "corpus", "3.12", None)
+    (kit / "tools").mkdir()
+    (kit / "tools" / "py_spy-0.4.0-py2.py3-none-manylinux_2_5_x86_64.whl").write_bytes(b"wheel")
+    (kit / "stale-1.0-py3-none-any.whl").write_bytes(b"old")
+    gpu_kit.assemble(kit, downloaded, tmp_path / "corpus", "3.12", None)
+    assert (kit / "tools" / "py_spy-0.4.0-py2.py3-none-manylinux_2_5_x86_64.whl").exists()  # on_gpu.sh's PROFILE
+    assert not (kit / "stale-1.0-py3-none-any.whl").exists()
+    # another tool's MANIFEST.json (a web app's, an extension's) is not a kit's
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "MANIFEST.json").write_text('{"name": "my app"}')
+    (site / "index.html").write_text("mine")
+    with pytest.raises(SystemExit, match="holds no kit"):
+        gpu_kit.assemble(site, downloaded, tmp_path / "corpus", "3.12", None)
+    assert (site / "index.html").read_text() == "mine"
+    afile = tmp_path / "kit.txt"
+    afile.write_text("mine")
+    with pytest.raises(SystemExit, match="is a file"):
+        gpu_kit.assemble(afile, downloaded, tmp_path / "corpus", "3.12", None)
+    assert afile.read_text() == "mine"
