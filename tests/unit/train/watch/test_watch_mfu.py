@@ -5,12 +5,10 @@ a CPU run has none."""
 from __future__ import annotations
 
 import json
-import time
-from datetime import UTC, datetime
 
 import pytest
 from rich.console import Console
-from watch_replay import cpu_run, gpu_run
+from watch_replay import at, cpu_run, gpu_run
 
 from train.watch import render, screen
 from train.watch.feed import Reading
@@ -20,18 +18,7 @@ BIG = {"run_id": "big-h100", "hosts": ["gpu0"], "preset": "transformer_vaswani_w
        "dataset": "wmt16-en-de", "precision": "fp16"}
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    """The log times are UTC, read as local time: as on the machine that recorded them."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
-def at(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+pytestmark = pytest.mark.usefixtures("utc")  # conftest: the log times read as UTC
 
 
 def inner(stamp: str, updates: int, wps: float) -> str:

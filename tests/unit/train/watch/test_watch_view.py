@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from rich.console import Console
-from watch_replay import cpu_run, gpu_run, unreachable
+from watch_replay import at, cpu_run, gpu_run, unreachable
 
 from train.watch import render, screen
 from train.watch.screen import Gpu, HostRow
@@ -17,18 +15,7 @@ from train.watch.screen import Gpu, HostRow
 GOLDEN = Path(__file__).parent / "golden"
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    """The recordings' log times are UTC, read as local time: as on the machine that recorded them."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
-def at(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+pytestmark = pytest.mark.usefixtures("utc")  # conftest: the log times read as UTC
 
 
 def text_of(shown: screen.Screen, width: int = 80, height: int = 24) -> str:

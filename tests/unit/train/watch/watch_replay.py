@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from train.report.answers import read_samples
@@ -12,6 +12,11 @@ from train.watch.feed import Reading
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 CPU_10MBIT = FIXTURES / "watch" / "cpu-10mbit"  # the lab, tiny preset, 10mbit cap: tw-try1
 H100 = FIXTURES / "report" / "h100-base-fp16"  # one H100, the base preset in fp16
+
+
+def at(text: str) -> float:
+    """A log stamp (`2026-11-23 02:13:30`, UTC) as a timestamp."""
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
 
 
 def log_until(lines: list[str], now: float) -> list[str]:
