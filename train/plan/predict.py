@@ -33,7 +33,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from train.cluster import ClusterError, Host, run_all, world_size
+from train.cluster import ClusterError, GroupResult, Host, run_all, world_size
 from train.hostpaths import DATA_ROOT
 from train.plan import batching
 from train.recipe import presets, strategies
@@ -134,20 +134,34 @@ def compute_from_bench(params: int, n_hosts: int, ranks: int, preset: str | None
     return None, "unknown: run `fab bench-step --rates none` with the same model (or pass --compute-s)"
 
 
+GPU_MEMORY = "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits"
+
+
 def gpu_memory(hosts: list[Host]) -> dict[str, float]:
-    """Each GPU host's smallest GPU memory (GiB), asked from nvidia-smi now (as the probe's, MiB);
-    a host that does not answer is left out (its batch then says the memory was not probed)."""
+    """Each GPU host's smallest GPU memory (GiB), asked from nvidia-smi now (as the probe's, MiB).
+    Bounded: a wedged driver hangs nvidia-smi, and `fab predict` should say so, not wait forever."""
     gpu_hosts = [h for h in hosts if h.gpus > 0]
     if not gpu_hosts:
         return {}
-    results = run_all(gpu_hosts, "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits")
-    answers = {}
-    for host in gpu_hosts:
+    return gpu_memory_of(run_all(gpu_hosts, GPU_MEMORY, timeout=30), gpu_hosts)
+
+
+def gpu_memory_of(results: GroupResult, hosts: list[Host]) -> dict[str, float]:
+    """gpu_memory from nvidia-smi's answers; a host without one fails naming it and why: pricing
+    the other hosts' GPUs would size a batch the silent host's smaller GPU may not hold."""
+    answers, problems = {}, []
+    for host in hosts:
         result = results[host.name]
-        mib = [int(x) for x in (result.stdout or "").split() if x.isdigit()] if result.ok else []
+        mib = [int(x) for x in result.stdout.split() if x.isdigit()] if result.ok else []
         if mib:
             answers[host.name] = {"gpus": [{"memory_mib": m} for m in mib]}
-    return batching.gpu_gib_of(answers, gpu_hosts)
+        else:
+            why = result.why if not result.ok else f"no memory in its answer: {result.stdout.strip()[-200:]!r}"
+            problems.append(f"{host.name} ({host.address}): nvidia-smi: {why}")
+    if problems:
+        raise ClusterError("the GPUs' memory (the batch's cap) could not be read:\n  " + "\n  ".join(problems)
+                           + "\n  check the driver there (`nvidia-smi`), or leave the host out")
+    return batching.gpu_gib_of(answers, hosts)
 
 
 def batch_for(hosts: list[Host], preset: str, overrides: list[str], dataset: str, precision: str,

@@ -24,7 +24,7 @@ def fake_hosts(monkeypatch, mib: int) -> list[str]:
     """The hosts' answers: nvidia-smi's memory of each GPU, the dictionary's lines (a fake of the GPUs)."""
     asked = []
 
-    def run_all(hosts, command):
+    def run_all(hosts, command, **_):
         asked.append(command)
         out = "\n".join([str(mib)] * hosts[0].gpus) if command.startswith("nvidia-smi") else f"{VOCAB - 4}\n"
         return GroupResult({h.name: HostResult(h.name, stdout=out, exited=0) for h in hosts})

@@ -130,7 +130,7 @@ def test_fab_predict_takes_fab_trains_precision_and_splits_set_between_overrides
         asked.update(preset=preset, overrides=overrides, link=link_source, **kwargs)
         return "the verdict"
 
-    def run_all(hosts, command):  # a fake nvidia-smi: two 80 GB H100s a host
+    def run_all(hosts, command, **_):  # a fake nvidia-smi: two 80 GB H100s a host
         assert command.startswith("nvidia-smi --query-gpu=memory.total")
         return GroupResult({h.name: HostResult(h.name, stdout="81559\n81559\n", exited=0) for h in hosts})
 
