@@ -28,8 +28,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..plan.batching import VOCAB
 from ..plan.mfu import peak_tflops
 from ..recipe import presets
+from . import disk
 
 BOUND_S = 600  # ~10 minutes of training, at most, done again after a resume
 
@@ -229,10 +231,11 @@ def predicted_step(preset: str, tokens_per_rank: int | None = None, gpu_name: st
     return StepFigure(s, f"predicted: {ref.hardware}{scaled}; `fab bench-step --rates none` measures it")
 
 
-def derived_interval(preset: str, figure: StepFigure | None, given: int | None = None) -> int | None:
+def derived_interval(preset: str, figure: StepFigure | None, given: int | None = None,
+                     bound_s: float = BOUND_S) -> int | None:
     """The run's save_interval_updates: the user's (`given`), else the reference's fixed one (tiny),
-    else the largest round interval within ~10 minutes at `figure`'s s/update; None without any (the
-    preset's own value stays)."""
+    else the largest round interval within `bound_s` (~10 minutes) at `figure`'s s/update; None
+    without any (the preset's own value stays)."""
     if given is not None:
         return given
     ref = REFERENCE.get(preset)
@@ -240,7 +243,21 @@ def derived_interval(preset: str, figure: StepFigure | None, given: int | None =
         return ref.every
     if figure is None:
         return None
-    return suggested_interval(figure.s_per_update)
+    return suggested_interval(figure.s_per_update, bound_s)
+
+
+# The keepers copy each checkpoint from rank 0's host to every other host over the cluster link, beside
+# the all-reduce: at most this share of the link's time goes to it. Transformer big's 2.5 GB file to one
+# peer at 100 Mbit/s takes 200 s, so it saves every 1,000 s at least there, not every 10 minutes.
+REPLICATION_SHARE = 0.2
+
+
+def replication_floor_s(checkpoint_bytes: float, peers: int, link_mbps: float | None) -> float | None:
+    """The shortest time between saves that keeps copying checkpoints to `peers` hosts (all from rank
+    0's NIC) within REPLICATION_SHARE of a `link_mbps` link; None without a link or a peer."""
+    if not link_mbps or peers < 1:
+        return None
+    return checkpoint_bytes * peers * 8 / (link_mbps * 1e6) / REPLICATION_SHARE
 
 
 @dataclass(frozen=True)
@@ -250,12 +267,18 @@ class Checkpoints:
     every: int | None
     figure: StepFigure | None
     given: bool  # the user's --set save_interval_updates
+    replication_s: float | None = None  # a save's copy to the peers, when it stretched the interval
 
     def phrase(self) -> str:
-        return start_phrase(self.every, self.figure, given=self.given)
+        said = start_phrase(self.every, self.figure, given=self.given)
+        if self.replication_s is None:
+            return said
+        return (f"{said}; longer than {format_duration(BOUND_S)}: each checkpoint takes "
+                f"{format_duration(self.replication_s * REPLICATION_SHARE)} to reach the other hosts over the "
+                f"measured link, at most {REPLICATION_SHARE:.0%} of its time")
 
     def warning(self) -> str | None:
-        return over_bound(self.every, self.figure)
+        return None if self.replication_s is not None else over_bound(self.every, self.figure)
 
 
 def choose(run, hosts, read_log: bool) -> Checkpoints:
@@ -268,9 +291,12 @@ def choose(run, hosts, read_log: bool) -> Checkpoints:
         if presets.overridden(run.overrides, "save_interval_updates") else None
     tokens = int(options.get("max_tokens") or 0) * max(1, run.update_freq) or None
     figure = measured_step(run, hosts, read_log) or predicted_step(run.preset, tokens, run.gpu_name)
-    every = derived_interval(run.preset, figure, given)
+    floor = replication_floor_s(disk.checkpoint_bytes(options, VOCAB), len(hosts) - 1, run.link_mbps)
+    fixed = REFERENCE[run.preset].every if run.preset in REFERENCE else None
+    stretched = floor if floor and floor > BOUND_S and given is None and figure and not fixed else None
+    every = derived_interval(run.preset, figure, given, bound_s=stretched or BOUND_S)
     if given is None and every:
         run.save_interval_updates = every  # train.recipe.record applies it to the command
     elif every is None:
         every = int(options.get("save_interval_updates") or 0)
-    return Checkpoints(every, figure, given is not None)
+    return Checkpoints(every, figure, given is not None, stretched)

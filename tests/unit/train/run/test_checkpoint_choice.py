@@ -77,3 +77,27 @@ def test_a_resumed_run_chooses_again_from_scratch(bench_dir):
     run.save_interval_updates = 100  # chosen at its start on other hardware
     interval.choose(run, HOSTS, read_log=False)
     assert saves_every(run) == 2000
+
+
+def big_run(link_mbps: float | None) -> Run:
+    return Run(run_id="r", hosts=[h.name for h in HOSTS], preset="transformer_vaswani_wmt_en_de_big", overrides=[],
+               dataset="wmt16", precision="fp16", max_tokens=26985, update_freq=17, link_mbps=link_mbps,
+               gpu_name="NVIDIA H100 80GB HBM3")
+
+
+def test_a_slow_link_stretches_the_interval_so_copies_to_the_peers_stay_a_fifth_of_it(bench_dir):
+    """Big's 2.5 GB checkpoint crosses a 100 Mbit/s link to the other host in ~200 s: saving every 10
+    minutes would keep the link copying a third of the time, beside the all-reduce."""
+    fast = big_run(10_000)
+    fast_saves = interval.choose(fast, HOSTS, read_log=False)
+    assert fast_saves.replication_s is None and "reach the other hosts" not in fast_saves.phrase()
+    assert fast_saves.every * fast_saves.figure.s_per_update <= interval.BOUND_S * 1.1
+
+    slow = big_run(100)
+    saves = interval.choose(slow, HOSTS, read_log=False)
+    copy_s = saves.replication_s * interval.REPLICATION_SHARE
+    assert 190 < copy_s < 215
+    assert slow.save_interval_updates == saves.every  # what the hosts' commands carry
+    assert saves.every * saves.figure.s_per_update >= 0.5 * saves.replication_s  # a round number at most 2x under
+    assert saves.every > fast_saves.every
+    assert "longer than 10 min: each checkpoint takes 3 min" in saves.phrase() and saves.warning() is None
