@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import psutil
 
@@ -227,13 +228,8 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
                                  master_port=29500, data_dir=str(data), run_dir=str(run_dir), venv=venv,
                                  precision=precision, update_freq=derived.update_freq)
     env = {**os.environ, **RUN_ENV.get(name, {})}
-    saved = dict(os.environ)
-    os.environ.update(env)  # the line reads the user's allocator setting from here (command.environment)
-    try:
+    with mock.patch.dict(os.environ, RUN_ENV.get(name, {})):  # command.environment reads the allocator here
         line = command.training_command(preset, launch)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     spy = None
     if profile_window and out:
         # tandem's entry point (train/agent/fairseq_train.py) profiles a window of updates; py-spy
