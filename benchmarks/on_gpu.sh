@@ -13,6 +13,9 @@
 set -uo pipefail
 KIT=${KIT:-kit}; OUT=${OUT:?an output directory}; RUNS=${RUNS:-base-fp16,big-fp16,big-bf16}
 REPEAT=${REPEAT:-30}; WORK=${WORK:-/tmp/tandem-gpu}
+# before anything runs: a kit left behind is otherwise a tar error minutes into the session
+[ -f "$KIT/MANIFEST.json" ] || ls "$KIT"/sdist/fairseq_fixed-*.tar.gz >/dev/null 2>&1 || {
+  echo "KIT=$KIT holds no kit (no MANIFEST.json, no sdist/fairseq_fixed-*.tar.gz): run make gpu-kit here, carry kit/" >&2; exit 2; }
 top=$(pwd); py=$(command -v python3); venv=$("$py" -c 'import sys; print(sys.prefix)')
 mkdir -p "$OUT" "$WORK"
 # A device machine returns only a few files: the results travel as one archive.
