@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from ..cluster import Host, run_all
+from ..cluster import Host, HostResult, run_all
 
 SPECIALS = 4  # fairseq's <s>, <pad>, </s>, <unk>: in the dictionary, not in dict.en.txt
 UINT16_SYMBOLS = 65500  # fairseq's best_fitting_int_dtype: uint16 below it
@@ -32,7 +32,7 @@ def count_text(n: float) -> str:
 
 
 def length_phrase(tokens_per_update: int | None, updates: int | None, dataset_tokens: int | None,
-                  dataset: str) -> str:
+                  dataset: str, unread: str = "not read from the hosts") -> str:
     """The run's length: tokens per update x updates = total tokens ≈ epochs of `dataset`."""
     if not tokens_per_update:
         return f"{updates:,} updates" if updates else "no max_update"
@@ -42,7 +42,7 @@ def length_phrase(tokens_per_update: int | None, updates: int | None, dataset_to
     total = tokens_per_update * updates
     head = f"{head} x {updates:,} updates = {count_text(total)} tokens"
     if not dataset_tokens:
-        return f"{head} (epochs of {dataset}: its size unknown, not read from the hosts)"
+        return f"{head} (epochs of {dataset}: its size unknown, {unread})"
     epochs = total / dataset_tokens
     shown = f"{epochs:.0f}" if epochs >= 10 else f"{epochs:.2g}"
     return f"{head} ≈ {shown} epochs of {dataset} ({count_text(dataset_tokens)} tokens)"
@@ -56,24 +56,29 @@ def dataset_tokens(bin_bytes: Sequence[int], dict_lines: int) -> int | None:
     return max(bin_bytes) // itemsize
 
 
-def read_dataset_tokens(host: Host, data_dir: str, langs: tuple[str, str] = ("en", "de")) -> int | None:
-    """`dataset_tokens` of the prepared data on `host`; None when it cannot be read (never fails a start)."""
+def read_dataset_tokens(host: Host, data_dir: str, langs: tuple[str, str] = ("en", "de")) -> tuple[int | None, str]:
+    """`dataset_tokens` of the prepared data on `host`, or None and why not (said on the start line:
+    a failed read never fails a start, but the user should see where and why the epochs are missing)."""
     pair = "-".join(langs)
     files = " ".join(shlex.quote(f"{data_dir}/train.{pair}.{lang}.bin") for lang in langs)
     command = f"stat -c %s {files} && wc -l < {shlex.quote(f'{data_dir}/dict.{langs[0]}.txt')}"
-    try:
-        result = run_all([host], command, timeout=15)[host.name]
-        numbers = [int(word) for word in result.stdout.split()] if result.ok else []
-    except Exception:  # noqa: BLE001 - an unreachable host or odd output only loses the epochs
-        return None
-    if len(numbers) != len(langs) + 1:
-        return None
-    return dataset_tokens(numbers[:-1], numbers[-1])
+    return tokens_of_answer(run_all([host], command, timeout=15)[host.name], host, len(langs))
 
 
-def of_run(run, hosts: list[Host], dataset_size: int | None) -> str:
+def tokens_of_answer(result: HostResult, host: Host, n_langs: int = 2) -> tuple[int | None, str]:
+    """read_dataset_tokens from the host's answer: (tokens, "") or (None, `not read on HOST: why`)."""
+    if not result.ok:
+        return None, f"not read on {host.name}: {result.why}"
+    words = result.stdout.split()
+    if len(words) != n_langs + 1 or not all(w.isdigit() for w in words):
+        return None, f"not read on {host.name}: odd answer {result.stdout.strip()[-200:]!r}"
+    tokens = dataset_tokens([int(w) for w in words[:-1]], int(words[-1]))
+    return (tokens, "") if tokens else (None, f"not read on {host.name}: an empty dictionary")
+
+
+def of_run(run, hosts: list[Host], dataset_size: int | None, unread: str = "not read from the hosts") -> str:
     """The length phrase of `run` on `hosts` (its max_tokens x update_freq x ranks, its max_update)."""
     options = run.resolved_preset().options
     max_tokens = int(options.get("max_tokens") or 0)
     per_update = max_tokens * max(1, run.update_freq) * sum(h.ranks for h in hosts) if max_tokens else None
-    return length_phrase(per_update, run.max_update, dataset_size, run.dataset)
+    return length_phrase(per_update, run.max_update, dataset_size, run.dataset, unread)

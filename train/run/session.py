@@ -115,11 +115,12 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
     run.order = [h.name for h in hosts]  # every host the keepers know, rank order
     saves = interval.choose(run, hosts, read_log=resuming)  # the batch, GPU and link are known now
-    size = length.read_dataset_tokens(hosts[0], run.data_dir)
+    size, unread = length.read_dataset_tokens(hosts[0], run.data_dir)
     run.save()
     keepers.start(run, hosts, elastic=request.elastic)  # the hosts keep the run from here on, followed or not
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
-                  f"({run.preset}; {launch.batch(run, hosts)}; {length.of_run(run, hosts, size)}; {saves.phrase()}; "
+                  f"({run.preset}; {launch.batch(run, hosts)}; {length.of_run(run, hosts, size, unread)}; "
+                  f"{saves.phrase()}; "
                   + (f"{cost}; " if cost else "") + f"logs {run.remote_dir}/train.log on each)")
     if derived:
         console.print(f"batch derived: {derived.line()}", markup=False)

@@ -3,7 +3,7 @@ epochs of its dataset (the dataset's tokens read from its prepared binaries)."""
 
 from __future__ import annotations
 
-from train.cluster import Host
+from train.cluster import Host, HostResult
 from train.recipe.presets import PRESETS
 from train.recipe.record import Run
 from train.run import length
@@ -43,3 +43,16 @@ def test_a_runs_length_is_its_batch_on_its_hosts():
     run = Run(run_id="r", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic", update_freq=2)
     assert length.of_run(run, hosts, 1_000_000) == (
         "8,192 tokens per update x 300 updates = 2.5 M tokens ≈ 2.5 epochs of synthetic (1.0 M tokens)")
+
+
+def test_a_dataset_size_not_read_says_on_which_host_and_why():
+    host = Host("g0", "203.0.113.10", gpus=8)
+    missing = HostResult("g0", stderr="stat: cannot stat '/data/tandem/datasets/wmt16/train.en-de.en.bin': "
+                                      "No such file or directory\n", exited=1)
+    size, unread = length.tokens_of_answer(missing, host)
+    assert size is None
+    phrase = length.length_phrase(458752, 24000, size, "wmt16", unread)
+    assert phrase.endswith("(epochs of wmt16: its size unknown, not read on g0: stat: cannot stat "
+                           "'/data/tandem/datasets/wmt16/train.en-de.en.bin': No such file or directory)")
+    assert length.tokens_of_answer(HostResult("g0", stdout="280000000\n270000000\n31992\n", exited=0), host) == (
+        140_000_000, "")
