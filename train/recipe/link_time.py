@@ -1,6 +1,6 @@
 """The link's arithmetic: what a ring all-reduce sends per host, how long a transfer takes on a
 measured link, and a collective's time limit from it (a preset's failure timeouts are sized by it;
-train.run.comm re-exports it beside the strategies' names).
+the strategies themselves are train.recipe.strategies).
 """
 
 from __future__ import annotations

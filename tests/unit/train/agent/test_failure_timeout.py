@@ -7,9 +7,10 @@ import subprocess
 import sys
 import time
 
+from train.recipe import link_time as comm
 from train.recipe import presets
 from train.recipe.record import Run
-from train.run import comm, command
+from train.run import command
 
 WAIT_FOR_A_PEER = """
 import torch.distributed as dist
