@@ -12,7 +12,7 @@ reports; any other GPU is "peak unknown", never a guess.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from ..recipe.params import ARCH_DIMS, preset_params
 
@@ -108,12 +108,6 @@ def mfu_text(value: float | None, gpu_name: str | None = None) -> str:
     if value is None:
         return f"MFU: peak unknown ({gpu_name})" if gpu_name else "MFU: peak unknown"
     return f"MFU {value:.0%}"
-
-
-def gpu_name_of(samples: Iterable[Mapping]) -> str | None:
-    """The first GPU the monitor's samples name (train.agent.monitor: NVML's name, the peak table's key);
-    None where none does (a CPU host, a recording from before the monitor named them)."""
-    return next((str(g["name"]) for s in samples for g in s.get("gpus") or [] if g.get("name")), None)
 
 
 def beside_wps(options: Mapping[str, object], vocab: int, tokens_per_s: float | None, gpus: int,

@@ -582,8 +582,9 @@ def verdict_line(network: Answer, gpus: Answer) -> str:
         used = gpus.numbers.get("mfu")
         if used is not None:
             gpu += f" · MFU {used:.0%}" + (" (waiting)" if gpus.verdict == "waiting" else "")
-        elif "mfu" in gpus.numbers:
-            gpu += " · MFU: peak unknown"
+        elif "mfu" in gpus.numbers:  # the GPU named where known: an unknown one is said, never guessed
+            name = gpus.numbers.get("gpu_name")
+            gpu += f" · MFU: peak unknown ({name})" if name else " · MFU: peak unknown"
     else:
         gpu = "no GPU (absent, not 0%)" if gpus.verdict == "absent" else "GPUs not measured"
     joint = "while" if network.verdict == "network-bound" and util is not None else "·"

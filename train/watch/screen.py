@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 from ..agent.generation import change_line
 from ..cluster import ranks_label
-from ..plan import mfu
-from ..plan.batching import VOCAB
 from ..recipe.logformat import progress
 from ..report import answers
 from .feed import Reading
@@ -60,7 +58,6 @@ class RunRow:
     wps: float | None
     eta_s: float | None
     finished: bool
-    mfu: str = ""  # beside words/s: `MFU 24%`, `MFU: peak unknown (NAME)`; "" on a CPU run (train.plan.mfu)
 
 
 @dataclass(frozen=True)
@@ -118,20 +115,11 @@ def build(run: dict, readings: list[Reading], now: float, link_mbps: float | Non
     p = progress(data.log, data.options.get("max_update") or data.log.max_update)
     rate, source = answers.link(data, link_mbps)
     run_row = RunRow(p.update, p.max_update, p.loss, ivs[-1].step_s if ivs else None, step.numbers.get("median_s"),
-                     p.wps, p.eta_seconds, p.finished, run_mfu(run, data.options, readings, p.wps))
+                     p.wps, p.eta_seconds, p.finished)
     hosts = [host_row(r, now) for r in readings]
     return Screen(str(run.get("run_id", "?")), now, rate, source, hosts, run_row,
                   answers.verdict_line(net, gpus) if data.samples else "waiting for samples",
                   membership_lines(readings))
-
-
-def run_mfu(run: dict, options: dict, readings: list[Reading], wps: float | None) -> str:
-    """The MFU of the latest logged words/s (all ranks) over the run's GPUs (the inventory's, on the
-    hosts followed), by the GPU's name as the probe recorded it (run.json) or the monitor's samples say."""
-    if not options:  # a preset this version does not know: no model to count the FLOPs of
-        return ""
-    name = run.get("gpu_name") or mfu.gpu_name_of(s for r in readings for s in r.samples)
-    return mfu.beside_wps(options, VOCAB, wps, sum(r.gpus for r in readings), name)
 
 
 def membership_lines(readings: list[Reading], last: int = 3) -> tuple[str, ...]:
