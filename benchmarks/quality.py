@@ -60,7 +60,7 @@ OWNED = ("max_update", "validate_after_updates")  # --updates sets them, for eve
 
 @dataclass(frozen=True)
 class Entry:
-    """One strategy to measure: a train.run.comm strategy, or sync with gradient accumulation."""
+    """One strategy to measure: a train.recipe.strategies strategy, or sync with gradient accumulation."""
 
     label: str  # as the table shows it: sync, fp16, local-sgd:16, update-freq:4
     comm: str = "sync"
