@@ -167,7 +167,10 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict],
             continue
         if a.get("cuda_devices", 0) != host.gpus and host.gpus > 0:
             problems.append(f"{host.name}: expected {host.gpus} GPUs, torch sees {a.get('cuda_devices')}")
-        if host.gpus > 0 and (too_big := memory_problem(run, host.name, a.get("gpus") or [])):
+        if host.gpus > 0 and "gpu_error" in a:  # its memory unknown, the batch would be sized by the others'
+            problems.append(f"{host.name}: NVML could not read its GPUs ({a['gpu_error']}): check the driver "
+                            "(`nvidia-smi` there); re-run provision.yml --tags nvidia_driver")
+        elif host.gpus > 0 and (too_big := memory_problem(run, host.name, a.get("gpus") or [])):
             problems.append(too_big)
         if a.get("data") is None:
             problems.append(f"{host.name}: no dataset at {run.data_dir}: run `fab prepare-data`")

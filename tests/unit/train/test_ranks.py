@@ -147,3 +147,17 @@ def test_the_network_check_counts_every_rank_of_every_host():
     one = predict.assess([cpu("v100a"), cpu("v100b")], params, link_mbps=100.0, link_source="given",
                          compute_s=0.6, compute_source="given")
     assert one.ranks == 2 and v.prediction.comm_s == pytest.approx(1.5 * one.prediction.comm_s)
+
+
+def test_a_host_whose_gpus_nvml_cannot_read_is_refused_naming_it_and_the_error():
+    """Its GPUs' memory unknown, the batch would be sized by the other hosts' GPUs alone."""
+    hosts = [gpu("v100a", 2), gpu("v100b", 2)]
+    run = record.Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic",
+                     precision="fp16")
+    answer = {"agent": "x", "cuda_devices": 2, "data": "abc", "free_gb": 100, "port_free": True,
+              "gpus": [{"name": "Tesla V100-SXM2-16GB", "memory_mib": 16160}] * 2}
+    broken = {**answer, "gpu_error": "NVMLError_DriverNotLoaded('Driver Not Loaded')"}
+    del broken["gpus"]
+    problems = preflight.check(run, hosts, {"v100a": answer, "v100b": broken}, pins_wanted={}, agent="x")
+    assert problems == ["v100b: NVML could not read its GPUs (NVMLError_DriverNotLoaded('Driver Not Loaded')): "
+                        "check the driver (`nvidia-smi` there); re-run provision.yml --tags nvidia_driver"], problems
