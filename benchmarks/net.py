@@ -89,6 +89,14 @@ def versus_iperf3(rows: list[dict], link_mbps: float | None, backend: str, nccl_
             f"{measured} (slowest pair, {flows}){ratio}")
 
 
+def slowest_pair_streams(pairs: list, hosts: list[Host]) -> int:
+    """The iperf3 streams of the pair link_mbps reports (the slowest): its sender's, as train.plan.link
+    measured it; hosts[0]'s where no pair measured."""
+    slowest = min((p for p in pairs if p.mbps), key=lambda p: p.mbps, default=None)
+    sender = next((h for h in hosts if slowest and h.name == slowest.src), hosts[0])
+    return iperf.streams(sender.var("network_iperf_streams"), sender.var("network_expected_mbps"))
+
+
 def with_efficiency(results: list[dict], link_mbps: float | None) -> list[dict]:
     """Each all_reduce row plus `efficiency` = busbw / link (None without a link figure)."""
     out = []
@@ -285,7 +293,7 @@ def bench_net(hosts: list[Host], min_size: str = "1M", max_size: str | None = No
     say(f"# inter-host: all_reduce, {result['backend']}, {result['world_size']} ranks on {len(hosts)} hosts; "
         f"link {link_mbps} Mbit/s (slowest iperf3 pair)")
     say(table(rows))
-    streams = iperf.streams(hosts[0].var("network_iperf_streams"), hosts[0].var("network_expected_mbps"))
+    streams = slowest_pair_streams(pairs, hosts)
     nccl_env = result.get("nccl_env") or {}
     say(versus_iperf3(rows, link_mbps, result["backend"], nccl_env, streams, [h.name for h in hosts if h.gpus == 0]))
     now = datetime.now(UTC)

@@ -411,3 +411,13 @@ def test_bench_net_on_gpu_hosts_reports_nccl_beside_iperf3(monkeypatch, tmp_path
                         "16 streams), 86%")
     assert report["nccl"] == {"measured": True, "settings": nccl_env, "busbw_gbps": pytest.approx(80.53, abs=0.01),
                               "iperf3_gbps": 93.8, "iperf3_streams": 16}
+
+
+def test_the_nccl_line_names_the_streams_the_slowest_pair_was_measured_with():
+    """Hosts of two link speeds: iperf3's figure is the slowest pair's, measured with its sender's streams."""
+    fast, slow = (replace(h, vars={"network_expected_mbps": mbps}) for h, mbps in zip(two_hosts(gpus=8),
+                                                                                    (100_000, 5_000), strict=True))
+    pairs = [link.Pair("v100a", "v100b", 94_100.0, 0), link.Pair("v100b", "v100a", 4_700.0, 0)]
+    assert net.slowest_pair_streams(pairs, [fast, slow]) == 1  # v100b's 5 Gb/s: one stream
+    assert net.slowest_pair_streams(list(reversed(pairs))[:1] + [replace(pairs[0], mbps=None)], [fast, slow]) == 1
+    assert net.slowest_pair_streams([replace(pairs[1], mbps=None)], [fast, slow]) == 16  # none measured: hosts[0]'s
