@@ -17,6 +17,10 @@ REPEAT=${REPEAT:-30}; WORK=${WORK:-/tmp/tandem-gpu}
 [ -f "$KIT/MANIFEST.json" ] || ls "$KIT"/sdist/fairseq_fixed-*.tar.gz >/dev/null 2>&1 || {
   echo "KIT=$KIT holds no kit (no MANIFEST.json, no sdist/fairseq_fixed-*.tar.gz): run make gpu-kit here, carry kit/" >&2; exit 2; }
 top=$(pwd); py=$(command -v python3); venv=$("$py" -c 'import sys; print(sys.prefix)')
+# PACK=1 empties OUT into its archive at the end: only a folder that holds nothing yet
+if [ -n "${PACK:-}" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "on_gpu.sh: PACK=1 empties OUT at the end, and $OUT already holds files: give an empty or new folder" >&2; exit 2
+fi
 mkdir -p "$OUT" "$WORK"
 # A device machine returns only a few files: the results travel as one archive.
 pack() { tar czf "$WORK/results.tgz" -C "$OUT" --exclude='*.part-*' . ; find "$OUT" -mindepth 1 -maxdepth 1 -not -name '*.part-*' -exec rm -rf {} + ; mv "$WORK/results.tgz" "$OUT/"; }
