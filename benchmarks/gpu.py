@@ -80,6 +80,15 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     "big-fp16-mefp16": (BIG, "fp16", [*BIG_30, "memory_efficient_fp16=true"]),
     # bf16's master copy is per tensor (fairseq does not flatten it): fused Adam's case
     "big-bf16-after": (BIG, "bf16", BIG_30),
+    # the next switches, not yet measured (train/agent/fused_loss.py, train/agent/compiled_layers.py): the
+    # loss from the logits, the layers through torch.compile (compiled on the first update: the second
+    # half's median leaves that out), and both; side by side with the "-after" runs
+    "big-fp16-fusedloss": (BIG, "fp16", [*BIG_30, "fused_loss=true"]),
+    "big-fp16-compiled": (BIG, "fp16", [*BIG_30, "compile_layers=true"]),
+    "big-fp16-fast": (BIG, "fp16", [*BIG_30, "fused_loss=true", "compile_layers=true"]),
+    "base-fp16-fusedloss": (BASE, "fp16", [*BASE_300, "fused_loss=true"]),
+    "base-fp16-compiled": (BASE, "fp16", [*BASE_300, "compile_layers=true"]),
+    "base-fp16-fast": (BASE, "fp16", [*BASE_300, "fused_loss=true", "compile_layers=true"]),
     # past the default allocator's fit on an 80 GB GPU (refused there, naming the predicted peak); under
     # expandable segments the model allows it: the run that measures a larger batch for the cap
     "big-fp16-40k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=100", "log_interval=10",
@@ -163,6 +172,8 @@ def figures(log_text: str, samples: list[dict]) -> dict:
         "wps": statistics.median([r.get("wps") for r in inner]) if inner else None,
         "wpb": statistics.median([r.get("wpb") for r in inner]) if inner else None,
         "loss_first": log.of("train_inner")[0].get("loss") if log.of("train_inner") else None,
+        # fairseq's wall clock at its first log line: start-up, and what compiling costs (compile_layers)
+        "wall_at_first_log": log.of("train_inner")[0].get("wall") if log.of("train_inner") else None,
         "loss_last": inner[-1].get("loss") if inner else None,
         "gpu_util_median": statistics.median(busy) if busy else None,
         "gpu_util_samples": busy,

@@ -29,7 +29,7 @@ step() { printf '\n== %s (%s s)\n' "$*" "$SECONDS"; }
 
 step "the machine"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total,persistence_mode --format=csv
-"$py" -c 'import platform, torch; print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)'
+"$py" -c 'import importlib.util as u, platform, torch; print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda, "triton", "yes" if u.find_spec("triton") else "no (compile_layers, fused_loss run unfused)")'
 
 step "fairseq for this Python ($("$py" -c 'import sys; print(sys.implementation.cache_tag)'))"
 wheel=$(ls "$KIT"/fairseq_fixed-*-"$("$py" -c 'import sys; print(sys.implementation.cache_tag.replace("cpython-", "cp"))')"-*.whl 2>/dev/null | head -1)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 
-from train.agent import fast_steps
+from train.agent import compiled_layers, fast_steps, fused_loss
 
 
 def bf16_on_gpu(args):
@@ -309,6 +309,8 @@ def main() -> None:
     install_comm_hooks()
     fast_steps.install_fused_adam()
     fast_steps.install_flat_master_copy()
+    fused_loss.install()
+    compiled_layers.install()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile
 

@@ -200,9 +200,13 @@ EXTRA_OPTIONS: dict[str, type] = {
     "report_accuracy": bool,
     "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
     # tandem's own, on GPUs (train/agent/fast_steps.py): torch's fused AdamW for fairseq's Adam, and
-    # fp16's master copy in a few kernels instead of a few per tensor; on unless set false
+    # fp16's master copy in a few kernels instead of a few per tensor; on unless set false. Off unless
+    # set true (not yet measured on a GPU): the loss from the logits (train/agent/fused_loss.py), each
+    # Transformer layer through torch.compile (train/agent/compiled_layers.py)
     "fused_adam": bool,
     "flat_master_copy": bool,
+    "fused_loss": bool,
+    "compile_layers": bool,
 }
 
 # The batch each preset's recipe trains with, in max_tokens units (padded tokens of the longer side:
@@ -218,7 +222,7 @@ RECIPES: dict[str, str] = {
 }
 
 # Options tandem reads itself and never passes to fairseq.
-TANDEM_OPTIONS = {"tokens_per_update", "fused_adam", "flat_master_copy"}
+TANDEM_OPTIONS = {"tokens_per_update", "fused_adam", "flat_master_copy", "fused_loss", "compile_layers"}
 
 # Option names the launcher owns; overriding them would break the command's consistency.
 RESERVED = {

@@ -200,17 +200,26 @@ def environment(launch: Launch, preset: Preset | None = None,
     return env
 
 
-# tandem's switches for faster optimizer steps on GPUs (train/agent/fast_steps.py): option -> variable
-FAST_STEP_SWITCHES = {"fused_adam": "TANDEM_FUSED_ADAM", "flat_master_copy": "TANDEM_FLAT_MASTER_COPY"}
+# tandem's switches for faster steps on GPUs: option -> (variable, on unless set). fused_adam and
+# flat_master_copy (train/agent/fast_steps.py) are measured on an H100 and on by default; fused_loss
+# (train/agent/fused_loss.py) and compile_layers (train/agent/compiled_layers.py) wait for theirs
+# (benchmarks/README.md, "Next on a GPU").
+FAST_STEP_SWITCHES = {
+    "fused_adam": ("TANDEM_FUSED_ADAM", True),
+    "flat_master_copy": ("TANDEM_FLAT_MASTER_COPY", True),
+    "fused_loss": ("TANDEM_FUSED_LOSS", False),
+    "compile_layers": ("TANDEM_COMPILE_LAYERS", False),
+}
 
 
 def fast_step_environment(launch: Launch, preset: Preset | None) -> dict[str, str]:
-    """On GPU hosts each switch is on unless `--set NAME=false` turns it off; CPU hosts get none
-    (fairseq takes its fused Adam path only where CUDA is)."""
+    """On GPU hosts each switch as `--set NAME=true|false` says, else its default; CPU hosts get
+    none (fairseq takes its fused Adam path only where CUDA is; the others are for GPU kernels)."""
     if launch.cpu:
         return {}
     options = preset.options if preset else {}
-    return {variable: "1" for option, variable in FAST_STEP_SWITCHES.items() if options.get(option, True)}
+    return {variable: "1" for option, (variable, default) in FAST_STEP_SWITCHES.items()
+            if options.get(option, default)}
 
 
 def trainer_argv(launch: Launch, preset: Preset) -> list[str]:

@@ -1,0 +1,155 @@
+"""The label-smoothed loss from the logits (train/agent/fused_loss.py) against fairseq's own
+criterion: the same loss, nll and gradient, padding left out, on CPU tensors."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fairseq import utils
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    label_smoothed_nll_loss,
+)
+from fairseq.data import Dictionary
+
+from train.agent import fused_loss
+from train.agent.fused_loss import label_smoothed_loss
+from train.recipe import presets
+from train.run.command import Launch, environment, fairseq_train_args
+
+PAD = 1
+
+
+def batch(rows: int = 37, vocabulary: int = 101, dtype=torch.float32, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, vocabulary, generator=gen) * 3).to(dtype).requires_grad_()
+    target = torch.randint(2, vocabulary, (rows,), generator=gen)
+    target[::5] = PAD
+    return logits, target
+
+
+def fairseqs(logits, target, smoothing):
+    lprobs = utils.log_softmax(logits, dim=-1)
+    return label_smoothed_nll_loss(lprobs, target, smoothing, ignore_index=PAD)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_loss_and_gradient_are_fairseqs(smoothing, monkeypatch):
+    monkeypatch.setattr(fused_loss, "CHUNK_ENTRIES", 1000)  # several chunks of rows
+    theirs_logits, target = batch()
+    ours_logits = theirs_logits.detach().clone().requires_grad_()
+    theirs, theirs_nll = fairseqs(theirs_logits, target, smoothing)
+    ours, ours_nll = fused_loss.label_smoothed_loss(ours_logits, target, smoothing, PAD)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours_nll, theirs_nll)
+    (theirs * 3.0).backward()
+    (ours * 3.0).backward()
+    torch.testing.assert_close(ours_logits.grad, theirs_logits.grad)
+    assert ours_logits.grad[::5].eq(0).all()  # padding rows teach nothing
+
+
+def test_fp16_logits_get_an_fp16_gradient_as_close_as_fairseqs():
+    """fp16 training: fairseq computes in fp32 from the fp16 logits and casts the gradient back."""
+    theirs_logits, target = batch(dtype=torch.float16)
+    ours_logits = theirs_logits.detach().clone().requires_grad_()
+    theirs, _ = fairseqs(theirs_logits, target, 0.1)
+    ours, _ = fused_loss.label_smoothed_loss(ours_logits, target, 0.1, PAD)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs)
+    (theirs * 128.0).backward()  # a loss scale
+    (ours * 128.0).backward()
+    assert ours_logits.grad.dtype == torch.float16
+    torch.testing.assert_close(ours_logits.grad, theirs_logits.grad, rtol=1e-3, atol=1e-3)
+
+
+def test_compiled_kernels_give_the_same_loss():
+    """What GPUs run: each pass through torch.compile (here its graph capture and autograd on CPU;
+    the GPU's code generation is torch's)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compile = torch.compile
+    fused_loss.kernels.cache_clear()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch, "compile", lambda fn, **kw: compile(fn, backend="aot_eager", **kw))
+            patch.setattr("train.agent.compiled_layers.gpu_compiler_available", lambda: True)
+            assert fused_loss.kernels(True)[0] is not fused_loss.row_stats
+            logits, target = batch()
+            expected, _ = fairseqs(logits, target, 0.1)
+            expected.backward()
+            wanted, logits.grad = logits.grad, None
+            loss, _ = fused_loss.label_smoothed_loss(logits, target, 0.1, PAD, compiled=True)
+            loss.backward()
+    finally:
+        fused_loss.kernels.cache_clear()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(logits.grad, wanted)
+
+
+class Model(torch.nn.Module):
+    """What the criterion asks of a fairseq model: its targets, normalized probabilities, decoder."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = SimpleNamespace(adaptive_softmax=None)
+
+    def get_targets(self, sample, net_output):
+        return sample["target"]
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        return utils.log_softmax(net_output[0], dim=-1)
+
+
+def criterion(ignore_prefix_size: int = 0):
+    dictionary = Dictionary()  # pad() == 1 == PAD
+    task = SimpleNamespace(target_dictionary=dictionary)
+    return LabelSmoothedCrossEntropyCriterion(task, False, 0.1, ignore_prefix_size=ignore_prefix_size)
+
+
+@pytest.mark.parametrize("prefix", [0, 2])
+def test_the_installed_criterion_gives_fairseqs_loss(prefix, monkeypatch):
+    logits, target = batch(rows=6 * 7)
+    net_output = (logits.view(6, 7, -1), {})
+    sample = {"target": target.view(6, 7)}
+    expected = criterion(prefix).compute_loss(Model(), net_output, sample)
+    monkeypatch.setattr(LabelSmoothedCrossEntropyCriterion, "compute_loss",
+                        LabelSmoothedCrossEntropyCriterion.compute_loss)  # undone after the test
+    monkeypatch.setenv("TANDEM_FUSED_LOSS", "1")
+    monkeypatch.setattr("train.agent.compiled_layers.gpu_compiler_available", lambda: True)
+    monkeypatch.setattr(fused_loss, "DEVICES", {"cpu"})  # the GPU's path, on CPU tensors
+    called = []
+    monkeypatch.setattr(fused_loss, "label_smoothed_loss",
+                        lambda *a, **kw: called.append(1) or label_smoothed_loss(*a, **kw))
+    fused_loss.install()
+    assert LabelSmoothedCrossEntropyCriterion.compute_loss._tandem
+    got = criterion(prefix).compute_loss(Model(), net_output, sample)
+    torch.testing.assert_close(got, expected)
+    assert called, "the loss from the logits was not taken"
+
+
+def test_without_triton_fairseqs_loss_stays(monkeypatch, caplog):
+    monkeypatch.setattr(LabelSmoothedCrossEntropyCriterion, "compute_loss",
+                        LabelSmoothedCrossEntropyCriterion.compute_loss)
+    before = LabelSmoothedCrossEntropyCriterion.compute_loss
+    monkeypatch.setenv("TANDEM_FUSED_LOSS", "1")
+    monkeypatch.setattr("train.agent.compiled_layers.gpu_compiler_available", lambda: False)
+    fused_loss.install()
+    assert LabelSmoothedCrossEntropyCriterion.compute_loss is before
+    assert "no triton" in caplog.text
+
+
+def launch(gpus: int) -> Launch:
+    return Launch("r", 0, 2, gpus, "10.0.0.1", 29500, "/data/bin", "/run/ckpt", "/run/train.log", "eth0",
+                  "/opt/venv", precision="fp16" if gpus else "fp32")
+
+
+def test_off_unless_set_and_never_passed_to_fairseq():
+    """Not measured on a GPU yet: off by default, `--set fused_loss=true` turns it on (GPU hosts)."""
+    assert "TANDEM_FUSED_LOSS" not in environment(launch(8), presets.resolve("transformer_wmt_en_de"))
+    on = presets.resolve("transformer_wmt_en_de", ["fused_loss=true"])
+    assert environment(launch(8), on)["TANDEM_FUSED_LOSS"] == "1"
+    assert "TANDEM_FUSED_LOSS" not in environment(launch(0), presets.resolve("tiny", ["fused_loss=true"]))
+    assert "fused" not in " ".join(fairseq_train_args(on, launch(8)))
