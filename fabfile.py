@@ -79,7 +79,9 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=lines)
 
 
-@task(help=shared("preset", "set", "dataset", "precision", "port", "comm", **{
+@task(help=shared("set", "precision", "port", "comm", **{
+    "preset": HELP["preset"] + "; a resumed run keeps its own (another one: --new)",
+    "dataset": HELP["dataset"] + "; a resumed run keeps its own (another one: --new)",
     "run": "run id (default: the latest run, resumed from its last checkpoint)",
     "new": "start a new run even if the latest can be resumed",
     "update_freq": "gradient accumulation: updates every K batches (divides traffic per sample by K); default: "
@@ -98,7 +100,7 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
 @cluster_task(checks=[options.resumable_run, options.precision_fits_hosts], preset=options.preset,
               set=options.overrides, dataset=options.name, run=options.name, update_freq=options.whole(1),
               precision=options.precision, port=options.port, comm=options.comm, backup=options.backup)
-def train(c, hosts, preset="tiny", set=None, dataset="synthetic", run=None, new=False, update_freq=None,
+def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
           comm=None, rejoin=False, backup=checkpoints.DEFAULT_BACKUP):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume.

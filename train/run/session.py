@@ -31,9 +31,9 @@ class StoppedEarly(ClusterError):
 class TrainRequest:
     """What `fab train` was asked (its options, parsed)."""
 
-    preset: str = "tiny"
+    preset: str | None = None  # None: tiny for a new run, its own for a resumed one
     overrides: tuple[str, ...] = ()
-    dataset: str = "synthetic"
+    dataset: str | None = None  # None: synthetic for a new run, its own for a resumed one
     run_id: str | None = None
     new: bool = False
     update_freq: int | None = None  # None: derived from the preset's tokens per update (train.plan.batching)
@@ -183,16 +183,28 @@ def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[
         if existing.hosts != given and not grows:
             raise ClusterError(f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
                                f"{', '.join(given)}: pass the same --hosts, or --new")
+        other_model_or_data(existing, request)
         if request.overrides:  # e.g. a higher max_update to train on
             existing.overrides = [*existing.overrides, *request.overrides]
             _check_overrides(existing)
         return existing, True
-    run = Run(run_id=request.run_id or new_run_id(), hosts=[h.name for h in hosts], preset=request.preset,
-              overrides=list(request.overrides), dataset=request.dataset, master_port=int(request.port),
+    run = Run(run_id=request.run_id or new_run_id(), hosts=[h.name for h in hosts], preset=request.preset or "tiny",
+              overrides=list(request.overrides), dataset=request.dataset or "synthetic", master_port=int(request.port),
               update_freq=int(request.update_freq or 1), update_freq_given=request.update_freq is not None,
               precision=precision)
     _check_overrides(run)  # unknown or mistyped overrides now, not on the hosts
     return run, False
+
+
+def other_model_or_data(existing: Run, request: TrainRequest) -> None:
+    """A resumed run trains its own preset on its own dataset: asking for others is asking for a new
+    run (resuming would go on with tiny's checkpoint where the user asked for big)."""
+    asked = {"--preset": (request.preset, existing.preset), "--dataset": (request.dataset, existing.dataset)}
+    differ = [f"{option} {given} (it trains {own})" for option, (given, own) in asked.items() if given and given != own]
+    if differ:
+        which = f"run {existing.run_id}" if request.run_id else f"the latest run, {existing.run_id},"
+        raise ClusterError(f"{which} is {existing.preset} on {existing.dataset}; resuming it cannot take "
+                           f"{' and '.join(differ)}: --new starts a run with them; without them it resumes")
 
 
 def _check_overrides(run: Run) -> None:
