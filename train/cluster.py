@@ -109,11 +109,24 @@ def load_hosts(path: Path) -> list[Host]:
     if not path.exists():
         raise ClusterError(f"inventory {path} does not exist (lab: `make lab-up` writes inventory/lab.yml)")
     cached = inventory_cache.read(path)
-    if cached is not None:
-        return [_host(name, variables) for name, variables in cached]
-    members = parse_inventory(path)
-    inventory_cache.write(path, members)
-    return [_host(name, variables) for name, variables in members]
+    if cached is None:
+        cached = parse_inventory(path)
+        inventory_cache.write(path, cached)
+    return one_name_a_machine([_host(name, variables) for name, variables in cached], path)
+
+
+def one_name_a_machine(hosts: list[Host], path: Path) -> list[Host]:
+    """`hosts`, refused where two names reach the same SSH login: that machine would train as two
+    hosts (its GPUs given twice the ranks) and every parallel call would answer for one name only."""
+    seen: dict[tuple, str] = {}
+    for host in hosts:
+        login = (host.user, host.address, host.port or 22)
+        if login in seen:
+            raise ClusterError(f"inventory {path}: {seen[login]} and {host.name} are both "
+                               f"{host.user}@{host.address}:{host.port or 22}, one machine under two names; list it "
+                               "once (its `gpus:` gives it one rank a GPU)")
+        seen[login] = host.name
+    return hosts
 
 
 def parse_inventory(path: Path) -> list[tuple[str, dict]]:

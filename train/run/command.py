@@ -51,6 +51,7 @@ from train.hostpaths import ENV_FILE
 from train.recipe import strategies
 from train.recipe.gpu_defaults import ALLOC_CONF, ALLOCATOR, default_precision  # noqa: F401 (its users read them here too)
 from train.recipe.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
+from train.recipe.presets import overridden as presets_overridden
 
 ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
@@ -220,6 +221,15 @@ def fast_step_environment(launch: Launch, preset: Preset | None) -> dict[str, st
     options = preset.options if preset else {}
     return {variable: "1" for option, (variable, default) in FAST_STEP_SWITCHES.items()
             if options.get(option, default)}
+
+
+def switches_cpu_hosts_ignore(overrides: list[str], options: dict, hosts: list[str]) -> str | None:
+    """What to tell a user who `--set` a GPU step switch on for CPU hosts: they train without it."""
+    asked = [f"{name}=true" for name in FAST_STEP_SWITCHES if presets_overridden(overrides, name) and options.get(name)]
+    if not asked:
+        return None
+    which = "it" if len(asked) == 1 else "them"
+    return f"{', '.join(asked)}: GPU kernels; the CPU hosts {', '.join(hosts)} train without {which}"
 
 
 def trainer_argv(launch: Launch, preset: Preset) -> list[str]:

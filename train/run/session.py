@@ -72,6 +72,9 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         console.print(f"{run.run_id} goes on with --comm {run.comm} (chosen when it started)")
     if layout := preflight.layout_problems(hosts):  # before any command is built: it assumes equal hosts
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(layout))
+    if not any(h.gpus for h in hosts) and (ignored := command.switches_cpu_hosts_ignore(
+            run.overrides, run.resolved_preset().options, [h.name for h in hosts])):
+        console.print(f"[yellow]{ignored}[/]")
     derived = batching.apply(run, hosts) if not resuming else None  # GPU memory comes with the probe
     saves = interval.choose(run, hosts, read_log=False)  # the commands carry the checkpoint interval
     commands = launch.host_commands(run, hosts)
@@ -100,7 +103,10 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     cost = verdict.cost_line() if verdict else None
     if resuming:  # the keepers resolve the start from the newest whole checkpoint any host holds
         held = checkpoints.held(run, [*current, *joining])
-        if source := checkpoints.newest_holder([*current, *joining], held):
+        source = checkpoints.newest_holder([*current, *joining], held)
+        finished_already(run, held[source.name] if source else
+                         checkpoints.controller_update(run.local_dir / "checkpoints"))
+        if source:
             console.print(f"resuming {run.run_id} from update {held[source.name]} (the newest checkpoint, on "
                           f"{source.name}; the hosts' keepers copy it to the others)")
         elif (backup := checkpoints.controller_update(run.local_dir / "checkpoints")) is not None:
@@ -194,6 +200,14 @@ def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[
               precision=precision)
     _check_overrides(run)  # unknown or mistyped overrides now, not on the hosts
     return run, False
+
+
+def finished_already(run: Run, newest: int | None) -> None:
+    """Refuse to resume a run whose newest checkpoint is at its last update: fairseq would load it,
+    train one update past max_update and stop, and the report would count a restart."""
+    if newest is not None and run.max_update and newest >= run.max_update:
+        raise ClusterError(f"{run.run_id} has finished: its newest checkpoint is at update {newest:,} of "
+                           f"max_update {run.max_update:,}; --set max_update=N trains it on, --new starts another run")
 
 
 def other_model_or_data(existing: Run, request: TrainRequest) -> None:

@@ -132,3 +132,13 @@ def test_off_unless_set_and_gpu_hosts_only():
     on = presets.resolve("transformer_vaswani_wmt_en_de_big", ["compile_layers=true"])
     assert environment(launch(8), on)["TANDEM_COMPILE_LAYERS"] == "1"
     assert "TANDEM_COMPILE_LAYERS" not in environment(launch(0), presets.resolve("tiny", ["compile_layers=true"]))
+
+
+def test_cpu_hosts_say_they_train_without_a_switch_asked_for():
+    from train.run.command import switches_cpu_hosts_ignore
+
+    tiny = presets.resolve("tiny", ["compile_layers=true", "fused_loss=true"])
+    said = switches_cpu_hosts_ignore(["compile_layers=true", "fused_loss=true"], tiny.options, ["v100a", "v100b"])
+    assert said == "fused_loss=true, compile_layers=true: GPU kernels; the CPU hosts v100a, v100b train without them"
+    assert switches_cpu_hosts_ignore(["fused_loss=false"], presets.resolve("tiny", ["fused_loss=false"]).options,
+                                     ["v100a"]) is None

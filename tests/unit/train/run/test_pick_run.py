@@ -48,3 +48,15 @@ def test_a_new_run_takes_what_was_asked_else_the_demos_defaults(latest_tiny):
 def test_a_named_run_is_named_in_the_refusal(latest_tiny):
     with pytest.raises(ClusterError, match="^run run-demo is tiny on synthetic; .*--dataset sample"):
         session.pick_run(HOSTS, session.TrainRequest(run_id="run-demo", dataset="sample"), "fp32")
+
+
+def test_a_finished_run_is_not_resumed_for_one_more_update(latest_tiny):
+    """fairseq would load update 40's checkpoint, train update 41 of 40 and stop."""
+    latest_tiny.overrides = ["max_update=40"]
+    with pytest.raises(ClusterError, match="run-demo has finished: its newest checkpoint is at update 40 of "
+                                           "max_update 40; --set max_update=N trains it on"):
+        session.finished_already(latest_tiny, 40)
+    session.finished_already(latest_tiny, 39)  # one left: resumes
+    session.finished_already(latest_tiny, None)  # no checkpoint anywhere: starts from the beginning
+    latest_tiny.overrides = ["max_update=40", "max_update=80"]  # `fab train --set max_update=80`
+    session.finished_already(latest_tiny, 40)
