@@ -64,29 +64,35 @@ def test_fp16_logits_get_an_fp16_gradient_as_close_as_fairseqs():
     torch.testing.assert_close(ours_logits.grad, theirs_logits.grad, rtol=1e-3, atol=1e-3)
 
 
-def test_compiled_kernels_give_the_same_loss():
+def test_compiled_kernels_give_the_same_loss_whatever_the_rows():
     """What GPUs run: each pass through torch.compile (here its graph capture and autograd on CPU;
-    the GPU's code generation is torch's)."""
+    the GPU's code generation is torch's), over batches of other sizes and several chunks each,
+    without compiling again for each."""
     import torch._dynamo
+    from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
+    counters.clear()
     compile = torch.compile
     fused_loss.kernels.cache_clear()
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(torch, "compile", lambda fn, **kw: compile(fn, backend="aot_eager", **kw))
-            patch.setattr("train.agent.compiled_layers.gpu_compiler_available", lambda: True)
+            patch.setattr(fused_loss, "CHUNK_ENTRIES", 2000)  # 19 rows a chunk: the last one shorter
             assert fused_loss.kernels(True)[0] is not fused_loss.row_stats
-            logits, target = batch()
-            expected, _ = fairseqs(logits, target, 0.1)
-            expected.backward()
-            wanted, logits.grad = logits.grad, None
-            loss, _ = fused_loss.label_smoothed_loss(logits, target, 0.1, PAD, compiled=True)
-            loss.backward()
+            for rows in (37, 50, 23):
+                logits, target = batch(rows=rows, seed=rows)
+                expected, _ = fairseqs(logits, target, 0.1)
+                expected.backward()
+                wanted, logits.grad = logits.grad, None
+                loss, _ = fused_loss.label_smoothed_loss(logits, target, 0.1, PAD, compiled=True)
+                loss.backward()
+                torch.testing.assert_close(loss, expected)
+                torch.testing.assert_close(logits.grad, wanted)
     finally:
         fused_loss.kernels.cache_clear()
-    torch.testing.assert_close(loss, expected)
-    torch.testing.assert_close(logits.grad, wanted)
+        torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # each pass compiled once
 
 
 class Model(torch.nn.Module):
