@@ -121,6 +121,19 @@ def manifest_sha256(data_dir: str) -> str | None:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def training_files(data_dir: str, pair: str = "en-de") -> dict:
+    """The sizes fab train's start line turns into the dataset's tokens (train.run.length): each
+    side's training binary in bytes and dict.en.txt's lines; or why they could not be read."""
+    source = pair.split("-")[0]
+    try:
+        sizes = [os.path.getsize(os.path.join(data_dir, f"train.{pair}.{lang}.bin")) for lang in pair.split("-")]
+        with open(os.path.join(data_dir, f"dict.{source}.txt"), "rb") as f:
+            lines = sum(1 for _ in f)
+    except OSError as err:
+        return {"error": str(err)}
+    return {"bin_bytes": sizes, "dict_lines": lines}
+
+
 def free_gb(path: str = "/data") -> float:
     return round(shutil.disk_usage(path if os.path.isdir(path) else "/").free / 1e9, 1)
 
@@ -182,6 +195,7 @@ def probe(data: str | None = None, port: int | None = None, run: str | None = No
     if data is not None:
         out["data"] = manifest_sha256(data)
         out["free_gb"] = free_gb()
+        out["training_files"] = training_files(data)
     if port is not None:
         out["port_free"], error = port_free(port)
         if error:

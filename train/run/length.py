@@ -65,6 +65,18 @@ def read_dataset_tokens(host: Host, data_dir: str, langs: tuple[str, str] = ("en
     return tokens_of_answer(run_all([host], command, timeout=15)[host.name], host, len(langs))
 
 
+def tokens_of_probe(answer: dict, host: Host) -> tuple[int | None, str] | None:
+    """read_dataset_tokens from what preflight's probe of `host` already said (train.agent.probe's
+    training_files): no round trip of its own. None where the probe did not say (an older agent)."""
+    files = answer.get("training_files")
+    if not isinstance(files, dict):
+        return None
+    if "error" in files:
+        return None, f"not read on {host.name}: {files['error']}"
+    tokens = dataset_tokens(files.get("bin_bytes") or [], int(files.get("dict_lines") or 0))
+    return (tokens, "") if tokens else (None, f"not read on {host.name}: an empty dictionary")
+
+
 def tokens_of_answer(result: HostResult, host: Host, n_langs: int = 2) -> tuple[int | None, str]:
     """read_dataset_tokens from the host's answer: (tokens, "") or (None, `not read on HOST: why`)."""
     if not result.ok:

@@ -121,7 +121,8 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
     run.order = [h.name for h in hosts]  # every host the keepers know, rank order
     saves = interval.choose(run, hosts, read_log=resuming)  # the batch, GPU and link are known now
-    size, unread = length.read_dataset_tokens(hosts[0], run.data_dir)
+    size, unread = length.tokens_of_probe(answers.get(hosts[0].name, {}), hosts[0]) \
+        or length.read_dataset_tokens(hosts[0], run.data_dir)
     run.save()
     keepers.start(run, hosts, elastic=request.elastic)  # the hosts keep the run from here on, followed or not
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "

@@ -56,3 +56,18 @@ def test_a_dataset_size_not_read_says_on_which_host_and_why():
                            "'/data/tandem/datasets/wmt16/train.en-de.en.bin': No such file or directory)")
     assert length.tokens_of_answer(HostResult("g0", stdout="280000000\n270000000\n31992\n", exited=0), host) == (
         140_000_000, "")
+
+
+def test_the_size_comes_with_preflights_probe_of_rank_0s_host(tmp_path):
+    """No SSH round trip of its own: the probe already read the binaries' sizes."""
+    from train.agent.probe import training_files
+
+    (tmp_path / "train.en-de.en.bin").write_bytes(b"\0" * 2_000)
+    (tmp_path / "train.en-de.de.bin").write_bytes(b"\0" * 2_400)
+    (tmp_path / "dict.en.txt").write_text("".join(f"w{i} 1\n" for i in range(996)))
+    host = Host("v100a", "10.10.0.1")
+    assert length.tokens_of_probe({"training_files": training_files(str(tmp_path))}, host) == (1_200, "")
+    (tmp_path / "train.en-de.de.bin").unlink()
+    size, unread = length.tokens_of_probe({"training_files": training_files(str(tmp_path))}, host)
+    assert size is None and unread.startswith("not read on v100a: [Errno 2] No such file or directory")
+    assert length.tokens_of_probe({}, host) is None  # an agent from before: the start line reads it itself
