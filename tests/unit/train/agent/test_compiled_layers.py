@@ -21,7 +21,6 @@ from torch._dynamo.utils import counters
 
 from train.agent import compiled_layers
 from train.recipe import presets
-from train.run.command import Launch, environment
 
 SHAPES = [(3, 7, 9), (5, 4, 6), (2, 11, 12), (4, 9, 3)]  # sentences, source length, target length
 MORE_SHAPES = [(6, 5, 5), (2, 13, 14), (7, 3, 8)]
@@ -120,25 +119,3 @@ def test_without_a_gpu_compiler_the_layers_stay_fairseqs(monkeypatch, caplog):
     compiled_layers.install()
     assert encoder.forward is before
     assert "no triton" in caplog.text
-
-
-def launch(gpus: int) -> Launch:
-    return Launch("r", 0, 2, gpus, "10.0.0.1", 29500, "/data/bin", "/run/ckpt", "/run/train.log", "eth0",
-                  "/opt/venv", precision="fp16" if gpus else "fp32")
-
-
-def test_off_unless_set_and_gpu_hosts_only():
-    assert "TANDEM_COMPILE_LAYERS" not in environment(launch(8), presets.resolve("transformer_vaswani_wmt_en_de_big"))
-    on = presets.resolve("transformer_vaswani_wmt_en_de_big", ["compile_layers=true"])
-    assert environment(launch(8), on)["TANDEM_COMPILE_LAYERS"] == "1"
-    assert "TANDEM_COMPILE_LAYERS" not in environment(launch(0), presets.resolve("tiny", ["compile_layers=true"]))
-
-
-def test_cpu_hosts_say_they_train_without_a_switch_asked_for():
-    from train.run.command import switches_cpu_hosts_ignore
-
-    tiny = presets.resolve("tiny", ["compile_layers=true", "fused_loss=true"])
-    said = switches_cpu_hosts_ignore(["compile_layers=true", "fused_loss=true"], tiny.options, ["v100a", "v100b"])
-    assert said == "fused_loss=true, compile_layers=true: GPU kernels; the CPU hosts v100a, v100b train without them"
-    assert switches_cpu_hosts_ignore(["fused_loss=false"], presets.resolve("tiny", ["fused_loss=false"]).options,
-                                     ["v100a"]) is None

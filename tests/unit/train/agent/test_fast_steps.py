@@ -13,8 +13,6 @@ from fairseq.optim.adam import Adam
 from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
 
 from train.agent import fast_steps
-from train.recipe import presets
-from train.run.command import Launch, environment
 
 CONFIG = {"lr": 1e-3, "betas": (0.9, 0.98), "eps": 1e-8}
 
@@ -95,29 +93,6 @@ def test_the_flat_copy_reaches_the_fp16_weights_as_fairseq_copies_them():
         assert torch.equal(a.data, b.data)
 
 
-def launch(gpus: int) -> Launch:
-    return Launch("r", 0, 2, gpus, "10.0.0.1", 29500, "/data/bin", "/run/ckpt", "/run/train.log", "eth0",
-                  "/opt/venv", precision="fp16" if gpus else "fp32")
-
-
-def test_gpu_hosts_get_both_switches_and_cpu_hosts_none():
-    base = presets.resolve("transformer_wmt_en_de")
-    env = environment(launch(8), base)
-    assert env["TANDEM_FUSED_ADAM"] == "1" and env["TANDEM_FLAT_MASTER_COPY"] == "1"
-    cpu = environment(launch(0), presets.resolve("tiny"))
-    assert "TANDEM_FUSED_ADAM" not in cpu and "TANDEM_FLAT_MASTER_COPY" not in cpu
-
-
-def test_a_switch_set_false_is_off_and_never_reaches_fairseq():
-    from train.run.command import fairseq_train_args
-
-    base = presets.resolve("transformer_wmt_en_de", ["fused_adam=false"])
-    env = environment(launch(8), base)
-    assert "TANDEM_FUSED_ADAM" not in env and env["TANDEM_FLAT_MASTER_COPY"] == "1"
-    args = " ".join(fairseq_train_args(base, launch(8)))
-    assert "fused" not in args and "master" not in args
-
-
 def test_fp16s_flat_master_copy_takes_torchs_adamw(monkeypatch):
     """FP16Optimizer refuses an optimizer without flat-parameter support (the first H100 run of the
     switch died on it): fairseq's Adam built with the switch on says it has it."""
@@ -130,15 +105,3 @@ def test_fp16s_flat_master_copy_takes_torchs_adamw(monkeypatch):
     optimizer = FairseqAdam(FairseqAdamConfig(lr=[1e-3], adam_betas="(0.9, 0.98)", tpu=False), [flat])
     assert isinstance(optimizer.optimizer, fast_steps.fused_adamw_class())
     assert optimizer.supports_flat_params
-
-
-def test_memory_efficient_fp16_is_fairseqs_own_switch():
-    """`--set memory_efficient_fp16=true`: fairseq's optimizer without the fp32 master copy (1.9 GiB
-    less for big on an H100, 1% slower: benchmarks/README.md)."""
-    from train.run.command import fairseq_train_args
-
-    big = presets.resolve("transformer_vaswani_wmt_en_de_big", ["memory_efficient_fp16=true"])
-    args = fairseq_train_args(big, launch(1))
-    assert "--memory-efficient-fp16" in args and "--fp16" in args
-    assert "--memory-efficient-fp16" not in fairseq_train_args(presets.resolve("transformer_vaswani_wmt_en_de_big"),
-                                                               launch(1))

@@ -16,8 +16,6 @@ from fairseq.data import Dictionary
 
 from train.agent import fused_loss
 from train.agent.fused_loss import label_smoothed_loss
-from train.recipe import presets
-from train.run.command import Launch, environment, fairseq_train_args
 
 PAD = 1
 
@@ -145,17 +143,3 @@ def test_without_triton_fairseqs_loss_stays(monkeypatch, caplog):
     fused_loss.install()
     assert LabelSmoothedCrossEntropyCriterion.compute_loss is before
     assert "no triton" in caplog.text
-
-
-def launch(gpus: int) -> Launch:
-    return Launch("r", 0, 2, gpus, "10.0.0.1", 29500, "/data/bin", "/run/ckpt", "/run/train.log", "eth0",
-                  "/opt/venv", precision="fp16" if gpus else "fp32")
-
-
-def test_off_unless_set_and_never_passed_to_fairseq():
-    """Not measured on a GPU yet: off by default, `--set fused_loss=true` turns it on (GPU hosts)."""
-    assert "TANDEM_FUSED_LOSS" not in environment(launch(8), presets.resolve("transformer_wmt_en_de"))
-    on = presets.resolve("transformer_wmt_en_de", ["fused_loss=true"])
-    assert environment(launch(8), on)["TANDEM_FUSED_LOSS"] == "1"
-    assert "TANDEM_FUSED_LOSS" not in environment(launch(0), presets.resolve("tiny", ["fused_loss=true"]))
-    assert "fused" not in " ".join(fairseq_train_args(on, launch(8)))
