@@ -120,6 +120,19 @@ def suggested_interval(s_per_update: float, bound_s: float = BOUND_S) -> int:
     return power  # unreachable: 1 × power <= most
 
 
+def on_fewer_ranks(run, update_freq: int) -> int | None:
+    """`run`'s checkpoint interval once the keepers restart it on fewer ranks at `update_freq`: each
+    update then takes about update_freq / run.update_freq times longer (more batches a rank), so fewer
+    updates keep the interval's minutes (a host lost late in a days-long run would otherwise double
+    the work the next loss costs). An interval tandem did not choose by time stays: the user's
+    --set (run.save_interval_updates None), tiny's fixed one."""
+    every = run.save_interval_updates
+    reference = REFERENCE.get(run.preset)
+    if not every or update_freq <= max(1, run.update_freq) or (reference and reference.every):
+        return every
+    return suggested_interval(update_freq / max(1, run.update_freq), every)
+
+
 def fits(updates: int, s_per_update: float, bound_s: float = BOUND_S) -> bool:
     """Within the bound, with 10% of slack (`~10 minutes`)."""
     return interval_s(updates, s_per_update) <= 1.1 * bound_s

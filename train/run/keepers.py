@@ -25,6 +25,7 @@ from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
 from ..plan import batching
 from ..recipe.record import Run
 from ..remote import agent_command
+from . import interval
 from .elastic import scaled_update_freq
 from .launch import host_commands
 
@@ -48,6 +49,7 @@ def membership_commands(run: Run, hosts: list[Host]) -> tuple[dict, dict, dict]:
         if world != full:
             trial.update_freq = batching.update_freq_for(
                 trial, world, scaled_update_freq(run.update_freq, full, world))
+            trial.save_interval_updates = interval.on_fewer_ranks(run, trial.update_freq)  # same minutes
         key = ",".join(trial.hosts)
         commands[key] = host_commands(trial, members)
         update_freq[key], ranks[key] = trial.update_freq, world

@@ -22,6 +22,23 @@ def test_every_membership_gets_its_commands_with_the_batch_kept():
     assert told["port"] == run.master_port + keepers.PORT_OFFSET
 
 
+def test_on_fewer_hosts_the_checkpoint_interval_keeps_its_minutes():
+    """Big's interval chosen for ~10 minutes on 2 hosts: alone, each update takes twice as long (update
+    freq 2), so a save every half as many updates; the user's --set and tiny's fixed 50 stay."""
+    big = Run(run_id="r2", hosts=["v100a", "v100b"], preset="transformer_vaswani_wmt_en_de_big", overrides=[],
+              dataset="wmt16", update_freq=64, max_tokens=3584, save_interval_updates=200)  # 458,752 a update
+    told = keepers.spec(big, HOSTS)
+    assert (told["update_freq"]["v100a,v100b"], told["update_freq"]["v100a"]) == (64, 128)
+    assert "--save-interval-updates 200" in told["commands"]["v100a,v100b"]["v100a"]
+    assert "--save-interval-updates 100" in told["commands"]["v100a"]["v100a"]
+    given = Run(run_id="r3", hosts=["v100a", "v100b"], preset="transformer_vaswani_wmt_en_de_big",
+                overrides=["save_interval_updates=300"], dataset="wmt16")
+    assert "--save-interval-updates 300" in keepers.spec(given, HOSTS)["commands"]["v100a"]["v100a"]
+    tiny = Run(run_id="r4", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic",
+               save_interval_updates=50)
+    assert "--save-interval-updates 50" in keepers.spec(tiny, HOSTS)["commands"]["v100a"]["v100a"]
+
+
 def keeper(timeline, alive=True, ended=""):
     return {"keeper": alive, "ended": ended, "timeline": timeline, "generation": None}
 
