@@ -122,9 +122,6 @@ def resumed(two_by_two, started):
     return follower.out, int(lost.group("resumed")), int(back.group(1)), log_of(cfg, "v100a", RUN)
 
 
-@pytest.mark.xfail(strict=False, reason="open: in the full suite (CI and a local run, the same five values) v100a's "
-                   "2 ranks at update-freq 2 log 0.65x the tokens per update of 4 ranks; alone it is 1.01x. Not "
-                   "explained yet (the consumed-sentence resume's batches?): the closing note of 2026-11-26")
 def test_losing_v100b_keeps_the_tokens_per_update_on_v100as_two_ranks_and_grows_back_to_four(two_by_two, resumed):
     out, lost_from, grown_at, log = resumed
     assert f"{MAX_UPDATE}/{MAX_UPDATE}" in out

@@ -214,7 +214,7 @@ def epoch_resumes_with_the_sentences_left() -> None:
         batches = list(self.frozen_batches)
         consumed = getattr(self, "_tandem_consumed_mask", None)
         if consumed is not None and getattr(self, "_tandem_consumed_epoch", None) == epoch:
-            batches = [kept for b in batches if len(kept := np.asarray(b)[~consumed[np.asarray(b, dtype=np.int64)]])]
+            batches = batches_of_the_rest(self, batches, consumed)
         if shuffle:
             with data_utils.numpy_seed(self.seed + epoch):
                 np.random.shuffle(batches)
@@ -248,6 +248,49 @@ def epoch_resumes_with_the_sentences_left() -> None:
 
     cls.ordered_batches, cls.state_dict, cls.load_state_dict = ordered_without_consumed, with_consumed, load_consumed
     cls._tandem_consumed = True
+    batching_kept_with_iterators()
+
+
+def batches_of_the_rest(iterator, batches: list, consumed) -> list:
+    """The sentences of `batches` the epoch has not consumed, batched again as fairseq batched them
+    (their length order, the iterator's max_tokens). The consumed sentences were another process's
+    batches: fairseq makes an iterator's batches once, seeded with the epoch it is made in, so ranks
+    that started in epoch 1 and ranks resuming in epoch 2 hold other batches (and another world size
+    derives another max_tokens). Cut out of these batches, they left fragments: the lab's 2 x 2 run
+    went on at 0.65x the sentences an update. Without the batching (an iterator fairseq's task did not
+    make), the fragments, as before."""
+    import numpy as np
+
+    batching = getattr(iterator, "_tandem_batching", None)
+    if batching is None or not hasattr(iterator.dataset, "batch_by_size"):
+        return [kept for b in batches if len(kept := np.asarray(b)[~consumed[np.asarray(b, dtype=np.int64)]])]
+    order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]) if batches else np.zeros(0, np.int64)
+    left = order[~consumed[order]]  # in the batches' order: by length, as fairseq ordered them
+    return list(iterator.dataset.batch_by_size(left, **batching)) if len(left) else []
+
+
+def batching_kept_with_iterators() -> None:
+    """Each iterator fairseq's task makes remembers how its batches were made (max_tokens, max
+    sentences, the batch size multiple), so that what is left of an epoch is batched the same way."""
+    import inspect
+
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    get = FairseqTask.get_batch_iterator
+    if getattr(get, "_tandem_batching", False):
+        return
+    signature = inspect.signature(get)
+
+    def get_batch_iterator(self, *args, **kwargs):
+        iterator = get(self, *args, **kwargs)
+        given = signature.bind(self, *args, **kwargs)
+        given.apply_defaults()
+        iterator._tandem_batching = {name: given.arguments[name]
+                                     for name in ("max_tokens", "max_sentences", "required_batch_size_multiple")}
+        return iterator
+
+    get_batch_iterator._tandem_batching = True  # type: ignore[attr-defined]
+    FairseqTask.get_batch_iterator = get_batch_iterator
 
 
 def atomic_checkpoint_copies() -> None:
