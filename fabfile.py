@@ -211,8 +211,9 @@ def _say(message):
               threshold=options.fraction, port=options.port, nccl_sockets=nccl_sockets_option)
 def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iperf_seconds=3, threshold=None,
               port=29501, nccl_sockets=None):
-    """iperf3 between every pair of hosts, then an all_reduce sweep (NCCL on GPU hosts, gloo on CPU hosts):
-    nccl-tests table + busbw / link, and NCCL's busbw beside iperf3's Gbit/s."""
+    """iperf3 between every pair of hosts, then an all_reduce sweep (NCCL on GPU hosts, gloo on CPU ones).
+
+    Prints an nccl-tests table with busbw / link, and NCCL's busbw beside iperf3's Gbit/s."""
     from benchmarks import net
 
     net.run(hosts, min_size=min_size, max_size=max_size, iters=iters, budget_s=budget_s, iperf_seconds=iperf_seconds,
@@ -259,8 +260,9 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
               comm=options.comm)
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
             precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync"):
-    """Predict s/update, hours and dollars of every host subset x --comm, the verdict (exit 3 if network-bound
-    or fewer hosts would be faster)."""
+    """Predict s/update, hours and dollars of every host subset x --comm, and say the verdict.
+
+    Exit 3 when the network would dominate, or when fewer hosts would be faster."""
     import json as json_module
 
     from train.plan import predict as plan
