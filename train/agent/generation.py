@@ -2,9 +2,14 @@
 
 A *generation* is one fixed-size torchrun launch: a number, its members in rank order (rank 0 =
 the first, the rendezvous host), the whole checkpoint it starts from, and why it began. Every keeper
-says what it knows in its heartbeat (a `View`); the *current* generation is the highest one any
-live host knows, by `Generation.key`. Only the *leader* (the first host of the run's order that is
-live) makes a new one; every keeper adopts the current generation when it is a member.
+says what it knows in its heartbeat (a `View`: its generation, its checkpoint, the hosts it hears);
+the *current* generation is the highest one any live host knows, by `Generation.key`. Only the
+*leader* makes a new one; every keeper adopts the current generation when it is a member.
+
+The leader is the first host of the run's order that is live in the view of some host this one
+hears: with a one-sided partition (a-b cut, both hear c) b hears from c that a is there, so a alone
+leads and b waits outside, instead of two leaders taking turns for ever. With three hosts or more a
+side that does not hear a majority of the run's hosts never makes a generation (it never trains).
 
 The leader makes a new generation when:
 - a member is *lost*: silent on the cluster network for `lost_after_s` (not: unreachable from the
@@ -13,14 +18,22 @@ The leader makes a new generation when:
   each other again): at the current generation's next checkpoint (no update is thrown away), or at
   once when the current one is not training;
 - a member's ranks *ended* (a crash, not the end of the run) while every member is live: the same
-  hosts again, at most `max_restarts` times an hour; then the run stops, saying why.
+  hosts again, at most `max_restarts` times an hour (the budget travels with the generations, so a
+  keeper restart or a new leader does not reset it); then the run stops, saying why;
+- a member *cannot get* the checkpoint the generation starts from (it arrives corrupt, or its holder
+  refuses to serve a copy its manifest does not match): the next best checkpoint then.
 
-A new generation resumes from the newest whole checkpoint any live host holds, ordered by
-(generation, update): two histories (a split's two sides) never mix, and the one set aside stays on
-its host's disk (train.agent.replica.set_aside).
+Progress orders histories, never generation numbers (they count trouble: each flap, crash restart
+or start from nothing adds one): a new generation resumes from the whole checkpoint with the most
+training any live member holds (its update: the keepers keep the tokens per update on every
+membership, so updates measure tokens trained), and no generation starts from nothing while any host
+of the run is known to hold a checkpoint. A checkpoint's `lineage` (the generations that trained it
+and the update each began at) tells whether a host's own checkpoint is an older save of the history
+the run goes on with (replaced) or another history (a split's other side: set aside whole, never
+overwritten; train.agent.replica.set_aside).
 
 Two hosts have no majority: when they lose each other each goes on alone (a split costs GPU time,
-never data: each writes its own disk), and the lowest in the run's order leads the reunion.
+never data: each writes its own disk), and the reunion keeps the side with the most training.
 Waiting instead would leave a lone survivor idle for as long as its peer is gone, which is the
 case this exists for (a host that died cannot be told from a link that did).
 
@@ -35,6 +48,9 @@ from dataclasses import asdict, dataclass, field
 RUNNING, ENDED, IDLE, FINISHED = "running", "ended", "idle", "finished"
 
 
+LINEAGE_KEPT = 64  # generations a checkpoint remembers; an older save's history is then unknown: set aside
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A whole checkpoint_last.pt a host holds, as its manifest says (train.agent.replica)."""
@@ -43,13 +59,44 @@ class Checkpoint:
     update: int
     sha256: str
     size: int
+    # the generations that trained it, oldest first: (number, leader, the update it began at)
+    lineage: tuple[tuple[int, str, int], ...] = ()
 
     def key(self) -> tuple[int, int]:
-        return (self.generation, self.update)
+        """Training done first (updates at the keepers' constant tokens per update), then the generation."""
+        return (self.update, self.generation)
 
     @classmethod
     def of(cls, data: dict | None) -> Checkpoint | None:
-        return cls(**{k: data[k] for k in ("generation", "update", "sha256", "size")}) if data else None
+        if not data:
+            return None
+        lineage = tuple((int(n), str(leader), int(u)) for n, leader, u in data.get("lineage") or ())
+        return cls(**{k: data[k] for k in ("generation", "update", "sha256", "size")}, lineage=lineage)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "lineage": [list(step) for step in self.lineage]}
+
+
+def lineage_after(source: dict | None, number: int, leader: str) -> tuple[tuple[int, str, int], ...]:
+    """The lineage of the saves generation `number` (led by `leader`) makes from `source`."""
+    before = tuple(tuple(step) for step in (source or {}).get("lineage") or ())
+    return (*before, (number, leader, int((source or {}).get("update") or 0)))[-LINEAGE_KEPT:]
+
+
+def descends_from(want: dict, mine: Checkpoint) -> bool:
+    """Whether `mine` is an older save of the history `want` (a checkpoint's dict) belongs to: then
+    replacing it loses nothing. Another history's (a split's other side) is not."""
+    if mine.sha256 == want.get("sha256"):
+        return True
+    theirs = [tuple(step) for step in want.get("lineage") or ()]
+    if not mine.lineage or not theirs:  # saved before lineages: the same generation's older save only
+        return mine.generation == want.get("generation") and mine.update <= want.get("update", -1)
+    made_in = tuple(mine.lineage[-1])
+    for i, step in enumerate(theirs):
+        if tuple(step[:2]) == made_in[:2]:
+            ended = theirs[i + 1][2] if i + 1 < len(theirs) else want.get("update", -1)
+            return step[2] <= mine.update <= ended
+    return False
 
 
 @dataclass(frozen=True)
@@ -58,16 +105,19 @@ class Generation:
     members: tuple[str, ...]
     reason: str
     time: float
-    source: dict | None = None  # {"host", "generation", "update", "sha256", "size"}: the checkpoint it starts from
+    source: dict | None = None  # {"host", "generation", "update", "sha256", "size", "lineage"}: where it starts
     at_update: int | None = None  # the update the run had reached when it was decided
     pending: bool = False  # a start `fab train` asked for: the leader resolves its source once every member answers
     start: str = ""  # the `fab train` start it belongs to (a pending one is resolved for that start only)
     stopped: str = ""  # a generation without ranks: the run stopped, and why (restarts exhausted)
+    among: tuple[str, ...] = ()  # a stopped one: the hosts that stopped (only they adopt it)
+    restarts: tuple[float, ...] = ()  # the times of the run's crash restarts in the last hour: the budget
+    churn: tuple[float, ...] = ()  # the times of its membership changes in the last hour
 
     def key(self, order: list[str]) -> tuple[int, bool, int]:
         """Higher is newer: the number, a resolved one over a pending one, then (the two sides of a
         split made the same number) the one led by the host first in the run's order."""
-        leader = self.members[0] if self.members else ""
+        leader = self.members[0] if self.members else (self.among[0] if self.among else "")
         return (self.number, not self.pending, -order.index(leader) if leader in order else -len(order))
 
     @property
@@ -76,14 +126,16 @@ class Generation:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["members"] = list(self.members)
+        data["members"], data["among"] = list(self.members), list(self.among)
+        data["restarts"], data["churn"] = list(self.restarts), list(self.churn)
         return data
 
     @classmethod
     def of(cls, data: dict | None) -> Generation | None:
         if not data:
             return None
-        return cls(**{**data, "members": tuple(data.get("members") or ())})
+        return cls(**{**data, "members": tuple(data.get("members") or ()), "among": tuple(data.get("among") or ()),
+                      "restarts": tuple(data.get("restarts") or ()), "churn": tuple(data.get("churn") or ())})
 
 
 @dataclass(frozen=True)
@@ -99,12 +151,16 @@ class View:
     update: int | None = None  # the last update its log shows (rank 0's host only)
     how: str = ""  # how its ranks ended, in words
     stopping: bool = False  # `fab stop` asked it to stop
+    hears: tuple[str, ...] = ()  # the hosts it heard from within lost_after_s (itself included)
+    cannot_get: str = ""  # the sha256 of a checkpoint it failed to get whole, again and again,
+    cannot_get_why: str = ""  # and why
 
     def to_dict(self) -> dict:
         return {"host": self.host, "generation": self.generation.to_dict() if self.generation else None,
-                "checkpoint": asdict(self.checkpoint) if self.checkpoint else None, "ranks": self.ranks,
+                "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "ranks": self.ranks,
                 "active": self.active, "active_members": list(self.active_members), "update": self.update,
-                "how": self.how, "stopping": self.stopping}
+                "how": self.how, "stopping": self.stopping, "hears": list(self.hears),
+                "cannot_get": self.cannot_get, "cannot_get_why": self.cannot_get_why}
 
     @classmethod
     def of(cls, data: dict) -> View:
@@ -112,7 +168,8 @@ class View:
                    checkpoint=Checkpoint.of(data.get("checkpoint")), ranks=data.get("ranks", IDLE),
                    active=data.get("active"), active_members=tuple(data.get("active_members") or ()),
                    update=data.get("update"), how=data.get("how", ""),
-                   stopping=bool(data.get("stopping")))
+                   stopping=bool(data.get("stopping")), hears=tuple(data.get("hears") or ()),
+                   cannot_get=data.get("cannot_get", ""), cannot_get_why=data.get("cannot_get_why", ""))
 
 
 def runs_in(view: View, gen: Generation) -> bool:
@@ -120,10 +177,38 @@ def runs_in(view: View, gen: Generation) -> bool:
     return view.active == gen.number and tuple(view.active_members) == tuple(gen.members)
 
 
-def current(views: dict[str, View], order: list[str]) -> Generation | None:
-    """The newest generation any of `views` knows."""
-    known = [v.generation for v in views.values() if v.generation is not None]
+def adopts(me: str | None, gen: Generation) -> bool:
+    """A stopped generation binds only the hosts that stopped: a cut-off host that gave up alone
+    must not end the healthy run it reconnects to."""
+    return not gen.stopped or me is None or me in gen.among
+
+
+def current(views: dict[str, View], order: list[str], me: str | None = None) -> Generation | None:
+    """The newest generation any of `views` knows (that `me` adopts)."""
+    known = [v.generation for v in views.values() if v.generation is not None and adopts(me, v.generation)]
     return max(known, key=lambda g: g.key(order)) if known else None
+
+
+def leader(me: str, order: list[str], views: dict[str, View], live: set[str]) -> str | None:
+    """The first host of the run's order that `me` hears, or hears of from a host it hears."""
+    reachable = set(live)
+    for host in live:
+        if host != me and host in views:
+            reachable |= set(views[host].hears)
+    return next((h for h in order if h in reachable), None)
+
+
+def quorate(order: list[str], live: set[str]) -> bool:
+    """With three hosts or more, a side trains only with a majority of the run's hosts; two hosts
+    have no majority, and each side may train alone (the reunion keeps the most training)."""
+    return len(order) < 3 or 2 * len([h for h in order if h in live]) > len(order)
+
+
+def copies_from(members: tuple[str, ...], me: str) -> str | None:
+    """The host `me` copies each new save from, so that a majority of the generation's hosts hold it:
+    the len // 2 hosts after rank 0's, each from the one before it (one copy a link); None for others."""
+    index = members.index(me) if me in members else 0
+    return members[index - 1] if 1 <= index <= len(members) // 2 else None
 
 
 @dataclass
@@ -133,16 +218,18 @@ class LeaderMemory:
     # (generation, host): rank 0's checkpoint when the host was first seen outside the generation
     joining_since: dict[tuple[int, str], int | None] = field(default_factory=dict)
     ended_since: float | None = None
-    restarts: list[float] = field(default_factory=list)
+    waiting: str = ""  # why no generation is made although one is due (the keeper says it once)
 
 
-def best_checkpoint(views: dict[str, View], hosts: list[str]) -> dict | None:
-    """The newest whole checkpoint among `hosts` by (generation, update); among equals the first host's."""
-    held = [(views[h].checkpoint, -i, h) for i, h in enumerate(hosts) if h in views and views[h].checkpoint]
+def best_checkpoint(views: dict[str, View], hosts: list[str], refused: set[str] = frozenset()) -> dict | None:
+    """The whole checkpoint with the most training among `hosts`; among equals the first host's.
+    `refused`: checkpoints (sha256) a member could not get whole."""
+    held = [(views[h].checkpoint, -i, h) for i, h in enumerate(hosts)
+            if h in views and views[h].checkpoint and views[h].checkpoint.sha256 not in refused]
     if not held:
         return None
     checkpoint, _, host = max(held, key=lambda t: (t[0].key(), t[1]))
-    return {"host": host, **asdict(checkpoint)}
+    return {"host": host, **checkpoint.to_dict()}
 
 
 def progress(views: dict[str, View]) -> int | None:
@@ -150,44 +237,70 @@ def progress(views: dict[str, View]) -> int | None:
     return max(updates) if updates else None
 
 
-def _new(number: int, members: list[str], views: dict[str, View], reason: str, now: float,
-         at: int | None) -> Generation:
+def _new(number: int, members: list[str], views: dict[str, View], reason: str, now: float, at: int | None,
+         budget: tuple[tuple[float, ...], tuple[float, ...]], refused: set[str] = frozenset()) -> Generation:
     return Generation(number=number, members=tuple(members), reason=reason, time=round(now, 1),
-                      source=best_checkpoint(views, members), at_update=at)
+                      source=best_checkpoint(views, members, refused), at_update=at, restarts=budget[0],
+                      churn=budget[1])
+
+
+def _held_elsewhere(last_heard: dict[str, View], members: list[str]) -> str | None:
+    """A host outside `members` known to hold a checkpoint with more training than any member's."""
+    best = max((v.checkpoint.update for h, v in last_heard.items() if h in members and v.checkpoint), default=-1)
+    others = [(v.checkpoint.update, h) for h, v in last_heard.items() if h not in members and v.checkpoint]
+    if best < 0 and others:
+        update, host = max(others)
+        return f"{host} (update {update})"
+    return None
 
 
 def decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
            lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
-           elastic: bool = True) -> Generation | None:
+           elastic: bool = True, max_rejoins: int = 6) -> Generation | None:
     """The next generation, when `me` leads and one is due; else None. `views`: every host's last
-    heartbeat (`me`'s own included), `live`: the hosts heard from within `lost_after_s`. Not
-    `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead."""
+    heartbeat (`me`'s own included; a silent host's last one too: what it held), `live`: the hosts
+    heard from within `lost_after_s`, `now`: the wall clock (generations' times, the restart budget).
+    Not `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead."""
     live_order = [h for h in order if h in live]
-    if not live_order or live_order[0] != me:
+    if me not in live or leader(me, order, views, live) != me or not quorate(order, live):
         return None
-    last_heard = views  # a lost host's last heartbeat still says where rank 0 was
+    last_heard = views  # a lost host's last heartbeat still says where rank 0 was, and what it held
     views = {h: v for h, v in views.items() if h in live}
-    gen = current(views, order)
+    gen = current(views, order, me)
     if gen is None or gen.stopped or any(v.stopping or v.ranks == FINISHED for v in views.values()):
         return None
     number = max(v.generation.number for v in views.values() if v.generation) + 1
+    recent = tuple(t for t in gen.restarts if now - t < 3600)
+    churn = tuple(t for t in gen.churn if now - t < 3600)
+    changed = (recent, (*churn, round(now, 1)))  # a membership change: counted, never a reason to stop
+    memory.waiting = ""
     if gen.pending:  # a start: every member answers, so the newest checkpoint among them is known
         if all(m in live for m in gen.members):
             return Generation(number=gen.number, members=gen.members, reason=gen.reason, time=round(now, 1),
                               source=best_checkpoint(views, list(gen.members)), at_update=progress(views),
-                              start=gen.start)
+                              start=gen.start, restarts=recent, churn=churn)
         return None
     at = progress(last_heard)
     lost = [m for m in gen.members if m not in live]
     if lost and not elastic:
         return Generation(number=number, members=(), reason=f"{', '.join(lost)} lost at update {at} "
                           f"(silent on the cluster network for {lost_after_s:g} s); --no-elastic: the run stops",
-                          time=round(now, 1), at_update=at, stopped="a host lost, not elastic")
+                          time=round(now, 1), at_update=at, stopped="a host lost, not elastic", among=gen.members)
     if lost:
         memory.ended_since = None
+        if elsewhere := _held_elsewhere(last_heard, live_order):  # never from nothing while a lost host
+            memory.waiting = f"{', '.join(lost)} lost, but only {elsewhere} holds a checkpoint: waiting for it"
+            return None
         return _new(number, live_order, views,
                     f"{', '.join(lost)} lost at update {at if at is not None else '?'} "
-                    f"(silent on the cluster network for {lost_after_s:g} s)", now, at)
+                    f"(silent on the cluster network for {lost_after_s:g} s)", now, at, changed)
+    refused = {views[m].cannot_get for m in gen.members if views[m].cannot_get}
+    if (gen.source or {}).get("sha256") in refused:
+        who = "; ".join(f"{m}: {views[m].cannot_get_why or 'failed'}" for m in gen.members
+                        if views[m].cannot_get == gen.source["sha256"])
+        return _new(number, list(gen.members), views, f"the checkpoint of update {gen.source.get('update')} on "
+                    f"{gen.source.get('host')} could not be copied whole ({who}): from the next best", now, at,
+                    (recent, churn), refused)
     joining = [h for h in live_order if h not in gen.members]
     if joining and elastic:
         rank0 = views.get(gen.members[0])
@@ -196,8 +309,12 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
         seen = [memory.joining_since.setdefault((gen.number, h), saved) for h in joining]
         training = any(views[m].ranks == RUNNING for m in gen.members if m in views)
         if not training or (saved is not None and any(s is None or saved > s for s in seen)):
+            if training and len(churn) >= max_rejoins:  # a link that flaps: the run goes on without it
+                memory.waiting = (f"{', '.join(joining)} back, but the run's membership changed {len(churn)} times "
+                                  f"in the last hour: taken back once it is under {max_rejoins}")
+                return None
             return _new(number, live_order, views, f"{', '.join(joining)} rejoined at update "
-                        f"{saved if saved is not None else at if at is not None else '?'}", now, at)
+                        f"{saved if saved is not None else at if at is not None else '?'}", now, at, changed)
         return None
     ended = [m for m in gen.members if views[m].ranks == ENDED and runs_in(views[m], gen)]
     if not ended:
@@ -207,17 +324,16 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
     if now - memory.ended_since < ended_grace_s:
         return None  # a lost peer ends the others' ranks too: its loss is decided first
     memory.ended_since = None
-    memory.restarts = [t for t in memory.restarts if now - t < 3600]
     how = "; ".join(f"{m}: {views[m].how or 'ended'}" for m in ended)
     if not elastic:
         return Generation(number=number, members=(), reason=f"ranks ended ({how}); --no-elastic: the run stops",
-                          time=round(now, 1), at_update=at, stopped="ranks ended, not elastic")
-    if len(memory.restarts) >= max_restarts:
+                          time=round(now, 1), at_update=at, stopped="ranks ended, not elastic", among=gen.members)
+    if len(recent) >= max_restarts:
         return Generation(number=number, members=(), reason=f"ranks ended ({how}); {max_restarts} restarts in "
                           "the last hour already: the run stops", time=round(now, 1), at_update=at,
-                          stopped="restarts exhausted")
-    memory.restarts.append(now)
-    return _new(number, list(gen.members), views, f"ranks ended at update {at} ({how}): restarting", now, at)
+                          stopped="restarts exhausted", among=gen.members, restarts=recent, churn=churn)
+    return _new(number, list(gen.members), views, f"ranks ended at update {at} ({how}): restarting", now, at,
+                ((*recent, round(now, 1)), churn))
 
 
 def timeline_entry(gen: Generation, update_freq: int | None = None, ranks: int | None = None) -> dict:

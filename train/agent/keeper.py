@@ -34,7 +34,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -48,8 +48,11 @@ from train.agent.generation import (
     Generation,
     LeaderMemory,
     View,
+    copies_from,
     current,
     decide,
+    descends_from,
+    lineage_after,
     timeline_entry,
 )
 from train.agent.keeper_files import keeper_dir, read_json, read_timeline, show, supervisor_pid
@@ -57,7 +60,7 @@ from train.agent.state import run_pids, tail
 from train.agent.stop import stop as stop_ranks
 
 DONE = "done training in"  # fairseq's last line on rank 0 (fairseq_cli/train.py)
-SUPERVISE_PAUSE_S = 3.0
+FETCH_TRIES = 3  # copies of one checkpoint that fail before this host says it cannot get it
 
 
 def _write_json(path: Path, data) -> None:
@@ -82,8 +85,10 @@ def how_ranks_ended(lines: list[str]) -> str:
 class Keeper:
     """One host's keeper: its heartbeat, its view of the others, its ranks."""
 
-    def __init__(self, run_dir: str, spec: dict, clock=time.time):
-        self.run_dir, self.spec, self.clock = run_dir, spec, clock
+    def __init__(self, run_dir: str, spec: dict, clock=time.time, ticks=time.monotonic):
+        # `clock`: the wall clock, for what is recorded and shared (times, the restart budget);
+        # `ticks`: a monotonic one for liveness (an NTP step must not delay declaring a peer lost)
+        self.run_dir, self.spec, self.clock, self.ticks = run_dir, spec, clock, ticks
         self.dir = keeper_dir(run_dir)
         self.me: str = spec["me"]
         self.order: list[str] = list(spec["order"])
@@ -91,13 +96,18 @@ class Keeper:
         self.lost_after_s = float(spec.get("lost_after_s", 20))
         self.views: dict[str, View] = {}
         started = clock()
-        self.heard = {p: started for p in self.peers}  # a peer gets lost_after_s to answer first
+        self.heard = {p: ticks() for p in self.peers}  # a peer gets lost_after_s to answer first
+        self.live: set[str] = {self.me}
+        for peer, held in read_json(self.dir / "peers.json", {}).items():  # what the peers held when last heard
+            if peer in self.peers:
+                self.views[peer] = View(host=peer, generation=None, checkpoint=Checkpoint.of(held))
         self.memory = LeaderMemory()
         self.lock = threading.RLock()
         saved = read_json(self.dir / "active.json", {})
         self.active: int | None = saved.get("active")
         self.active_members: list[str] = saved.get("members", [])
         self.log_offset: int = saved.get("log_offset", 0)
+        self.lineage = tuple(tuple(step) for step in saved.get("lineage") or ())  # of the saves its ranks make
         self.generation = Generation.of(read_json(self.dir / "generation.json"))
         self.recorded = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in self.timeline()}
         if spec.get("start") and saved.get("start") != spec["start"]:  # a start fab train asked for
@@ -109,21 +119,38 @@ class Keeper:
             # nothing runs for this start yet: a finished run resumed for more updates is not finished
             self.active, self.active_members, self.log_offset = None, [], 0
             self._save_active(start=spec["start"])
-        self.checkpoint = Checkpoint.of(replica.manifest(run_dir))
-        if self.checkpoint is None and replica.paths(run_dir)[0].exists():  # a checkpoint from before keepers
-            _, made = replica.snapshot(run_dir, 0, None)
+        self.checkpoint = Checkpoint.of(self.verified())  # hashed before it is resumed from or served
+        if self.checkpoint is None and replica.manifest(run_dir) is None and replica.paths(run_dir)[0].exists():
+            _, made = replica.snapshot(run_dir, 0, None)  # a checkpoint from before keepers
             self.checkpoint = Checkpoint.of(made)
         self.seen: tuple[int, int] | None = None
         self.fetching: threading.Thread | None = None
         self.fetch_error = ""
+        self.fetch_failures: dict[str, int] = {}  # sha256 -> copies of it that did not arrive whole
+        self.fetch_after = 0.0  # ticks: the next try waits (1, 2, 4 ... 60 s after each failure)
+        self.said_waiting = ""
+        self.corrupt = False
+        self.peers_held: dict = read_json(self.dir / "peers.json", {})
         self.how = ""
         self.ended = ""
 
     # --- the record on this host
 
+    def verified(self) -> dict | None:
+        """This host's snapshot's manifest, its bytes hashed against it; a snapshot that does not match
+        (a flipped byte on disk) is set aside as corrupt and this host holds none."""
+        held = replica.manifest(self.run_dir)
+        if held is None or replica.verify(self.run_dir, held):
+            return held
+        aside = replica.set_aside(self.run_dir, held, why="corrupt")
+        _say(f"checkpoint of update {held['update']} does not match its manifest's sha256: set aside at {aside}; "
+             "this host holds none until a peer's copy arrives")
+        return None
+
     def _save_active(self, start: str | None = None) -> None:
         data = read_json(self.dir / "active.json", {})
-        data.update({"active": self.active, "members": self.active_members, "log_offset": self.log_offset})
+        data.update({"active": self.active, "members": self.active_members, "log_offset": self.log_offset,
+                     "lineage": [list(step) for step in self.lineage]})
         if start is not None:
             data["start"] = start
         _write_json(self.dir / "active.json", data)
@@ -178,9 +205,11 @@ class Keeper:
         how = ""
         if ranks == ENDED:
             how = how_ranks_ended(tail(self.log(), 80))
+        failed = [sha for sha, n in self.fetch_failures.items() if n >= FETCH_TRIES]
         return View(host=self.me, generation=self.generation, checkpoint=self.checkpoint, ranks=ranks,
                     active=self.active, active_members=tuple(self.active_members), update=self.last_update(), how=how,
-                    stopping=(self.dir / "stop").exists())
+                    stopping=(self.dir / "stop").exists(), hears=tuple(sorted(self.live)),
+                    cannot_get=failed[-1] if failed else "", cannot_get_why=self.fetch_error if failed else "")
 
     def answer(self) -> View:
         """What a peer hears: this moment's view, but "finished" only once a round has snapshot the
@@ -221,6 +250,9 @@ class Keeper:
                     self.wfile.write(body)
                 elif self.path == "/checkpoint":
                     snap = replica.paths(keeper.run_dir)[1]
+                    if not keeper.serves():
+                        self.send_error(409, "this host's checkpoint does not match its manifest")
+                        return
                     try:
                         f = snap.open("rb")
                     except OSError:
@@ -245,35 +277,57 @@ class Keeper:
 
     def step(self) -> str | None:
         """Listen to the peers, decide (as leader), act. Returns why the keeper ends, or None."""
-        now = self.clock()
+        now, tick = self.clock(), self.ticks()
         ranks = self.ranks()  # before the snapshot: "done training" is logged after the last save
+        if self.corrupt:  # a peer asked for a copy that no longer matches its manifest
+            self.corrupt, self.checkpoint = False, Checkpoint.of(self.verified())
         self.snapshot()
         with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
             answers = dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))
         with self.lock:  # what the heartbeat reads; never held while acting (a stop takes seconds)
             for peer, said in answers.items():
                 if said is not None:
-                    self.views[peer], self.heard[peer] = said, now
+                    self.views[peer], self.heard[peer] = said, tick
+            self.live = {self.me} | {p for p in self.peers if tick - self.heard[p] < self.lost_after_s}
             self.views[self.me] = self.view(ranks)
-            live = {self.me} | {p for p in self.peers if now - self.heard[p] < self.lost_after_s}
-            seen = {h: v for h, v in self.views.items() if h in live}
-            newest = current(seen, self.order)
+            seen = {h: v for h, v in self.views.items() if h in self.live}
+            newest = current(seen, self.order, self.me)
             mine = self.generation.key(self.order) if self.generation else None
             if newest is not None and (mine is None or newest.key(self.order) > mine):
                 self.record(newest)
             # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
-            decided = decide(self.me, self.order, dict(self.views), live, now, self.memory, self.lost_after_s,
-                             float(self.spec.get("ended_grace_s", 25)), int(self.spec.get("max_restarts", 3)),
-                             bool(self.spec.get("elastic", True)))
+            decided = decide(self.me, self.order, dict(self.views), set(self.live), now, self.memory,
+                             self.lost_after_s, float(self.spec.get("ended_grace_s", 25)),
+                             int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)))
             if decided is not None:
                 self.record(decided)
+            elif self.memory.waiting and self.memory.waiting != self.said_waiting:
+                _say(self.memory.waiting)
+            self.said_waiting = self.memory.waiting
+            self.remember_peers()
         return self.act(seen)
+
+    def remember_peers(self) -> None:
+        """What each peer held when last heard, on disk: a keeper started again (a reboot) still knows
+        that a silent peer holds the run's training, and does not start it from nothing."""
+        held = {p: v.checkpoint.to_dict() for p, v in self.views.items() if p != self.me and v.checkpoint}
+        if held != self.peers_held:
+            _write_json(self.dir / "peers.json", held)
+            self.peers_held = held
+
+    def serves(self) -> bool:
+        """Whether the snapshot a peer asks for still matches its manifest (hashed once a file)."""
+        held = replica.manifest(self.run_dir)
+        if held is not None and replica.verify(self.run_dir, held, cached=True):
+            return True
+        self.corrupt = True
+        return False
 
     def snapshot(self) -> None:
         """On rank 0's host, each new save becomes the snapshot peers fetch."""
         if self.active is None or self.active_members[:1] != [self.me]:
             return
-        self.seen, made = replica.snapshot(self.run_dir, self.active, self.seen)
+        self.seen, made = replica.snapshot(self.run_dir, self.active, self.seen, self.lineage)
         if made:
             self.checkpoint = Checkpoint.of(made)
             _say(f"checkpoint of update {made['update']} ({made['size']:,} bytes) ready for the peers")
@@ -348,6 +402,8 @@ class Keeper:
             _say(f"could not start this host's ranks: {done.stderr.strip()[-300:]}")
             return
         self.active, self.active_members = gen.number, list(gen.members)
+        self.lineage = lineage_after(self.checkpoint.to_dict() if self.checkpoint else None, gen.number,
+                                     gen.members[0])
         self.seen = replica.seen_now(self.run_dir)  # what it resumes from: no save of this generation
         self._save_active()
         source = gen.source or {}
@@ -360,25 +416,31 @@ class Keeper:
         mine = self.checkpoint
         if want is None:
             if mine is not None:  # ranks elsewhere start from scratch: one finding a checkpoint would hang
-                aside = replica.set_aside(self.run_dir, {"generation": mine.generation, "update": mine.update})
+                aside = replica.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
                 _say(f"generation {gen.number} starts from no checkpoint: this host's is set aside at {aside}")
                 self.checkpoint = None
             replica.clear(self.run_dir)
             return True
         if mine is not None and mine.sha256 == want["sha256"]:
+            if not replica.verify(self.run_dir, mine.to_dict()):  # hashed before it is resumed from
+                self.checkpoint = Checkpoint.of(self.verified())
+                return False
             replica.restore(self.run_dir)
             return True
         if self.fetching is not None and self.fetching.is_alive():
             return False
         if want["host"] == self.me:  # its snapshot moved on since: the newest it holds is the one now
             return mine is not None and replica.restore(self.run_dir) is None
-        if mine is not None and mine.generation >= want["generation"]:
-            aside = replica.set_aside(self.run_dir, {"generation": mine.generation, "update": mine.update})
-            _say(f"checkpoint of generation {mine.generation}, update {mine.update}: another history than "
-                 f"generation {gen.number} goes on with, set aside at {aside}")
+        if mine is not None and not descends_from(want, mine):
+            aside = replica.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
+            _say(f"checkpoint of generation {mine.generation}, update {mine.update}: another history than the one "
+                 f"generation {gen.number} goes on with (update {want['update']}), set aside whole at {aside}")
             self.checkpoint = None
         self.fetch_from(want)
         return False
+
+    def set_aside_kept(self) -> int:
+        return int(self.spec.get("set_aside_kept", replica.SET_ASIDE_KEPT))
 
     def newest_of_holder(self, want: dict | None) -> dict | None:
         """The checkpoint to start from: `want`, or the newer one its holder snapshotted since (its
@@ -386,11 +448,20 @@ class Keeper:
         its newest; so does every member, all from the same file."""
         holder = self.views.get(want["host"]) if want and want["host"] != self.me else None
         newer = holder.checkpoint if holder else None
-        if newer is not None and newer.key() > (want["generation"], want["update"]):
-            return {"host": want["host"], **asdict(newer)}
+        if newer is not None and newer.key() > (want["update"], want["generation"]) \
+                and newer.sha256 not in self.refused():
+            return {"host": want["host"], **newer.to_dict()}
         return want
 
+    def refused(self) -> set[str]:
+        return {sha for sha, n in self.fetch_failures.items() if n >= FETCH_TRIES}
+
     def fetch_from(self, want: dict) -> None:
+        """Copy `want` from its holder in the background; a copy that fails waits 1, 2, 4 ... 60 s before
+        the next try, and after FETCH_TRIES this host's heartbeat says it cannot get it (the leader
+        then starts from the next best checkpoint)."""
+        if self.ticks() < self.fetch_after or want["sha256"] in self.refused():
+            return
         url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
 
         def fetch() -> None:
@@ -398,28 +469,31 @@ class Keeper:
             try:
                 got = replica.fetch(url, self.spec["token"], self.run_dir, want)
                 self.checkpoint, self.fetch_error = Checkpoint.of(got), ""
+                self.fetch_failures.pop(want["sha256"], None)
                 self.seen = replica.seen_now(self.run_dir)
                 _say(f"checkpoint of update {want['update']} from {want['host']}: {want['size']:,} bytes, "
                      f"sha256 checked, in {time.monotonic() - started:.1f} s")
             except replica.FetchError as err:
+                failures = self.fetch_failures[want["sha256"]] = self.fetch_failures.get(want["sha256"], 0) + 1
                 self.fetch_error = str(err)
-                _say(f"checkpoint copy failed (the previous one is kept): {err}")
+                self.fetch_after = self.ticks() + min(60.0, 2.0 ** (failures - 1))
+                gave_up = f"; {failures} tries: this host cannot get it" if failures >= FETCH_TRIES else ""
+                _say(f"checkpoint copy failed (the previous one is kept): {err}{gave_up}")
 
         self.fetching = threading.Thread(target=fetch, daemon=True, name="fetch")
         self.fetching.start()
 
     def replicate(self, gen: Generation, seen: dict[str, View]) -> None:
-        """The host after rank 0's fetches each new checkpoint of rank 0's: one whole copy off rank 0's
-        host, over the cluster network (every host at every save would send GBs x hosts beside the
-        all-reduce; a restart fetches from whoever holds the newest)."""
-        if len(gen.members) < 2 or gen.members[1] != self.me:
-            return
-        rank0 = seen.get(gen.members[0])
-        theirs = rank0.checkpoint if rank0 else None
+        """Each new checkpoint of rank 0's is held by a majority of the generation's hosts: the next
+        len // 2 hosts after rank 0's fetch it, each from the one before it (one copy a link, over the
+        cluster network; every host at every save would send GBs x hosts beside the all-reduce)."""
+        holder = copies_from(gen.members, self.me)
+        before = seen.get(holder) if holder else None
+        theirs = before.checkpoint if before else None
         if theirs is None or (self.checkpoint and theirs.key() <= self.checkpoint.key()) \
                 or (self.fetching is not None and self.fetching.is_alive()):
             return
-        self.fetch_from({"host": gen.members[0], **theirs.__dict__})
+        self.fetch_from({"host": holder, **theirs.to_dict()})
 
 
 def run(run_dir: str, poll_s: float | None = None) -> int:
@@ -436,6 +510,8 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     poll = poll_s or float(spec.get("poll_s", 2))
     wake = threading.Event()  # SIGUSR1 (`keeper stop`): a round now, not at the next poll
     signal.signal(signal.SIGUSR1, lambda *_: wake.set())
+    supervisor, spec_file = os.getppid(), keeper_dir(run_dir) / "spec.json"
+    spec_seen = spec_file.stat().st_mtime_ns
     try:
         while True:
             ended = keeper.step()
@@ -444,10 +520,19 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
                 _say(f"the keeper ends: {ended}")
                 time.sleep(linger_s(spec))  # its heartbeat says so a while longer: every peer hears it
                 return 0
+            if spec_file.stat().st_mtime_ns != spec_seen:  # fab train started the run again: its token, its start
+                _say("fab train wrote a new spec: the keeper starts again to take it")
+                return RESPEC
+            if os.getppid() != supervisor:  # its supervisor was killed: a new one takes over, this keeper leaves
+                server.shutdown()
+                server.server_close()
+                _say(f"the keeper's supervisor is gone: a new one ({launch(run_dir)}) takes over")
+                return 0
             wake.wait(poll)
             wake.clear()
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def linger_s(spec: dict) -> float:
@@ -455,11 +540,27 @@ def linger_s(spec: dict) -> float:
     return 3 * float(spec.get("poll_s", 2)) + 1
 
 
+RESTART_DELAYS_S = (1, 2, 5, 10, 30, 60)  # the keeper's restarts back off, then stay a minute apart
+START_LIMIT = (10, 600.0)  # at most this many failed starts in this many seconds, then the supervisor gives up
+RESPEC = 75  # the keeper's exit status when `fab train` wrote a new spec: started again at once, to read it
+
+
+def restart_delay(failures: list[float], now: float) -> float | None:
+    """How long to wait before starting a failed keeper again (its recent failures' monotonic times),
+    or None when it failed START_LIMIT[0] times within START_LIMIT[1] seconds (systemd's StartLimit)."""
+    recent = [t for t in failures if now - t < START_LIMIT[1]]
+    if len(recent) >= START_LIMIT[0]:
+        return None
+    return float(RESTART_DELAYS_S[min(len(recent), len(RESTART_DELAYS_S)) - 1]) if recent else 0.0
+
+
 def supervise(run_dir: str) -> int:
-    """Run the keeper; start it again when it fails, until it ends (finished, stopped) or is stopped."""
+    """Run the keeper; start it again when it fails (backing off), until it ends (finished, stopped),
+    is stopped, or fails too often (said in the keeper's log and in RUN/keeper/ended)."""
     kdir = keeper_dir(run_dir)
     (kdir / "keeper.pid").write_text(str(os.getpid()))
     child: subprocess.Popen | None = None
+    failures: list[float] = []
 
     def leave(*_):
         if child is not None and child.poll() is None:
@@ -470,9 +571,21 @@ def supervise(run_dir: str) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # meant for the keeper (its own handler), sent to the group
     while not (kdir / "stop").exists():
         child = subprocess.Popen([sys.executable, "-m", "train.agent.keeper", "run", "--run", run_dir])
-        if child.wait() == 0:
+        code = child.wait()
+        if code == 0:
             return 0
-        time.sleep(SUPERVISE_PAUSE_S)
+        if code == RESPEC:
+            continue
+        failures.append(time.monotonic())
+        delay = restart_delay(failures, time.monotonic())
+        if delay is None:
+            why = (f"the keeper failed {START_LIMIT[0]} times in {START_LIMIT[1]:g} s (last exit status {code}): "
+                   "its supervisor gives up; keeper.log says why; fab train --rejoin starts it again")
+            _say(why)
+            (kdir / "ended").write_text(why + "\n")
+            return 1
+        _say(f"the keeper exited with status {code}: started again in {delay:g} s")
+        time.sleep(delay)
     return 0
 
 

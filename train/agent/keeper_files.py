@@ -9,6 +9,8 @@ import contextlib
 import json
 from pathlib import Path
 
+from train.agent.replica import set_aside_list
+
 
 def keeper_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "keeper"
@@ -51,6 +53,6 @@ def show(run_dir: str) -> dict:
     return {"keeper": supervisor_pid(run_dir) is not None, "spec": (kdir / "spec.json").exists(),
             "generation": read_json(kdir / "generation.json"),
             "ended": ended.read_text().strip() if ended.exists() else "",
-            "timeline": read_timeline(kdir)}
+            "timeline": read_timeline(kdir), "set_aside": set_aside_list(run_dir)}
 
 

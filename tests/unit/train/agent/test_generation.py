@@ -43,7 +43,8 @@ def test_rank_0s_host_lost_v100b_leads_and_resumes_from_its_own_copy():
     assert decide("v100a", ORDER, views, {"v100b"}, 100, LeaderMemory()) is None  # not live: not leader
     new = decide("v100b", ORDER, views, {"v100b"}, 100, LeaderMemory())
     assert new.members == ("v100b",) and new.source == {"host": "v100b", "generation": 1, "update": 40,
-                                                        "sha256": "s1-40", "size": 100}
+                                                        "sha256": "s1-40", "size": 100,
+                                                        "lineage": []}
 
 
 def test_only_the_first_live_host_decides():
@@ -63,15 +64,145 @@ def test_a_returning_host_is_taken_back_at_rank_0s_next_checkpoint_not_before():
     assert new.source["host"] == "v100a" and new.source["update"] == 80 and "v100b rejoined at update 80" in new.reason
 
 
-def test_after_a_split_the_reunion_resumes_the_history_with_the_higher_generation_then_update():
+def test_after_a_split_the_reunion_resumes_the_history_with_the_most_training_not_the_higher_generation():
     a, b = gen(2, ["v100a"]), gen(2, ["v100b"])
     assert current({"v100a": view("v100a", a), "v100b": view("v100b", b)}, ORDER) == a  # same number: a leads
     views = {"v100a": view("v100a", a, ckpt(2, 70)), "v100b": view("v100b", b, ckpt(2, 90))}
-    assert best_checkpoint(views, ORDER)["host"] == "v100b"  # the newer update of the same generation
-    views["v100a"] = view("v100a", a, ckpt(2, 95))
-    assert best_checkpoint(views, ORDER)["host"] == "v100a"
-    views["v100b"] = view("v100b", gen(3, ["v100b"]), ckpt(3, 10))
-    assert best_checkpoint(views, ORDER)["host"] == "v100b"  # a later generation wins over more updates
+    assert best_checkpoint(views, ORDER)["host"] == "v100b"
+    # the side that suffered most (more generations: flaps, crash restarts) trained less: it loses
+    views = {"v100a": view("v100a", gen(2, ["v100a"]), ckpt(2, 50_000)),
+             "v100b": view("v100b", gen(3, ["v100b"]), ckpt(3, 20_100))}
+    assert best_checkpoint(views, ORDER)["update"] == 50_000
+    # the lab's case: one side's ranks crashed during the split (generation 5, update 650), the other
+    # trained on (generation 2, update 1,060): the reunion goes on from 1,060
+    views = {"v100a": view("v100a", gen(2, ["v100a"]), ckpt(2, 1060), update=1060),
+             "v100b": view("v100b", gen(5, ["v100b"]), ckpt(5, 650), update=650)}
+    memory = LeaderMemory()
+    decide("v100a", ORDER, views, set(ORDER), 100, memory)  # v100b's generation is current: a joins it...
+    views["v100b"] = view("v100b", gen(5, ["v100b"]), ckpt(5, 660), update=660)  # ...at its next save
+    reunion = decide("v100a", ORDER, views, set(ORDER), 110, memory)
+    assert reunion.members == tuple(ORDER) and reunion.number == 6
+    assert reunion.source["host"] == "v100a" and reunion.source["update"] == 1060
+
+
+def lineage_ckpt(number, leader, update, lineage):
+    return Checkpoint(number, update, f"{leader}{number}-{update}", 100, lineage=tuple(lineage))
+
+
+def test_a_hosts_older_save_of_the_same_history_is_replaced_another_historys_is_not():
+    from train.agent.generation import descends_from, lineage_after
+
+    g1 = lineage_after(None, 1, "v100a")  # ((1, v100a, 0),)
+    ancestor = lineage_ckpt(1, "v100a", 40, g1)
+    g2 = lineage_after(ancestor.to_dict(), 2, "v100a")  # v100a alone from update 40
+    newest = lineage_ckpt(2, "v100a", 90, g2).to_dict()
+    assert descends_from(newest, ancestor)  # update 40 of generation 1: the start of generation 2
+    # v100b's side of the split also began at 40 (generation 2 led by v100b): another history
+    other_side = lineage_ckpt(2, "v100b", 60, lineage_after(ancestor.to_dict(), 2, "v100b"))
+    assert not descends_from(newest, other_side)
+    # generation 1 went on to update 50 on a host that v100a's generation 2 did not start from
+    assert not descends_from(newest, lineage_ckpt(1, "v100a", 50, g1))
+
+
+THREE = ["a", "b", "c"]
+
+
+def three(hears: dict[str, set[str]], gens: dict[str, Generation], saved: int = 40) -> dict[str, View]:
+    return {h: View(h, gens[h], ckpt(gens[h].number, saved) if h == "a" else None, RUNNING, active=gens[h].number,
+                    active_members=gens[h].members, hears=tuple(sorted(hears[h]))) for h in THREE}
+
+
+def test_with_three_hosts_a_cut_off_minority_never_trains_and_the_majority_goes_on():
+    g = gen(1, THREE)
+    hears = {"a": {"a", "b"}, "b": {"a", "b"}, "c": {"c"}}
+    views = three(hears, {h: g for h in THREE})
+    assert decide("c", THREE, {"c": views["c"], "a": views["a"], "b": views["b"]}, {"c"}, 100, LeaderMemory()) is None
+    majority = decide("a", THREE, views, {"a", "b"}, 100, LeaderMemory())
+    assert majority.members == ("a", "b") and "c lost" in majority.reason
+
+
+def test_a_one_sided_partition_makes_one_generation_not_two_leaders_taking_turns():
+    """a-b cut, both still hear c: rounds of every host adopting what it hears and its leader deciding."""
+    gens = {h: gen(1, THREE) for h in THREE}
+    hears = {"a": {"a", "c"}, "b": {"b", "c"}, "c": {"a", "b", "c"}}
+    made = []
+    for t in range(40):
+        views = three(hears, gens)
+        for host in THREE:
+            heard = {h: views[h] for h in hears[host]}
+            newest = current(heard, THREE, host)
+            if newest.key(THREE) > gens[host].key(THREE):
+                gens[host] = newest
+            new = decide(host, THREE, heard, hears[host], 100 + t, LeaderMemory())
+            if new is not None:
+                gens[host] = new
+                made.append((host, new.members))
+    assert made == [("a", ("a", "c"))]  # b hears from c that a is there: a leads, b waits outside
+    assert gens["c"].members == ("a", "c")
+
+
+def test_a_cut_off_host_that_gave_up_does_not_stop_the_healthy_run_it_reconnects_to():
+    running = gen(3, ["v100a"])
+    gave_up = Generation(number=7, members=(), reason="restarts exhausted", time=0.0, stopped="restarts exhausted",
+                         among=("v100b",))
+    views = {"v100a": view("v100a", running, ckpt(3, 500)), "v100b": view("v100b", gave_up, ckpt(2, 80), ranks="idle")}
+    assert current(views, ORDER, "v100a") == running  # a does not adopt b's stop
+    assert current(views, ORDER, "v100b") == gave_up
+    back = decide("v100a", ORDER, views, set(ORDER), 100, LeaderMemory())
+    assert back is None  # taken back at a's next checkpoint, not before
+    views["v100a"] = view("v100a", running, ckpt(3, 520))
+    memory = LeaderMemory()
+    decide("v100a", ORDER, {**views, "v100a": view("v100a", running, ckpt(3, 500))}, set(ORDER), 100, memory)
+    back = decide("v100a", ORDER, views, set(ORDER), 110, memory)
+    assert back.members == tuple(ORDER) and back.number == 8 and not back.stopped and back.source["host"] == "v100a"
+
+
+def test_no_host_starts_from_nothing_while_a_lost_host_holds_the_runs_checkpoint():
+    g = gen(4, ORDER)
+    memory = LeaderMemory()
+    # v100b never got a copy (it joined after the last save); v100a, holding update 90,050, is lost
+    views = {"v100a": view("v100a", g, ckpt(4, 90_050), update=90_100), "v100b": view("v100b", g)}
+    assert decide("v100b", ORDER, views, {"v100b"}, 100, memory) is None
+    assert "only v100a (update 90050) holds a checkpoint" in memory.waiting
+    views["v100b"] = view("v100b", g, ckpt(4, 90_000))  # with a copy of its own it goes on
+    assert decide("v100b", ORDER, views, {"v100b"}, 101, memory).source["update"] == 90_000
+
+
+def test_a_member_that_cannot_get_the_source_makes_the_leader_start_from_the_next_best():
+    g = Generation(number=5, members=tuple(ORDER), reason="test", time=0.0,
+                   source={"host": "v100a", "generation": 4, "update": 80, "sha256": "bad", "size": 100})
+    views = {"v100a": view("v100a", g, Checkpoint(4, 80, "bad", 100), ranks="idle"),
+             "v100b": View("v100b", g, ckpt(4, 60), "idle", cannot_get="bad",
+                           cannot_get_why="sha256 3f2a: the manifest says bad")}
+    new = decide("v100a", ORDER, views, set(ORDER), 100, LeaderMemory())
+    assert new.number == 6 and new.source["host"] == "v100b" and new.source["update"] == 60
+    assert "could not be copied whole" in new.reason and "v100b: sha256 3f2a" in new.reason
+
+
+def test_the_restart_budget_survives_a_new_leader_and_a_flapping_host_waits_instead_of_stopping_the_run():
+    g = Generation(number=9, members=tuple(ORDER), reason="test", time=0.0, restarts=(3000.0, 3100.0, 3200.0))
+    views = {"v100a": view("v100a", g, ckpt(9, 10)), "v100b": view("v100b", g, ranks=ENDED)}
+    fresh = LeaderMemory()  # a keeper started again: nothing in memory
+    decide("v100a", ORDER, views, set(ORDER), 3300, fresh)
+    stopped = decide("v100a", ORDER, views, set(ORDER), 3330, fresh)
+    assert stopped.stopped and "3 restarts" in stopped.reason and stopped.among == tuple(ORDER)
+    # a link that flaps: six membership changes this hour; v100b is back but waits, the run goes on
+    flaps = tuple(3000.0 + i for i in range(6))
+    alone = Generation(number=12, members=("v100a",), reason="test", time=0.0, churn=flaps)
+    memory = LeaderMemory()
+    views = {"v100a": view("v100a", alone, ckpt(12, 10)), "v100b": view("v100b", gen(11, ORDER), ranks="idle")}
+    decide("v100a", ORDER, views, set(ORDER), 3300, memory)
+    views["v100a"] = view("v100a", alone, ckpt(12, 20))
+    assert decide("v100a", ORDER, views, set(ORDER), 3310, memory) is None and "changed 6 times" in memory.waiting
+    assert decide("v100a", ORDER, views, set(ORDER), 3000 + 3600 + 1, memory).members == tuple(ORDER)
+
+
+def test_each_save_is_held_by_a_majority_of_the_generations_hosts():
+    from train.agent.generation import copies_from
+
+    assert [copies_from(("a", "b"), h) for h in "ab"] == [None, "a"]
+    assert [copies_from(("a", "b", "c"), h) for h in "abc"] == [None, "a", None]  # 2 of 3
+    assert [copies_from(("a", "b", "c", "d"), h) for h in "abcd"] == [None, "a", "b", None]  # 3 of 4
 
 
 def test_ranks_that_crash_with_every_host_live_restart_then_the_run_stops_after_three():
@@ -80,10 +211,11 @@ def test_ranks_that_crash_with_every_host_live_restart_then_the_run_stops_after_
     views = {"v100a": view("v100a", g, ckpt(5, 10)), "v100b": view("v100b", g, ranks=ENDED)}
     assert decide("v100a", ORDER, views, set(ORDER), 0, memory) is None  # a lost peer is decided first
     made = []
-    for t in (30, 100, 200, 300):
-        views = {"v100a": view("v100a", gen(5, ORDER), ckpt(5, 10)), "v100b": view("v100b", gen(5, ORDER), ranks=ENDED)}
+    for t in (30, 100, 200, 300):  # each restart's generation carries the budget to the next decision
+        views = {"v100a": view("v100a", g, ckpt(g.number, 10)), "v100b": view("v100b", g, ranks=ENDED)}
         decide("v100a", ORDER, views, set(ORDER), t - 26, memory)
         made.append(decide("v100a", ORDER, views, set(ORDER), t, memory))
+        g = made[-1]
     assert [bool(m and m.members) for m in made] == [True, True, True, False]
     assert made[-1].stopped and "3 restarts" in made[-1].reason
 

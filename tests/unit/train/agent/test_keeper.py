@@ -142,7 +142,8 @@ def test_a_member_starts_from_the_holders_newest_when_it_saved_again_before_stop
     want = {"host": "v100a", "generation": 2, "update": 80, "sha256": "old", "size": 10}
     assert k.newest_of_holder(want) == want
     k.views["v100a"] = View("v100a", None, Checkpoint(2, 90, "new", 12))
-    assert k.newest_of_holder(want) == {"host": "v100a", "generation": 2, "update": 90, "sha256": "new", "size": 12}
+    assert k.newest_of_holder(want) == {"host": "v100a", "generation": 2, "update": 90, "sha256": "new", "size": 12,
+                                       "lineage": []}
     k.views["v100a"] = View("v100a", None, Checkpoint(2, 70, "older", 12))
     assert k.newest_of_holder(want) == want
 
@@ -165,3 +166,45 @@ def test_fab_train_right_after_fab_stop_replaces_the_keeper_that_lingers_for_its
     assert all(keeper_files.supervisor_pid(str(d)) not in (None, lingering[h]) for h, d in dirs.items())
     for d in dirs.values():
         keeper.stop(str(d), wait_s=5)
+
+
+def test_a_keeper_never_resumes_from_or_serves_a_checkpoint_whose_bytes_do_not_match_its_manifest(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    from tests.unit.train.agent.test_replica import hold
+
+    held = hold(tmp_path, b"update 40 " * 1000, 1, 40)
+    port = 29300 + os.getpid() % 300
+    spec_ = {"run_id": "r1", "me": "v100a", "order": list(HOSTS), "members": list(HOSTS), "addresses": HOSTS,
+             "port": port, "token": "t", "commands": {}}
+    (tmp_path / "keeper").mkdir()
+    k = keeper.Keeper(str(tmp_path), spec_)
+    assert k.checkpoint is not None and k.checkpoint.sha256 == held["sha256"]
+    server = k.listen()
+    try:
+        snap = replica.paths(tmp_path)[1]
+        with snap.open("r+b") as f:
+            f.seek(100)
+            f.write(b"X")
+        os.utime(snap, ns=(1, 1))  # a new mtime: this process hashed the old bytes
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/checkpoint", headers={"X-Tandem-Token": "t"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 409
+    finally:
+        server.shutdown()
+        server.server_close()
+    again = keeper.Keeper(str(tmp_path), spec_)  # a restart: hashed before resuming
+    assert again.checkpoint is None
+    aside = replica.set_aside_list(tmp_path)
+    assert len(aside) == 1 and aside[0]["why"] == "corrupt" and aside[0]["update"] == 40
+
+
+def test_a_failing_keeper_is_started_again_later_and_later_then_its_supervisor_gives_up():
+    delays, failures, now = [], [], 0.0
+    while (delay := keeper.restart_delay(failures := [*failures, now], now)) is not None:
+        delays.append(delay)
+        now += delay + 1  # each start fails a second after it begins
+    assert delays[:6] == [1, 2, 5, 10, 30, 60] and len(delays) == keeper.START_LIMIT[0] - 1
+    assert keeper.restart_delay([0.0] * 3, 5000.0) == 0.0  # failures long ago are forgotten

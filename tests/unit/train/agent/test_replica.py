@@ -64,3 +64,24 @@ def test_another_historys_checkpoint_is_set_aside_by_generation_and_update(tmp_p
     aside = replica.set_aside(tmp_path, {"generation": 2, "update": 90})
     assert aside.name == "checkpoint_last.g2-u90.pt" and aside.read_bytes() == b"the other side"
     assert replica.manifest(tmp_path) is None and not replica.paths(tmp_path)[0].exists()
+
+
+def test_histories_set_aside_are_kept_whole_with_their_manifest_and_the_oldest_goes_first(tmp_path, capsys):
+    for update in (90, 120, 150):
+        hold(tmp_path, f"side at {update}".encode(), 2, update)
+        replica.set_aside(tmp_path, {"generation": 2, "update": update, "sha256": "s", "size": 9}, keep=2)
+        (tmp_path / "checkpoints" / ".keep").rename(tmp_path / f"old-keep-{update}")
+    kept = replica.set_aside_list(tmp_path)
+    assert [k["update"] for k in kept] == [120, 150] and kept[0]["why"] == "another history"
+    assert "set-aside checkpoint of update 90 (generation 2) removed: more than 2 kept" in capsys.readouterr().out
+
+
+def test_a_byte_flipped_at_rest_fails_verification_though_the_size_matches(tmp_path):
+    held = hold(tmp_path, b"update 40 " * 1000, 1, 40)
+    assert replica.verify(tmp_path, held)
+    snap = replica.paths(tmp_path)[1]
+    with snap.open("r+b") as f:  # one byte, in place: the size and the manifest unchanged
+        f.seek(5000)
+        f.write(b"X")
+    assert replica.manifest(tmp_path) == held  # the size alone says nothing is wrong
+    assert not replica.verify(tmp_path, held)
