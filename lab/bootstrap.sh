@@ -226,22 +226,70 @@ link_shared_tools() {
   done
 }
 
+# venv writes the place it is made at into its files (activate's VIRTUAL_ENV and prompt, pyvenv.cfg, a script's
+# #! line) and links: a venv made at $1 to be renamed $2 names $2 in each of them instead ($1 and $2 in the same
+# folder; a compiled .pyc naming $1 is removed, Python compiles it again). Any file or link that still names $1's
+# folder name afterwards stops the set-up, before the rename.
+name_venv_as() {
+  "$1/bin/python" - "$1" "$2" <<'PY' || die "$1 still names ${1##*/}: not renamed to $2"
+import os, sys
+made, final = sys.argv[1], sys.argv[2]
+
+
+def entries():
+    for root, dirs, files in os.walk(made):
+        yield from (os.path.join(root, name) for name in dirs + files)
+
+
+def names(path, text):
+    """Whether the link's target or the file's bytes hold text."""
+    if os.path.islink(path):
+        return text in os.readlink(path)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            return text.encode() in f.read()
+    return False
+
+
+for path in entries():
+    if not names(path, made):
+        continue
+    if os.path.islink(path):
+        target = os.readlink(path)
+        os.remove(path)
+        os.symlink(target.replace(made, final), path)
+    elif path.endswith(".pyc"):
+        os.remove(path)
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:  # the same file: its mode stays
+            f.write(data.replace(made.encode(), final.encode()))
+left = [path for path in entries() if names(path, os.path.basename(made))]
+for path in left:
+    print("still names %s: %s" % (os.path.basename(made), path), file=sys.stderr)
+sys.exit(1 if left else 0)
+PY
+}
+
 # The checkout's .venv on top of the shared one, made again when the shared venv, pyproject.toml, the
-# checkout's place or this function change (it used to be a link to the shared venv: replaced).
+# checkout's place or these functions change (it used to be a link to the shared venv: replaced). It is made
+# as .venv.new, so that a half-made one is never used, names .venv throughout (name_venv_as), then is renamed.
 make_checkout_venv() {
   local shared=$1 venv=$top/.venv new=$top/.venv.new stamp site shared_site
-  stamp=$({ echo "$top $shared"; cat "$top/pyproject.toml"; declare -f make_checkout_venv link_shared_tools; } \
-    | sha256)
+  stamp=$({ echo "$top $shared"; cat "$top/pyproject.toml"
+    declare -f make_checkout_venv link_shared_tools name_venv_as; } | sha256)
   if [ ! -L "$venv" ] && [ "$(cat "$venv/.tandem-stamp" 2>/dev/null)" = "$stamp" ]; then return; fi
   say "making .venv: tandem from $top on top of $shared"
   rm -rf "$new"
-  "$shared/bin/python" -m venv --without-pip "$new"
+  "$shared/bin/python" -m venv --without-pip --prompt .venv "$new"
   site=$("$new/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   shared_site=$("$shared/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   # addsitedir, not a bare path line: the shared site-packages' own .pth files count too
   echo "import site; site.addsitedir('$shared_site')" > "$site/_tandem_shared_venv.pth"
   "$new/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-build-isolation -e "$top"
   link_shared_tools "$shared" "$new/bin"
+  name_venv_as "$new" "$venv"
   echo "$stamp" > "$new/.tandem-stamp"
   rm -rf "$venv"
   mv "$new" "$venv"

@@ -10,7 +10,8 @@ WMT16-shaped mirror on the lab's bridge (TANDEM_WMT16_MIRROR, 6000 pairs, a 1000
 the lab has CPUs, not V100s, so the big preset becomes `tiny`, for 40 updates; `fab stop` waits for the
 run's first checkpoint, which `fab evaluate` reads. `git clone` and
 `make setup` are the session's own (tests/training/test_laptop_controller.py runs `make setup` as
-a user who is not root).
+a user who is not root); each command after them runs in a login shell after `source .venv/bin/activate`,
+where step 1 leaves the user.
 
 How an output is checked: each line the README shows must be a line of the real output once
 numbers, sizes and times are masked (`#`) and spaces collapsed; a line `...` stands for any lines, ` ... `
@@ -108,13 +109,18 @@ def lab_stands_in(provisioned, scratch) -> list[tuple[str, str]]:
     ]
 
 
+def activated(argv: list[str]) -> list[str]:
+    """argv run as step 1 leaves the user: in a login shell, after `source .venv/bin/activate`."""
+    return ["bash", "-lc", 'cd "$0" && source .venv/bin/activate && exec "$@"', str(TOP), *argv]
+
+
 def test_the_readmes_quickstart_runs_as_written_on_the_lab(provisioned, mirror, tmp_path):
     cfg = provisioned.cfg
     readme = (TOP / "README.md").read_text()
     blocks = console_blocks(readme)
     assert len(blocks) >= 6, "the quickstart's console blocks"
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {
-        "COLUMNS": "200", "TANDEM_WMT16_MIRROR": mirror, "PATH": f"{TOP / '.venv' / 'bin'}:{os.environ['PATH']}"}
+        "COLUMNS": "200", "TANDEM_WMT16_MIRROR": mirror}
     for host in cfg.names:
         ssh(cfg, host, "rm -rf /data/tandem/datasets/wmt16 /data/tandem/prepare/wmt16")
     stands_in = lab_stands_in(provisioned, tmp_path)
@@ -133,8 +139,8 @@ def test_the_readmes_quickstart_runs_as_written_on_the_lab(provisioned, mirror, 
                 if real.startswith("fab stop"):  # stop once the run holds a checkpoint to evaluate
                     wait_for_a_checkpoint(cfg)
                 started = time.monotonic()
-                done = subprocess.run(shlex.split(real), cwd=TOP, env=env, capture_output=True, text=True,
-                                      timeout=900)
+                done = subprocess.run(activated(shlex.split(real)), cwd=TOP, env=env, capture_output=True,
+                                      text=True, timeout=900)
                 output = done.stdout + done.stderr
                 ran.append(f"{command}: exit {done.returncode} in {time.monotonic() - started:.1f} s")
                 print(f"$ {real}\n{output}")
@@ -144,8 +150,7 @@ def test_the_readmes_quickstart_runs_as_written_on_the_lab(provisioned, mirror, 
                     + f"\n--- it printed:\n{output[-4000:]}"
     finally:
         print("\n".join(ran))
-        subprocess.run([str(TOP / ".venv" / "bin" / "fab"), "stop"], cwd=TOP, env=env, capture_output=True,
-                       timeout=120)
+        subprocess.run(activated(["fab", "stop"]), cwd=TOP, env=env, capture_output=True, timeout=120)
     assert any(c.startswith("fab train") for c in ran) and any(c.startswith("fab report") for c in ran)
 
 
