@@ -286,11 +286,8 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
 def report(c, hosts, run=None, link_mbps=None):
     """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
     from train.report.collect import report as make_report
-    from train.run import keepers
 
-    the_run = Run.load(run)
-    keepers.sync(the_run, launch.states(the_run, the_run.known_of(hosts)))  # the hosts' membership record
-    make_report(the_run, hosts, link_mbps, console)
+    make_report(Run.load(run), hosts, link_mbps, console)
 
 
 def _quality_entries(text):

@@ -8,6 +8,7 @@ else inventory/hosts.yml.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
+import yaml
 from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
 from invoke.exceptions import UnexpectedExit
@@ -146,9 +148,27 @@ def parse_inventory(path: Path) -> list[tuple[str, dict]]:
     group = manager.groups.get(CLUSTER_GROUP)
     members = group.get_hosts() if group else manager.get_hosts()
     if not members:
+        yaml_error(path)  # Ansible only warns that it could not parse the file: say where and why
         raise ClusterError(f"inventory {path} lists no hosts (expected a `{CLUSTER_GROUP}` group; Ansible's warnings "
                            "above say why a source did not parse: a cloud's needs inventory/examples/requirements.*)")
     return [(h.name, variables.get_vars(host=h)) for h in members]
+
+
+def yaml_error(path: Path) -> None:
+    """Raise ClusterError naming the file and line where the YAML inventory at `path` (a file, or the
+    YAML files of a directory) does not parse; nothing when it does."""
+    for file in sorted(path.iterdir()) if path.is_dir() else [path]:
+        if file.suffix not in (".yml", ".yaml"):
+            continue
+        try:  # the syntax only: Ansible's own tags (!vault) need no constructor here
+            for _ in yaml.compose_all(file.read_text()):
+                pass
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{file}, line {mark.line + 1}" if mark else str(file)
+            said = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise ClusterError(f"inventory {where}: not valid YAML ({said}): fix that line (an indentation, "
+                               "a missing ':' or quote)") from None
 
 
 def _host(name: str, variables: dict) -> Host:
@@ -186,6 +206,11 @@ def select(hosts: list[Host], names: list[str] | None) -> list[Host]:
 CONNECT_S = 10.0  # connect(): TCP connect, banner, authentication
 DEAD_LINK_S = 30  # sent bytes unacknowledged this long, or an idle link unanswered: the host is gone
 
+# paramiko's transport thread logs the traceback of a failed handshake (a host that accepts TCP and
+# says nothing: "Error reading SSH protocol banner") before the exception reaches tandem, which says
+# it in one line naming the host; logging's last resort would print it on stderr, above that line.
+logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
+
 
 class HostConnection(Connection):
     """A Fabric connection whose TCP socket notices a vanished network. Without it a request
@@ -194,7 +219,11 @@ class HostConnection(Connection):
     connection after DEAD_LINK_S, paramiko's transport ends, and every wait on it returns."""
 
     def open(self):
-        opened = super().open()
+        try:
+            opened = super().open()
+        except UNREACHABLE as err:  # which host it was, for the line that says it (train.tasks.cluster_task)
+            err.tandem_host = getattr(self, "tandem_host", None)
+            raise
         sock = self.client.get_transport().sock
         if isinstance(sock, socket.socket):
             dead_link_options(sock)
@@ -214,9 +243,13 @@ def dead_link_options(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
-def connect(host: Host, timeout: float = CONNECT_S) -> Connection:
-    """A Fabric connection with host key checking on, against the inventory's known_hosts."""
-    connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
+def connect(host: Host, timeout: float | None = None) -> Connection:
+    """A Fabric connection with host key checking on, against the inventory's known_hosts; connecting
+    (TCP, SSH's banner, authentication) gives up after `timeout` seconds each (default CONNECT_S)."""
+    timeout = timeout or CONNECT_S
+    # the banner's wait ends first: paramiko's negotiation gives up at `timeout` without a word (the next
+    # step then says "No existing session"), where a banner that never came says what happened
+    connect_kwargs = {"banner_timeout": timeout * 0.8, "auth_timeout": timeout}
     if host.key:
         connect_kwargs["key_filename"] = os.path.expanduser(host.key)
     config = Config(overrides={"load_ssh_configs": False})
@@ -353,6 +386,14 @@ class GroupResult(dict[str, HostResult]):
     def problems(self) -> list[str]:
         """`host: why` for each host that failed."""
         return [f"{name}: {r.why}" for name, r in self.failed.items()]
+
+
+def require_reachable(lost: dict[str, str]) -> None:
+    """A view that could not reach every host fails, naming them and the fix, in one line: {host: why}."""
+    if lost:
+        raise ClusterError("unreachable: " + "; ".join(f"{name} ({why})" for name, why in lost.items())
+                           + ": check that each VM runs and lets SSH in from this machine (`fab init --check` "
+                           "says why not, host by host)")
 
 
 def run_all(hosts: list[Host], command: str, **kwargs) -> GroupResult:

@@ -51,7 +51,8 @@ def ssh(host: Host, error: BaseException) -> str:
                 f"`ssh-keyscan {port}{host.address} >> {known}`")
     if isinstance(error, paramiko.SSHException) and "protocol banner" in str(error):
         return (f"{host.name}: something answers at {login} but not as SSH ({error}): check the address and port "
-                "(ansible_host, ansible_port), and that no firewall cuts the connection")
+                "(ansible_host, ansible_port), and that no firewall cuts the connection; a VM still booting says "
+                "nothing until its sshd is up: retry in a minute")
     if isinstance(error, paramiko.PasswordRequiredException):
         return (f"{host.name}: the key {host.key} has a passphrase: load it into the agent (`ssh-add {host.key}`); "
                 "fab and Ansible use the agent")

@@ -23,7 +23,7 @@ from invoke.exceptions import ParseError
 from rich.console import Console
 from rich.text import Text
 
-from .cluster import ClusterError, Host, inventory_path, load_hosts, select
+from .cluster import UNREACHABLE, ClusterError, Host, inventory_path, load_hosts, select
 from .exits import BAD_INPUT, FAILED, REFUSED, OptionError, Refused
 
 console = Console(highlight=False, soft_wrap=True)
@@ -109,7 +109,8 @@ def cluster_task(body=None, /, *, checks=(), **parsers):
     """Run the task body once for all selected hosts, its options checked first: each named in
     `parsers` converted by its parser (train.options), then every check(hosts, values) of `checks`.
     Ends the task with its exit status (train.exits): 2 for bad input, before any host is reached,
-    3 for a refusal an --accept-... option overrides, 1 for any other ClusterError."""
+    3 for a refusal an --accept-... option overrides, 1 for any other ClusterError, and 1 for a host
+    its SSH connection could not reach (train.cluster.HostConnection), in one line with the fix."""
     if body is None:
         return functools.partial(cluster_task, checks=checks, **parsers)
     signature = inspect.signature(body)
@@ -141,6 +142,13 @@ def cluster_task(body=None, /, *, checks=(), **parsers):
             sys.exit(REFUSED)
         except ClusterError as err:
             say_error(err, errors if values.get("json") else console)  # --json keeps stdout for the JSON
+            sys.exit(FAILED)
+        except UNREACHABLE as err:
+            if getattr(err, "tandem_host", None) is None:  # not an SSH connection tandem opened: as it is
+                raise
+            from .hostfixes import ssh  # the fix for each way SSH fails, as `fab init` says it
+
+            say_error(ssh(err.tandem_host, err), errors if values.get("json") else console)
             sys.exit(FAILED)
 
     # Fabric reads the task's options from its signature: hide the `hosts` we pass in.

@@ -1,7 +1,8 @@
 """The real `fab`, as a user runs it: every task refuses a bad option value in one line naming the
-option, exit 2, before it reaches a host; a host that cannot be reached fails `info`, `status` and
-`logs` (exit 1) naming it; options are long only. The inventory's hosts are loopback ports nothing
-listens on: nothing is reached, nothing outside this machine is tried.
+option, exit 2, before it reaches a host (a resume that cannot take the options asked too); a host
+that cannot be reached, or that accepts TCP and says nothing, fails every task that asks it (exit 1)
+in one line naming it, never with a traceback; options are long only. The inventory's hosts are
+loopback ports nothing listens on, or where nothing ever answers: nothing outside this machine is tried.
 
 The whole table runs through fab's own program in this process (`fab` is `fabric.main.program.run()`),
 one row of each task through the `fab` executable (a process start costs ~0.5 s of CPU)."""
@@ -112,8 +113,23 @@ def free_ports(n: int) -> list[int]:
 def inventory(tmp_path_factory) -> Path:
     """Two CPU hosts on loopback ports that refuse at once (distinct ports: Fabric tells connections
     apart by address and port)."""
-    a, b = free_ports(2)
-    path = tmp_path_factory.mktemp("inventory") / "hosts.yml"
+    return inventory_at(tmp_path_factory.mktemp("inventory") / "hosts.yml", *free_ports(2))
+
+
+@pytest.fixture(scope="module")
+def silent_inventory(tmp_path_factory) -> Path:
+    """The same two hosts on loopback ports that accept TCP and never say a word, as a VM whose sshd is
+    still starting: listening sockets no one accepts on (the kernel completes the handshake)."""
+    socks = [socket.socket() for _ in range(2)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+    yield inventory_at(tmp_path_factory.mktemp("silent") / "hosts.yml", *(s.getsockname()[1] for s in socks))
+    for s in socks:
+        s.close()
+
+
+def inventory_at(path: Path, a: int, b: int) -> Path:
     path.write_text(f"""all:
   vars:
     ansible_user: nobody
@@ -131,9 +147,22 @@ def fab(inventory: Path, *args: str, timeout: float = 60) -> subprocess.Complete
     return subprocess.run([FAB, *args], cwd=TOP, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def in_parallel(inventory: Path, commands: list[list[str]]) -> list[subprocess.CompletedProcess]:
+def in_parallel(inventory: Path, commands: list[list[str]], run=None) -> list[subprocess.CompletedProcess]:
     with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 2)) as pool:
-        return list(pool.map(lambda args: fab(inventory, *args), commands))
+        return list(pool.map(lambda args: (run or fab)(inventory, *args), commands))
+
+
+# `fab` itself (fabric.main.program, as the executable runs it) with SSH's connect timeout at 2 s instead
+# of 10 (train.cluster's, and fab watch's own): a host that accepts TCP and says nothing costs 2 s
+QUICK_FAB = ("import sys, fabric.main, train.cluster, train.watch.feed; "
+             "train.cluster.CONNECT_S = train.watch.feed.CONNECT_S = 2.0; sys.argv[0] = 'fab'; "
+             "fabric.main.program.run()")
+
+
+def quick_fab(inventory: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FABRIC_INVENTORY": str(inventory), "COLUMNS": "400"}
+    return subprocess.run([sys.executable, "-c", QUICK_FAB, *args], cwd=TOP, capture_output=True, text=True,
+                          timeout=60, env=env)
 
 
 def wrong_answer(args: list[str], option: str, code: int | None, out: str, err: str) -> str | None:
@@ -227,3 +256,59 @@ def test_options_are_long_only_but_logs_f_and_version_is_tandems(inventory):
         assert ("-f," in options) == (task == "logs")  # -f, --follow: tail -f's
     version = fab(inventory, "version")
     assert version.returncode == 0 and version.stdout.startswith("tandem 0.")
+
+
+@pytest.mark.parametrize("hosts", ["inventory", "silent_inventory"])
+def test_a_host_that_does_not_answer_ssh_fails_each_task_in_one_line_naming_it(hosts, request,
+                                                                               run_of_unreachable_hosts):
+    """A closed port, and a port that accepts TCP and says nothing (paramiko's banner timeout, whose
+    traceback paramiko logs itself): exit 1, one line naming the host with the fix, no traceback; no
+    report of nothing, no run state made up."""
+    run = run_of_unreachable_hosts
+    commands = [["prepare-data"], ["tensorboard", "--run", run, "--port", str(free_ports(1)[0])],
+                ["watch", "--once", "--run", run], ["report", "--run", run], ["status", "--run", run]]
+    started = time.monotonic()
+    done = in_parallel(request.getfixturevalue(hosts), commands, run=quick_fab)
+    assert time.monotonic() - started < 40
+    said_of = {"inventory": "nothing answers SSH at nobody@127.0.0.1", "silent_inventory": "not as SSH"}[hosts]
+    for args, proc in zip(commands, done, strict=True):
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, f"fab {' '.join(args)}: exit {proc.returncode}\n{out}"
+        assert "Traceback" not in out, out
+        errors = [line for line in out.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, out
+        if args[0] in ("prepare-data", "tensorboard"):  # rank 0's host alone
+            assert errors[0].startswith("error: alpha: ") and said_of in errors[0], errors[0]
+            assert "fab init" in errors[0] or "check " in errors[0]
+        else:
+            assert errors[0].startswith("error: unreachable: alpha (") and "; beta (" in errors[0], errors[0]
+            assert "lets SSH in from this machine" in errors[0]
+    assert sorted(p.name for p in (REPORTS / run).iterdir()) == ["run.json"]  # no report, no empty folders
+    status = done[-1].stdout
+    assert "alpha, beta: unreachable from here; the run's state is not known" in status
+    assert "before its first update" not in status and "ended early" not in status
+
+
+def test_a_resume_refused_for_another_preset_or_other_hosts_is_bad_input(inventory, run_of_unreachable_hosts):
+    """Asking to resume a run with options it cannot take is a combination of options: exit 2, one
+    line naming the option, before any host is reached."""
+    run = run_of_unreachable_hosts
+    asked = [(["train", "--run", run, "--preset", "transformer_wmt_en_de"], "--preset"),
+             (["train", "--run", run, "--dataset", "wmt16"], "--dataset"),
+             (["--hosts", "beta", "train", "--run", run], "--hosts")]
+    done = in_parallel(inventory, [args for args, _ in asked])
+    wrong = [wrong_answer(args, option, proc.returncode, proc.stdout, proc.stderr)
+             for (args, option), proc in zip(asked, done, strict=True)]
+    assert not any(wrong), "\n".join(w for w in wrong if w)
+    assert f"run {run} ran on alpha, beta, not beta" in done[2].stderr
+
+
+def test_an_inventory_that_is_not_yaml_is_said_with_its_file_and_line(tmp_path):
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  children:\n    cluster:\n      hosts:\n        alpha:\n"
+                    "          ansible_host: 127.0.0.1\n         gpus: 0\n")
+    proc = fab(path, "info")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert f"error: inventory {path}, line 7: not valid YAML" in out, out
+    assert "lists no hosts" not in out

@@ -12,9 +12,9 @@ import json
 import shutil
 from pathlib import Path
 
-from ..cluster import Host, get_whole, on_each
+from ..cluster import Host, get_whole, on_each, require_reachable
 from ..recipe.record import REPORTS, Run
-from ..run import idle, launch
+from ..run import idle, keepers, launch
 
 
 def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
@@ -56,9 +56,14 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
 
 def report(run: Run, hosts: list[Host], link_mbps: float | None, console) -> Path:
     """`fab report`: collect the run from every host, then its page and the answers, printed.
-    `link_mbps`: the link when no bench-net result exists (default: the inventory's)."""
+    `link_mbps`: the link when no bench-net result exists (default: the inventory's). No host answering
+    raises ClusterError naming them, before anything is written (a report of nothing)."""
     from .page import build_report
 
+    states = launch.states(run, run.known_of(hosts))
+    if not any(s.reachable for s in states):
+        require_reachable({s.name: s.error or "no answer" for s in states})
+    keepers.sync(run, states)  # the hosts' membership record
     with console.status(f"collecting {run.run_id} from {', '.join(run.hosts)}"):
         problems = collect(run, hosts)
     for name, problem in problems.items():

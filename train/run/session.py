@@ -188,8 +188,8 @@ def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[
         grows = set(existing.hosts) < set(given) and set(given) - set(existing.hosts) <= set(
             rejoining.lost_hosts(existing.members, existing.hosts))  # hosts it lost, back: train grows to them
         if existing.hosts != given and not grows:
-            raise ClusterError(f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
-                               f"{', '.join(given)}: pass the same --hosts, or --new")
+            raise OptionError("hosts", f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
+                                       f"{', '.join(given)}: pass the same --hosts, or --new")
         other_model_or_data(existing, request)
         if request.overrides:  # e.g. a higher max_update to train on
             existing.overrides = [*existing.overrides, *request.overrides]
@@ -218,8 +218,9 @@ def other_model_or_data(existing: Run, request: TrainRequest) -> None:
     differ = [f"{option} {given} (it trains {own})" for option, (given, own) in asked.items() if given and given != own]
     if differ:
         which = f"run {existing.run_id}" if request.run_id else f"the latest run, {existing.run_id},"
-        raise ClusterError(f"{which} is {existing.preset} on {existing.dataset}; resuming it cannot take "
-                           f"{' and '.join(differ)}: --new starts a run with them; without them it resumes")
+        option = "preset" if differ[0].startswith("--preset") else "dataset"
+        raise OptionError(option, f"{which} is {existing.preset} on {existing.dataset}; resuming it cannot take "
+                                  f"{' and '.join(differ)}: --new starts a run with them; without them it resumes")
 
 
 def _check_overrides(run: Run) -> None:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 from rich.text import Text
 
-from ..cluster import ClusterError, Host, run_all
+from ..cluster import Host, require_reachable, run_all
 from ..plan import batching
 from ..plan import mfu as flops
 from ..recipe import logformat
@@ -71,8 +71,11 @@ def why_stopped_early(states: list[HostState]) -> str | None:
     rank0 = states[0].progress if states else None
     if not states or any(s.running for s in states) or (rank0 and rank0.finished):
         return None
-    at = f"at update {rank0.update:,}" if rank0 else "before its first update"
     lost = [s.name for s in states if not s.reachable]
+    if len(lost) == len(states):  # nothing is known of the run: only that this machine reaches no host
+        return f"{', '.join(lost)}: unreachable from here; the run's state is not known"
+    at = (f"at update {rank0.update:,}" if rank0 else "before its first update" if states[0].reachable
+          else "at an update not known here (rank 0's host is unreachable)")
     if lost:
         return f"{', '.join(lost)}: unreachable; the run stopped {at}"
     if same := shared_failure(states):
@@ -101,6 +104,8 @@ def run_state(states: list[HostState]) -> str:
     rank0 = states[0].progress if states else None
     last = f"{rank0.max_update:,}" if rank0 and rank0.max_update else "?"
     at = f"update {rank0.update:,}/{last}" if rank0 else "no update yet"
+    if states and not any(s.reachable for s in states):
+        return f"[red]{why_stopped_early(states)}[/]"
     if any(s.running for s in states):
         return f"running, {at}"
     if rank0 and rank0.finished:
@@ -184,12 +189,6 @@ def status_json(run: Run, states: list[HostState]) -> str:
         "max_update": rank0.max_update if rank0 else run.max_update,
         "hosts": [asdict(row) for row in rows(states)],
     }, indent=1)
-
-
-def require_reachable(lost: dict[str, str]) -> None:
-    """A view that could not reach every host fails, naming them: {host: why}."""
-    if lost:
-        raise ClusterError("unreachable: " + "; ".join(f"{name} ({why})" for name, why in lost.items()))
 
 
 def summarize(states: list[HostState], console, mfu: str = "") -> list[HostState]:

@@ -79,6 +79,6 @@ def test_following_hosts_that_all_dropped_ends_by_itself_and_fails_naming_them()
 
     printed = []
     console = type("Console", (), {"print": lambda self, text, **kw: printed.append(text)})()
-    with pytest.raises(ClusterError, match=r"^unreachable: v100a \(EOFError: gone\)$"):
+    with pytest.raises(ClusterError, match=r"^unreachable: v100a \(EOFError: gone\): check that each VM runs"):
         logtail.follow(RUN, [Host("v100a", "10.0.0.1")], 20, console, opener=opener)
     assert printed[-1] == "v100a | unreachable: EOFError: gone"

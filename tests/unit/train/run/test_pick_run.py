@@ -1,11 +1,13 @@
 """Which run `fab train` acts on: the latest is resumed only as it is (its preset, its dataset); a
-request for another model or corpus is a new run, said before anything reaches a host."""
+request for another model or corpus is a new run, said before anything reaches a host (bad input:
+exit 2, naming the option)."""
 
 from __future__ import annotations
 
 import pytest
 
 from train.cluster import ClusterError, Host
+from train.exits import OptionError
 from train.recipe import record
 from train.run import session
 
@@ -22,10 +24,10 @@ def latest_tiny(monkeypatch):
 
 def test_asking_for_big_on_wmt16_does_not_resume_the_tiny_demo(latest_tiny):
     request = session.TrainRequest(preset="transformer_vaswani_wmt_en_de_big", dataset="wmt16")
-    with pytest.raises(ClusterError) as err:
+    with pytest.raises(OptionError) as err:
         session.pick_run(HOSTS, request, "fp16")
     said = str(err.value)
-    assert "the latest run, run-demo, is tiny on synthetic" in said
+    assert said.startswith("--preset: the latest run, run-demo, is tiny on synthetic")
     assert "--preset transformer_vaswani_wmt_en_de_big (it trains tiny) and --dataset wmt16" in said
     assert "--new starts a run with them" in said
 
@@ -46,7 +48,7 @@ def test_a_new_run_takes_what_was_asked_else_the_demos_defaults(latest_tiny):
 
 
 def test_a_named_run_is_named_in_the_refusal(latest_tiny):
-    with pytest.raises(ClusterError, match="^run run-demo is tiny on synthetic; .*--dataset sample"):
+    with pytest.raises(OptionError, match="^--dataset: run run-demo is tiny on synthetic; .*--dataset sample"):
         session.pick_run(HOSTS, session.TrainRequest(run_id="run-demo", dataset="sample"), "fp32")
 
 

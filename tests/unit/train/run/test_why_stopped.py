@@ -2,7 +2,7 @@
 
 from train.recipe import logformat
 from train.run.launch import HostState
-from train.run.status import why_stopped_early
+from train.run.status import run_state, why_stopped_early
 
 # torchrun's summary when a worker dies, as it lands at the end of a host's train.log
 TORCHRUN_SIGKILL = """\
@@ -59,6 +59,15 @@ def test_the_first_rank_torchrun_saw_die_is_named_with_its_signal_and_update():
 def test_an_unreachable_host_is_named():
     states = [state("v100a", prog=progress(130), lines=TORCHRUN_EXIT), state("v100b", reachable=False)]
     assert why_stopped_early(states) == "v100b: unreachable; the run stopped at update 130"
+
+
+def test_no_host_answering_says_so_and_makes_up_no_state_of_the_run():
+    states = [state("v100a", reachable=False), state("v100b", reachable=False)]
+    assert why_stopped_early(states) == "v100a, v100b: unreachable from here; the run's state is not known"
+    assert run_state(states) == "[red]v100a, v100b: unreachable from here; the run's state is not known[/]"
+    rank0_lost = [state("v100a", reachable=False), state("v100b", lines=TORCHRUN_SIGKILL)]
+    assert why_stopped_early(rank0_lost) == ("v100a: unreachable; the run stopped at an update not known here "
+                                             "(rank 0's host is unreachable)")
 
 
 def test_a_finished_or_running_run_is_not_an_early_stop():
