@@ -29,8 +29,9 @@ controller_apt=(openssh-client rsync)
 # iproute2 the namespaces, links and tc caps.
 lab_apt=(mmdebstrap apt-utils iproute2 openssh-client)
 # What the lab tests run on this machine: iperf3 and ethtool inside the hosts' namespaces, xfsprogs for
-# an XFS volume that provisioning must refuse to erase, chromium for the report page's browser test.
-test_apt=(iperf3 ethtool xfsprogs chromium)
+# an XFS volume that provisioning must refuse to erase, chromium for the report page's browser test,
+# etcd for the keepers' agreement among three hosts (tests/unit/train/agent/test_agreement.py).
+test_apt=(iperf3 ethtool xfsprogs chromium etcd-server)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }

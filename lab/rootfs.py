@@ -27,7 +27,7 @@ BASE_PACKAGES = [
 # What provisioning may install; served to the hosts by the lab's apt repository.
 REPO_PACKAGES = [
     "iperf3", "ethtool", "python3-venv", "rsync", "chrony", "acl", "e2fsprogs",
-    "nftables", "pciutils", "kmod",
+    "nftables", "pciutils", "kmod", "etcd-server",
 ]
 # Where the controller's Python is not the hosts', provisioning builds fairseq's wheel on a host.
 BUILD_PACKAGES = {"bookworm": [], "trixie": ["build-essential", "python3-dev"]}

@@ -256,20 +256,22 @@ def _held_elsewhere(last_heard: dict[str, View], members: list[str]) -> str | No
 
 def decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
            lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
-           elastic: bool = True, max_rejoins: int = 6) -> Generation | None:
+           elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None) -> Generation | None:
     """The next generation, when `me` leads and one is due; else None. `views`: every host's last
     heartbeat (`me`'s own included; a silent host's last one too: what it held), `live`: the hosts
     heard from within `lost_after_s`, `now`: the wall clock (generations' times, the restart budget).
-    Not `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead."""
+    Not `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead. `agreed`:
+    the generation etcd holds, when etcd decides who leads (train.agent.agreement: `me` holds the
+    lease); without it the leader is the first host of the order that `me` hears or hears of."""
     live_order = [h for h in order if h in live]
-    if me not in live or leader(me, order, views, live) != me or not quorate(order, live):
+    if me not in live or not quorate(order, live) or (agreed is None and leader(me, order, views, live) != me):
         return None
     last_heard = views  # a lost host's last heartbeat still says where rank 0 was, and what it held
     views = {h: v for h, v in views.items() if h in live}
-    gen = current(views, order, me)
+    gen = agreed or current(views, order, me)
     if gen is None or gen.stopped or any(v.stopping or v.ranks == FINISHED for v in views.values()):
         return None
-    number = max(v.generation.number for v in views.values() if v.generation) + 1
+    number = max([gen.number] + [v.generation.number for v in views.values() if v.generation]) + 1
     recent = tuple(t for t in gen.restarts if now - t < 3600)
     churn = tuple(t for t in gen.churn if now - t < 3600)
     changed = (recent, (*churn, round(now, 1)))  # a membership change: counted, never a reason to stop

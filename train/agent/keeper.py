@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from train.agent import replica, tracker
+from train.agent import agreement, replica, tracker
 from train.agent.generation import (
     ENDED,
     FINISHED,
@@ -129,6 +130,10 @@ class Keeper:
         self.fetch_failures: dict[str, int] = {}  # sha256 -> copies of it that did not arrive whole
         self.fetch_after = 0.0  # ticks: the next try waits (1, 2, 4 ... 60 s after each failure)
         self.said_waiting = ""
+        self.agreement = agreement.Agreement(spec) if agreement.uses_etcd(self.order) else None
+        self.agreed_now = self.agreement is None  # etcd answered this round (with three hosts or more)
+        self.start_to_propose = self.generation if self.generation and self.generation.pending else None
+        self.said_unavailable = ""
         self.corrupt = False
         self.peers_held: dict = read_json(self.dir / "peers.json", {})
         self.how = ""
@@ -291,21 +296,68 @@ class Keeper:
             self.live = {self.me} | {p for p in self.peers if tick - self.heard[p] < self.lost_after_s}
             self.views[self.me] = self.view(ranks)
             seen = {h: v for h, v in self.views.items() if h in self.live}
-            newest = current(seen, self.order, self.me)
-            mine = self.generation.key(self.order) if self.generation else None
-            if newest is not None and (mine is None or newest.key(self.order) > mine):
-                self.record(newest)
-            # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
-            decided = decide(self.me, self.order, dict(self.views), set(self.live), now, self.memory,
-                             self.lost_after_s, float(self.spec.get("ended_grace_s", 25)),
-                             int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)))
-            if decided is not None:
+        if self.agreement is not None:
+            decided = self.agree(now)
+        else:
+            with self.lock:
+                newest = current(seen, self.order, self.me)
+                mine = self.generation.key(self.order) if self.generation else None
+                if newest is not None and (mine is None or newest.key(self.order) > mine):
+                    self.record(newest)
+                decided = self.decide(now)
+        with self.lock:
+            if decided is not None and decided != self.generation:
                 self.record(decided)
-            elif self.memory.waiting and self.memory.waiting != self.said_waiting:
+            elif decided is None and self.memory.waiting and self.memory.waiting != self.said_waiting:
                 _say(self.memory.waiting)
             self.said_waiting = self.memory.waiting
             self.remember_peers()
         return self.act(seen)
+
+    def decide(self, now: float, agreed: Generation | None = None) -> Generation | None:
+        # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
+        return decide(self.me, self.order, dict(self.views), set(self.live), now, self.memory,
+                      self.lost_after_s, float(self.spec.get("ended_grace_s", 25)),
+                      int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)), agreed=agreed)
+
+    def agree(self, now: float) -> Generation | None:
+        """Three hosts or more: the generation is etcd's. A start `fab train` asked for is proposed
+        once; the keeper holding etcd's `leader` lease decides and compare-and-swaps the next one.
+        Returns the generation to record, or None. A side cut off from etcd's majority learns nothing
+        and starts no ranks (`agreed_now`)."""
+        try:
+            held = self.agreement.current()
+            if self.start_to_propose is not None:
+                start = self.start_to_propose
+                if held.generation is None or held.generation.start != start.start:
+                    start = replace(start, number=(held.generation.number if held.generation else 0) + 1)
+                    if self.agreement.propose(start, held.revision):
+                        _say(f"start {start.start} proposed as generation {start.number}")
+                    held = self.agreement.current()
+                self.start_to_propose = None
+            leads = self.agreement.leads()
+        except agreement.Unavailable as err:
+            self.agreed_now = False
+            if not self.said_unavailable:
+                _say(f"etcd answers without a majority of the run's hosts from here: no ranks start ({err})")
+            self.said_unavailable = str(err)
+            return None
+        if self.said_unavailable:
+            _say("etcd answers again")
+        self.agreed_now, self.said_unavailable = True, ""
+        gen = held.generation
+        if not leads or gen is None:
+            return gen
+        with self.lock:
+            decided = self.decide(now, agreed=gen)
+        if decided is None:
+            return gen
+        try:
+            if self.agreement.propose(decided, held.revision):
+                return decided
+        except agreement.Unavailable:
+            pass
+        return gen  # another generation was agreed meanwhile: the next round reads it
 
     def remember_peers(self) -> None:
         """What each peer held when last heard, on disk: a keeper started again (a reboot) still knows
@@ -348,7 +400,8 @@ class Keeper:
             return f"stopped: {gen.reason}"
         if self.me in gen.members:
             if (self.active, tuple(self.active_members)) != (gen.number, gen.members):
-                self.start(gen)
+                if self.agreed_now:  # never on a generation this side could not confirm with etcd
+                    self.start(gen)
             else:
                 self.replicate(gen, seen)
         elif self.active is not None and self.active <= gen.number and run_pids(self.run_dir) \
@@ -504,6 +557,7 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
         print(f"no keeper spec in {keeper_dir(run_dir)}", file=sys.stderr)
         return 2
     keeper = Keeper(run_dir, spec)
+    member = etcd_member(run_dir, spec) if keeper.agreement is not None else None
     server = keeper.listen()
     _say(f"keeper of {spec['run_id']} on {keeper.me}: peers {', '.join(keeper.peers) or 'none'}, "
          f"lost after {keeper.lost_after_s:g} s of silence")
@@ -533,6 +587,48 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     finally:
         server.shutdown()
         server.server_close()
+        if member is not None:
+            stop_etcd_member(member)
+
+
+def etcd_member(run_dir: str, spec: dict) -> int | None:
+    """This host's etcd member of the run (its data in RUN/keeper/etcd/, kept across restarts: Raft's
+    log is the agreement's memory): started, or the one a killed keeper left running taken over.
+    Its pid, or None on a host that is not a member."""
+    if spec["me"] not in agreement.members(spec["order"]):
+        return None
+    kdir = keeper_dir(run_dir)
+    data = kdir / "etcd"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((kdir / "etcd.pid").read_text())
+        if str(data).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    binary = shutil.which("etcd") or "/usr/bin/etcd"
+    if not os.path.exists(binary):
+        _say("etcd is not installed on this host: provisioning installs it (etcd-server); the run's agreement "
+             "waits for a majority of its etcd members")
+        return None
+    log = (kdir / "etcd.log").open("ab")
+    proc = subprocess.Popen(agreement.member_command(spec, str(data), binary), stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=log)
+    (kdir / "etcd.pid").write_text(str(proc.pid))
+    _say(f"etcd member of the run started (pid {proc.pid}; members {', '.join(agreement.members(spec['order']))})")
+    return proc.pid
+
+
+def stop_etcd_member(pid: int, wait_s: float = 10) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        if not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def linger_s(spec: dict) -> float:
