@@ -6,7 +6,8 @@ the base preset's 60.5M parameters -> 0.74 GB, big's 209M -> 2.5 GB, as their ch
 measure), and rank 0 keeps several: last, best, `keep_best_checkpoints` best_loss files,
 `keep_interval_updates` interval files, epoch files unless `no_epoch_checkpoints`, plus one being
 written (fairseq saves to a temporary name, then renames). Every host is counted as rank 0: after a
-loss any survivor may become it, and peers hold rank 0's copies (host to host).
+loss any survivor may become it, and peers hold rank 0's copies (host to host). The keepers add the
+history set aside after a split (train.agent.replica.SET_ASIDE_KEPT).
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..agent.replica import SET_ASIDE_KEPT
 from ..recipe.params import preset_params
+
+# the histories the keepers set aside after a split (a copy arriving from a peer lands on a host that
+# is not rank 0's, which holds fewer files than the count below)
+KEEPER_FILES = SET_ASIDE_KEPT
 
 # bytes a parameter in a checkpoint: fp32 weights + the optimizer's state (Adam: two moments)
 CHECKPOINT_BYTES_PER_PARAM = {"adam": 12, "nag": 8, "sgd": 8, "adagrad": 8}
@@ -60,7 +66,7 @@ def checkpoint_files(options: Mapping[str, object]) -> int:
     if not options.get("no_epoch_checkpoints"):
         epochs = number("keep_last_epochs", -1)
         files += epochs if epochs > 0 else max(1, number("max_epoch", 0))
-    return files + 1
+    return files + 1 + KEEPER_FILES
 
 
 def run_need(options: Mapping[str, object], vocab: int) -> DiskNeed:
