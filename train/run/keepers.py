@@ -143,6 +143,20 @@ def timeline(states) -> list[dict]:
     return sorted(out, key=lambda e: (e.get("generation") or 0, e.get("time") or 0))
 
 
+def set_aside_lines(states) -> list[str]:
+    """The histories the keepers set aside (a split's other side, a corrupt copy), a line each, with how to
+    go on from one: nothing is ever thrown away, but only one history trains."""
+    lines = []
+    for s in states:
+        for e in (s.keeper or {}).get("set_aside") or [] if s.reachable else []:
+            lines.append(f"{s.name}: update {e.get('update', '?'):,} (generation {e.get('generation', '?')}, "
+                         f"{e.get('why', 'another history')}), {e.get('size', 0) / 1e9:.2f} GB at {e['path']}")
+    if lines:
+        lines.append("to train from one: fab stop, copy it to that path on every host, then "
+                     "fab train --new --set restore_file=PATH")
+    return lines
+
+
 def lineage(entries: list[dict]) -> list[dict]:
     """The generations the run's newest checkpoint descends from, oldest first: after a split, the side
     whose history was set aside is left out (`fab status` still lists it)."""

@@ -216,6 +216,10 @@ def show(run: Run, hosts: list[Host], console, as_json: bool = False) -> None:
         console.print("membership (the hosts' keepers' record):")
         for entry in changes:
             console.print(f"  {keepers.change_line(entry)}", markup=False)
+    if aside := keepers.set_aside_lines(states):
+        console.print("set aside by the keepers (kept whole, not trained on):")
+        for line in aside:
+            console.print(f"  {line}", markup=False)
     rank0 = states[0].progress
     if rank0:
         members = [h for h in hosts if h.name in run.hosts]

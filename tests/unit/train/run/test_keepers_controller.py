@@ -96,3 +96,15 @@ def test_following_says_each_change_once_even_the_side_of_a_split_that_was_set_a
     assert len(keepers.sync(run, states, said)) == 4
     assert keepers.sync(run, states, said) == [] and keepers.sync(run, states, said) == []
     assert run.members == [start, a_alone, merged] and run.hosts == ["v100a", "v100b"]
+
+
+def test_status_lists_each_history_set_aside_with_how_to_train_from_it():
+    aside = {"generation": 5, "update": 650, "why": "another history", "size": 2_530_000_000,
+             "path": "/data/tandem/runs/r1/checkpoints/set-aside/checkpoint_last.g5-u650.pt"}
+    states = [HostState("v100a", True, True, None, [], keeper={"set_aside": []}),
+              HostState("v100b", True, True, None, [], keeper={"set_aside": [aside]})]
+    lines = keepers.set_aside_lines(states)
+    assert lines[0] == ("v100b: update 650 (generation 5, another history), 2.53 GB at "
+                        "/data/tandem/runs/r1/checkpoints/set-aside/checkpoint_last.g5-u650.pt")
+    assert "fab train --new --set restore_file=PATH" in lines[1]
+    assert keepers.set_aside_lines(states[:1]) == []
