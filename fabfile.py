@@ -97,9 +97,10 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     "backup": "the controller's copy of rank 0's newest checkpoint (the last resort: the hosts hold each "
               "other's): every:MIN (at most every MIN minutes; default every:60), last (when the run ends), off",
 }))
-@cluster_task(checks=[options.resumable_run, options.precision_fits_hosts], preset=options.preset,
-              set=options.overrides, dataset=options.name, run=options.name, update_freq=options.whole(1),
-              precision=options.precision, port=options.port, comm=options.comm, backup=options.backup)
+@cluster_task(checks=[options.hosts_described, options.resumable_run, options.precision_fits_hosts],
+              preset=options.preset, set=options.overrides, dataset=options.name, run=options.name,
+              update_freq=options.whole(1), precision=options.precision, port=options.port, comm=options.comm,
+              backup=options.backup)
 def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
           comm=None, rejoin=False, backup=checkpoints.DEFAULT_BACKUP):

@@ -19,6 +19,15 @@ class OptionError(ValueError):
         super().__init__(text if text.startswith(self.option) else f"{self.option}: {text}")
 
 
+class BadInventory(OptionError):
+    """Bad input that is the inventory's, not an option's (none named, a host it does not describe): exit 2,
+    said as it is, naming the host or file: `v100b: the inventory gives no gpus: ...`."""
+
+    def __init__(self, message: object):
+        ValueError.__init__(self, " ".join(str(message).split()))
+        self.option = ""
+
+
 class Refused(ClusterError):
     """A check refused to start (the network would take most of each step, fewer hosts would be
     faster) and an `--accept-...` option would let it through."""

@@ -204,6 +204,11 @@ def given(host: HostLike, name: str) -> bool:
     return host.vars.get(name) not in (None, "")
 
 
+def groups(host: HostLike) -> tuple[str, ...]:
+    """The groups Ansible puts `host` in: its magic `group_names`, which no inventory sets."""
+    return tuple(host.vars.get("group_names") or ())
+
+
 def markdown_table() -> str:
     """docs/inventory.md's table of every variable, from VARIABLES."""
     rows = ["| variable | type | default | meaning | read by |", "|---|---|---|---|---|"]

@@ -16,9 +16,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from . import hostvars
 from .agent.allreduce import parse_size
-from .cluster import Host
-from .exits import OptionError
+from .cluster import CLUSTER_GROUP, Host
+from .exits import BadInventory, OptionError
 from .plan.link import rate_bits
 from .recipe import presets, strategies
 from .recipe.record import REPORTS
@@ -199,6 +200,20 @@ def link(value: object) -> str:
 
 
 # ---- checks of several options at once, or of options and hosts: check(hosts, values) ----
+
+
+def hosts_described(hosts: Sequence[Host], values: Values) -> None:
+    """fab train: every host is one of the inventory's `cluster` group (the cluster, in rank order) and says
+    its GPUs (`gpus: 0`: a CPU host). Unsaid, a GPU VM reads as a CPU host: gloo, fp32, one rank."""
+    outside = [h.name for h in hosts if CLUSTER_GROUP not in hostvars.groups(h)]
+    if outside:
+        raise BadInventory(f"{', '.join(outside)}: not in the inventory's `{CLUSTER_GROUP}` group: list the hosts "
+                           f"that train under all.children.{CLUSTER_GROUP}.hosts, rank 0's first (as fab init writes)")
+    unsaid = [h.name for h in hosts if not hostvars.given(h, "gpus")]
+    if unsaid:
+        raise BadInventory(f"{', '.join(unsaid)}: the inventory gives no `gpus`: set how many GPUs "
+                           f"{'each VM has' if len(unsaid) > 1 else 'the VM has'} (gpus: 0 for a CPU host); "
+                           "`fab init --check` shows what each host has")
 
 
 def precision_fits_hosts(hosts: Sequence[Host], values: Values) -> None:
