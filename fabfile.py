@@ -323,25 +323,28 @@ def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=No
 
 
 @task(help={
-    "hosts_at": "the hosts' addresses (as SSH reaches them), comma-separated, rank 0's first",
+    "hosts_at": "the hosts' addresses (as SSH reaches them), comma-separated, rank 0's first; ADDRESS:PORT for "
+                "a host's own SSH port",
+    "port": "every host's SSH port (default 22) but those --hosts-at gives with theirs",
     "user": "the login user, with passwordless sudo (ubuntu on Ubuntu images, debian on Debian)",
     "key": "the SSH private key file (default: ssh's own keys and agent)",
     "names": "the hosts' names in tandem, comma-separated (default gpu1,gpu2,...)",
     "gpus": "GPUs each host has (default: as many as each shows, nvidia-smi's or its PCI bus's; 0: CPU hosts)",
     "cluster_at": "where the hosts reach each other (private addresses), comma-separated, as --hosts-at "
-                  "(default: the --hosts-at addresses)",
+                  "(default: found on each host, the source of its route toward its peers' private addresses)",
     "data_device": "the attached volume for /data on every host (e.g. /dev/nvme1n1), or none (default: /data on "
                    "the root disk)",
     "hourly_usd": "what one host costs per hour, US dollars (fab predict and fab status show dollars with it)",
     "known_hosts": "a known_hosts file with the hosts' keys (default ~/.ssh/known_hosts): fab and Ansible check them",
     "vars": "any other of tandem's host variables (docs/inventory.md), comma-separated: "
             "--vars network_expected_mbps=25000,data_volume_min_free_gb=50",
-    "out": "the inventory file to write (default inventory/mine.yml)",
+    "out": "the inventory file to write, in a directory that exists (default inventory/mine.yml, the one fab "
+           "reads when FABRIC_INVENTORY is not set)",
     "force": "overwrite --out when it exists",
-    "check": "write nothing: check the inventory FABRIC_INVENTORY (else fabric.yaml) names",
+    "check": "write nothing: check the inventory fab reads (FABRIC_INVENTORY, else fabric.yaml's inventory/mine.yml)",
 })
 def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_at=None, data_device=None,
-         hourly_usd=None, known_hosts=None, vars=None, out=None, force=False, check=False):
+         hourly_usd=None, known_hosts=None, vars=None, out=None, force=False, check=False, port=None):
     """Write an inventory for your hosts (or --check yours), then check each: SSH, sudo, OS, Python, GPUs, NIC, disk.
 
     One table, each problem with its fix under it. Exit 0 when every host passes, 1 when one fails,
@@ -355,7 +358,7 @@ def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_a
         code = inventory_init.init(console, c.config.get("inventory"), check=check, out=out, force=force,
                                    hosts_at=hosts_at, user=user, key=key, names=names, cluster_at=cluster_at,
                                    gpus=gpus, data_device=data_device, hourly_usd=hourly_usd, known_hosts=known_hosts,
-                                   vars=vars)
+                                   vars=vars, port=port)
     except OptionError as err:
         say_error(err)
         code = BAD_INPUT

@@ -1,8 +1,8 @@
 """The cluster as Fabric sees it: hosts resolved through the Ansible inventory.
 
 The inventory is the one source of truth (address, user, key, known_hosts, GPUs, NIC,
-data device). Which inventory: `FABRIC_INVENTORY`, else `inventory:` in fabric.yaml,
-else inventory/hosts.yml.
+data device). Which inventory the fab tasks read: train.inventory_choice (`FABRIC_INVENTORY`, else
+`inventory:` in fabric.yaml, inventory/mine.yml).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def gpus_cell(host: Host, facts: Facts) -> str:
 
 def address_cell(host: Host, facts: Facts) -> str:
     nic = host.nic or (f"{facts.route_nic}, by route" if facts.route_nic else "?")
-    mine = "" if facts.address_local else ", not on its NICs"
+    mine = "" if facts.holds(host.cluster_address) else ", not on its NICs"
     return f"{host.cluster_address} ({nic}{mine})"
 
 

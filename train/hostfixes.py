@@ -141,7 +141,7 @@ def network(host: Host, facts: Facts, cluster_size: int) -> list[str]:
     """The cluster address must be the host's own (the peers connect to it), the NIC must exist."""
     found = []
     source = facts.route_source
-    if not facts.address_local and cluster_size > 1:
+    if not facts.holds(host.cluster_address) and cluster_size > 1:
         better = f"set cluster_address: {source} (the address it reaches its peers from)" if source else \
             "set cluster_address to its private address (`ip -4 addr` on the host)"
         if hostvars.given(host, "cluster_address"):

@@ -5,7 +5,8 @@ lives in the training venv), so the questions are plain POSIX shell, as roles/pr
 roles/network ask them: passwordless sudo (`sudo -n true`), /etc/os-release, train_env_python's
 version, `nvidia-smi -L` (and the NVIDIA GPUs on the PCI bus, which need no driver), whether the
 cluster address is on one of the host's NICs, the route toward the first peer (`ip route get`, the
-NIC roles/network picks when the inventory names none), free disk on /data or /, the data device.
+NIC roles/network picks when the inventory names none), its addresses and routes (`ip -j addr show`,
+`ip -j route show`: where its peers reach it, train.hostnet), free disk on /data or /, the data device.
 The script prints `key=value` lines; `parse` reads them. Pure but for what the host answers.
 """
 
@@ -15,6 +16,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from . import hostnet
 from .cluster import Host
 
 
@@ -35,6 +37,8 @@ class Facts:
     address_local: bool = False  # the cluster address is on one of the host's NICs
     route: str = ""  # `ip route get PEER` (or the default route): "10.0.0.11 dev ens5 src 10.0.0.10 uid 1000"
     nics: tuple[str, ...] = ()
+    addresses: tuple[hostnet.Address, ...] = ()  # `ip -j addr show`'s that can carry cluster traffic
+    routes: tuple[hostnet.Route, ...] = ()  # `ip -j route show`'s
     disk_path: str = "/"  # the data volume's mount point when mounted, else /
     free_gb: float | None = None
     device_gb: float | None = None  # data_device's size; None when it is no block device (or none is named)
@@ -50,6 +54,13 @@ class Facts:
         """The local address the host reaches its peers from: its private address on a cloud VM."""
         found = re.search(r"\bsrc (\S+)", self.route)
         return found[1] if found else ""
+
+    def holds(self, address: str) -> bool:
+        """Whether `address` is on one of the host's NICs: from `ip -j addr show` when it is an IP address
+        the host listed addresses for, else the probe's own answer (a name, resolved there)."""
+        if self.addresses and hostnet.nic_of(self.addresses, address) is not None:
+            return True
+        return self.address_local
 
     @property
     def gpus_seen(self) -> int | None:
@@ -86,6 +97,8 @@ def command(host: Host, peer: str | None) -> str:
         'n=0; for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
         'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) n=$((n+1));; esac; done; echo "pci_gpus=$n"',
         'echo "nics=$(ls /sys/class/net 2>/dev/null | tr "\\n" " ")"',
+        'echo "ip_addr=$(ip -j addr show 2>/dev/null | tr -d "\\n")"',
+        'echo "ip_route=$(ip -j route show 2>/dev/null | tr -d "\\n")"',
         f'a=$(getent ahosts {q(host.cluster_address)} 2>/dev/null | awk "NR==1{{print \\$1}}"); '
         'if [ -n "$a" ] && ip -o addr show to "$a" 2>/dev/null | grep -q .; then echo address_local=yes; fi',
         route,
@@ -125,6 +138,8 @@ def parse(stdout: str) -> Facts:
         address_local=said.get("address_local") == "yes",
         route=said.get("route", ""),
         nics=tuple(said.get("nics", "").split()),
+        addresses=hostnet.addresses(said.get("ip_addr", "")),
+        routes=hostnet.routes(said.get("ip_route", "")),
         disk_path=said.get("disk_path", "/") or "/",
         free_gb=free_kb * 1024 / 1e9 if free_kb is not None else None,
         device_gb=device_bytes / 1e9 if device_bytes is not None else None,

@@ -1,35 +1,41 @@
 """`fab init`: a newcomer's inventory from addresses, login user and key, then a check of every host.
 
-    fab init --hosts-at 203.0.113.10,203.0.113.11 --user ubuntu --key ~/.ssh/id_ed25519 \\
-             [--names gpu1,gpu2] [--gpus 1] [--cluster-at 10.0.0.10,10.0.0.11] [--data-device none] \\
+    fab init --hosts-at 203.0.113.10,203.0.113.11:2222 --user ubuntu --key ~/.ssh/id_ed25519 \\
+             [--port 22] [--names gpu1,gpu2] [--gpus 1] [--cluster-at 10.0.0.10,10.0.0.11] [--data-device none] \\
              [--hourly-usd 2.5] [--known-hosts FILE] [--out inventory/mine.yml] [--force]
-    fab init --check          the inventory FABRIC_INVENTORY (else fabric.yaml's `inventory`) names
+    fab init --check          the inventory fab reads (train.inventory_choice)
 
 The options are checked first (train.inventory_spec); then the hosts are asked, once, all at once
-(train.hostcheck): without --gpus each host is written with the GPUs it shows (nvidia-smi, else its
-PCI bus). The file is written, read back as every fab task reads it, and checked: one table, each
-problem with its fix. Exit 0: every host passes; 1: a host fails; 2: bad input (an OptionError).
+(train.hostcheck). Each host is written with what it shows where no option said it: its GPUs
+(nvidia-smi, else its PCI bus), its cluster NIC and address (the route toward its peers' private
+addresses, train.hostnet; --cluster-at gives the address). A host that does not answer is written
+without them (never a guess), and the file says so. The file is written, read back as every fab
+task reads it, and checked: one table, each problem with its fix. Exit 0: every host passes; 1: a
+host fails; 2: bad input (an OptionError).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import yaml
 from rich.markup import escape
 
-from . import hostcheck, hostprobe, hostvars
-from .cluster import CLUSTER_GROUP, TOP, GroupResult, Host, inventory_path, load_hosts
+from . import hostcheck, hostnet, hostprobe, hostvars, inventory_choice
+from .cluster import CLUSTER_GROUP, TOP, GroupResult, Host, load_hosts
 from .exits import DONE, FAILED, OptionError
-from .inventory_spec import InventorySpec, spec_from_options
+from .inventory_spec import Found, InventorySpec, spec_from_options
 
-DEFAULT_OUT = "inventory/mine.yml"
+DEFAULT_OUT = inventory_choice.DEFAULT  # what fab reads when FABRIC_INVENTORY names nothing
 
 
 def layout(spec: InventorySpec) -> tuple[dict, dict, dict[str, dict]]:
     """(every host's variables, the cluster group's, each host's own): inventory/hosts.yml's shape."""
     common: dict[str, object] = {"ansible_user": spec.user, "ansible_become": True}
+    if spec.port:
+        common["ansible_port"] = spec.port
     if spec.key:
         common["ansible_ssh_private_key_file"] = spec.key
     if spec.known_hosts:  # fab reads the first, Ansible's ssh the second
@@ -39,8 +45,12 @@ def layout(spec: InventorySpec) -> tuple[dict, dict, dict[str, dict]]:
     entries: dict[str, dict] = {}
     for host in spec.hosts:
         entry: dict[str, object] = {"ansible_host": host.address}
+        if host.port:
+            entry["ansible_port"] = host.port
         if host.cluster_address:
             entry["cluster_address"] = host.cluster_address
+        if host.nic:
+            entry["cluster_nic"] = host.nic
         if host.gpus is not None:
             entry["gpus"] = host.gpus
         entries[host.name] = {**entry, "data_device": spec.data_device}
@@ -50,15 +60,20 @@ def layout(spec: InventorySpec) -> tuple[dict, dict, dict[str, dict]]:
     return common, group, entries
 
 
-def render(spec: InventorySpec, out: str = DEFAULT_OUT) -> str:
-    """The inventory's text, a few lines of comment on top."""
+def render(spec: InventorySpec, out: str = DEFAULT_OUT, read_unnamed: bool | None = None) -> str:
+    """The inventory's text, a few lines of comment on top (a host that did not answer named there).
+    `read_unnamed`: fab reads `out` without FABRIC_INVENTORY (fabric.yaml's; None: `out` is DEFAULT_OUT)."""
     common, group, entries = layout(spec)
     cluster: dict[str, object] = {"hosts": entries, **({"vars": group} if group else {})}
+    read_unnamed = out == DEFAULT_OUT if read_unnamed is None else read_unnamed
+    fab = "fab" if read_unnamed else f"FABRIC_INVENTORY={out} fab"
     header = (f"# tandem's inventory, written by `fab init`. Every variable tandem reads: docs/inventory.md.\n"
               f"# The host order is the rank order (the first host is rank 0's, the rendezvous).\n"
-              f"#   FABRIC_INVENTORY={out} fab init --check          check the hosts again\n"
+              f"#   {fab} init --check          check the hosts again\n"
               f"#   ansible-playbook -i {out} provision.yml          provision them\n"
-              f"#   export FABRIC_INVENTORY={out}                     then fab info, fab train, ...\n")
+              f"#   {fab} info, {fab} train, ...\n")
+    for name, why in spec.unknown().items():
+        header += f"# {name} {why}\n"
     return header + yaml.safe_dump({"all": {"vars": common, "children": {CLUSTER_GROUP: cluster}}}, sort_keys=False)
 
 
@@ -68,20 +83,34 @@ def hosts_of(spec: InventorySpec) -> list[Host]:
     hosts = []
     for name, entry in entries.items():
         variables = {**common, **group, **entry}
-        hosts.append(Host(name, entry["ansible_host"], user=spec.user, key=spec.key, known_hosts=spec.known_hosts,
-                          gpus=int(entry.get("gpus") or 0), data_device=spec.data_device, vars=variables,
+        hosts.append(Host(name, entry["ansible_host"], user=spec.user, port=int(variables.get("ansible_port") or 22),
+                          key=spec.key, known_hosts=spec.known_hosts, gpus=int(entry.get("gpus") or 0),
+                          nic=entry.get("cluster_nic"), data_device=spec.data_device, vars=variables,
                           cluster_address=str(entry.get("cluster_address") or "")))
     return hosts
 
 
-def gpus_found(results: GroupResult) -> dict[str, int]:
-    """The GPUs each host that answered shows: nvidia-smi's, else (no driver yet) its PCI bus's."""
-    found = {}
-    for name, result in results.items():
-        if result.ok:
-            facts = hostprobe.parse(result.stdout)
-            found[name] = facts.gpus_seen if facts.gpus_seen is not None else facts.pci_gpus
-    return found
+def found(spec: InventorySpec, results: GroupResult) -> dict[str, Found]:
+    """What each host that answered shows: its GPUs (nvidia-smi's, else, no driver yet, its PCI bus's), and
+    where its peers reach it (train.hostnet: the route toward their private addresses; with --cluster-at, the
+    NIC holding the address given, else the route toward the peers' given addresses). Pure."""
+    facts = {name: hostprobe.parse(r.stdout) for name, r in results.items() if r.ok}
+    out = {}
+    for host in spec.hosts:
+        if host.name not in facts:
+            continue
+        mine = facts[host.name]
+        if host.cluster_address:
+            peers = [((), p.cluster_address or p.address) for p in spec.hosts if p.name != host.name]
+        else:
+            peers = [(facts[p.name].addresses if p.name in facts else (), p.address)
+                     for p in spec.hosts if p.name != host.name]
+        side = hostnet.cluster_side(mine.addresses, mine.routes, peers)
+        nic = (hostnet.nic_of(mine.addresses, host.cluster_address) if host.cluster_address else None) or \
+            (side.nic if side else None)
+        out[host.name] = Found(mine.gpus_seen if mine.gpus_seen is not None else mine.pci_gpus, nic,
+                               side.address if side and not host.cluster_address else None)
+    return out
 
 
 def out_path(out: str | None) -> Path:
@@ -90,15 +119,18 @@ def out_path(out: str | None) -> Path:
 
 
 def refuse_existing(path: Path, force: bool, shown: str) -> None:
+    """An existing file only with `force`; a directory that does not exist never (a typo would make it)."""
+    if not path.parent.is_dir():
+        raise OptionError("out", f"{shown}: no directory {path.parent}: create it, or give another --out")
     if path.exists() and not force:
         raise OptionError("out", f"{shown} exists: give --force to overwrite it, or another --out")
 
 
-def write(spec: InventorySpec, path: Path, force: bool = False, shown: str = DEFAULT_OUT) -> Path:
-    """Write the inventory; an existing file only with `force`."""
+def write(spec: InventorySpec, path: Path, force: bool = False, shown: str = DEFAULT_OUT,
+          read_unnamed: bool | None = None) -> Path:
+    """Write the inventory; an existing file only with `force`, into a directory that exists."""
     refuse_existing(path, force, shown)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(spec, shown))
+    path.write_text(render(spec, shown, read_unnamed))
     return path
 
 
@@ -111,31 +143,40 @@ def init(console, configured: str | None, *, check: bool = False, out: str | Non
         if given := [f"--{o.replace('_', '-')}" for o, v in {**options, "out": out}.items() if v]:
             raise OptionError("check", f"checks the inventory you have (FABRIC_INVENTORY, else fabric.yaml's "
                                        f"inventory); {', '.join(given)} write a new one: drop --check or them")
-        path = inventory_path(configured)
+        path = inventory_choice.choose(configured).path  # unnamed and missing: refused with the fix
         if not path.exists():
             raise OptionError("check", f"inventory {path} does not exist: write one with fab init --hosts-at ...")
-        hosts = load_hosts(path)
+        hosts = inventory_choice.load(configured, lambda note: print(note, file=sys.stderr))
         with console.status(f"asking {len(hosts)} hosts over SSH"):
             results = hostcheck.ask(hosts)
     else:
         spec, path, shown = spec_from_options(**options), out_path(out), out or DEFAULT_OUT
+        read_unnamed = not os.environ.get("FABRIC_INVENTORY") and path == unnamed_path(configured)
         refuse_existing(path, force, shown)
         with console.status(f"asking {len(spec.hosts)} hosts over SSH"):
             results = hostcheck.ask(hosts_of(spec))
-        write(spec.with_gpus(gpus_found(results)), path, force=True, shown=shown)
+        write(spec.with_found(found(spec, results)), path, force=True, shown=shown, read_unnamed=read_unnamed)
         console.print(f"wrote {escape(str(path))}: {len(spec.hosts)} host{'s' if len(spec.hosts) != 1 else ''}")
         hosts = load_hosts(path)  # as every fab task will read it
     report = hostcheck.assess(hosts, results)
     hostcheck.show(report, console)
-    console.print(summary(report, path), markup=False)
+    console.print(summary(report, path, read_unnamed=not os.environ.get("FABRIC_INVENTORY")
+                          and path == unnamed_path(configured)), markup=False)
     return DONE if report.ok else FAILED
 
 
-def summary(report: hostcheck.Report, path: Path) -> str:
+def unnamed_path(configured: str | None) -> Path:
+    """The inventory fab reads when FABRIC_INVENTORY names none: fabric.yaml's (train.inventory_choice).
+    `configured` is Fabric's `inventory` setting, which FABRIC_INVENTORY sets when given."""
+    return out_path(configured or inventory_choice.DEFAULT)
+
+
+def summary(report: hostcheck.Report, path: Path, read_unnamed: bool = False) -> str:
+    """The last line: what to run next. FABRIC_INVENTORY only where fab would not read `path` without it."""
     shown = os.path.relpath(path, TOP) if path.is_relative_to(TOP) else str(path)
+    fab = "fab" if read_unnamed else f"FABRIC_INVENTORY={shown} fab"
     if report.ok:
-        return (f"every host is ready: ansible-playbook -i {shown} provision.yml, then FABRIC_INVENTORY={shown} "
-                "fab info")
+        return f"every host is ready: ansible-playbook -i {shown} provision.yml, then {fab} info"
     failing = [c.host.name for c in report.hosts if not c.ok]
     return (f"{len(report.problems)} problem(s){' on ' + ', '.join(failing) if failing else ''}: fix them, then "
-            f"FABRIC_INVENTORY={shown} fab init --check")
+            f"{fab} init --check")

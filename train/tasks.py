@@ -23,7 +23,8 @@ from invoke.exceptions import ParseError
 from rich.console import Console
 from rich.text import Text
 
-from .cluster import UNREACHABLE, ClusterError, Host, inventory_path, load_hosts, select
+from . import inventory_choice
+from .cluster import UNREACHABLE, ClusterError, Host, select
 from .exits import BAD_INPUT, FAILED, REFUSED, OptionError, Refused
 
 console = Console(highlight=False, soft_wrap=True)
@@ -95,7 +96,7 @@ class ClusterExecutor(Executor):
 def cluster_hosts(c) -> list[Host]:
     """The inventory's hosts (`FABRIC_INVENTORY`, else fabric.yaml's `inventory`), those named with
     --hosts when given; a name the inventory lacks, or given twice, is bad input."""
-    hosts, names = load_hosts(inventory_path(c.config.get("inventory"))), c.config.get("cluster_hosts") or []
+    hosts, names = inventory_hosts(c), c.config.get("cluster_hosts") or []
     unknown = [n for n in names if n not in {h.name for h in hosts}]
     if unknown:
         raise OptionError("hosts", f"unknown host {', '.join(unknown)}: the inventory has "
@@ -172,4 +173,10 @@ def parsed(values: dict, parsers: dict) -> dict:
 
 def known_hosts(c) -> list[Host]:
     """Every host of the inventory, whatever --hosts picked (a host a run lost can come back from there)."""
-    return load_hosts(inventory_path(c.config.get("inventory")))
+    return inventory_hosts(c)
+
+
+def inventory_hosts(c) -> list[Host]:
+    """The inventory's hosts (train.inventory_choice), which inventory said once on stderr when the user did
+    not name it with FABRIC_INVENTORY."""
+    return inventory_choice.load(c.config.get("inventory"), lambda note: errors.print(note, markup=False))

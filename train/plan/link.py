@@ -110,7 +110,9 @@ def require_sudo(hosts: list[Host]) -> None:
 
 def nic_of(host: Host) -> str:
     if not host.nic:
-        raise ClusterError(f"{host.name}: the inventory names no cluster_nic; tandem caps and counts that NIC")
+        raise ClusterError(f"{host.name}: the inventory names no cluster_nic, the NIC tandem caps and counts: set "
+                           f"cluster_nic: NIC for {host.name} (the `dev` of `ip route get PEER` there, PEER another "
+                           "host's cluster address; `fab init` writes it, `fab init --check` shows it)")
     return host.nic
 
 

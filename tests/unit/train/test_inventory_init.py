@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
@@ -10,11 +12,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from train import hostcheck, inventory_init
-from train.cluster import GroupResult, HostResult, load_hosts
+from train import hostcheck, hostvars, inventory_init
+from train.cluster import ClusterError, GroupResult, Host, HostResult, load_hosts
 from train.exits import OptionError
 from train.inventory_init import render, write
-from train.inventory_spec import DEFAULT_GPUS, InventorySpec, NewHost, spec_from_options
+from train.inventory_spec import Found, InventorySpec, NewHost, spec_from_options
+from train.plan.link import nic_of
 
 TOP = Path(__file__).resolve().parents[3]
 FAB = str(Path(sys.executable).parent / "fab")
@@ -40,16 +43,17 @@ def test_the_written_inventory_is_what_fab_and_ansible_read(tmp_path, key):
 def test_vars_sets_any_of_tandems_host_variables_typed_for_every_host(tmp_path):
     spec = spec_from_options("203.0.113.10,203.0.113.11", "ubuntu",
                              vars="network_expected_mbps=25000,data_volume_min_free_gb=50")
-    hosts = load_hosts(write(spec.with_gpus({}), tmp_path / "mine.yml"))
+    hosts = load_hosts(write(spec.with_found({}), tmp_path / "mine.yml"))
     assert [(h.var("network_expected_mbps"), h.var("data_volume_min_free_gb")) for h in hosts] == [(25000, 50.0)] * 2
 
 
 def test_the_defaults_name_the_hosts_count_their_gpus_and_keep_data_on_the_root_disk(tmp_path):
-    spec = spec_from_options("203.0.113.10, gpu-b.example.com", "debian").with_gpus({"gpu1": 2})  # gpu2 not asked
+    spec = spec_from_options("203.0.113.10, gpu-b.example.com", "debian").with_found({"gpu1": Found(gpus=2)})
     hosts = load_hosts(write(spec, tmp_path / "x.yml"))
     assert [(h.name, h.address, h.cluster_address, h.gpus, h.data_device, h.key) for h in hosts] == [
         ("gpu1", "203.0.113.10", "203.0.113.10", 2, "none", None),
-        ("gpu2", "gpu-b.example.com", "gpu-b.example.com", DEFAULT_GPUS, "none", None)]
+        ("gpu2", "gpu-b.example.com", "gpu-b.example.com", 0, "none", None)]
+    assert not hostvars.given(hosts[1], "gpus")  # gpu2 not asked: no `gpus:` written, never a guess
     assert [h.name for h in load_hosts(write(spec_from_options("203.0.113.10", "ubuntu", gpus="0"),
                                              tmp_path / "cpu.yml"))] == ["cpu1"]
     assert hosts[0].var("hourly_usd") is None  # no price given: none written, never guessed
@@ -70,6 +74,7 @@ def test_the_text_says_how_to_go_on():
     text = render(InventorySpec((NewHost("gpu1", "203.0.113.10"),), "ubuntu", "~/.ssh/id_ed25519"), "inventory/m.yml")
     assert "ansible-playbook -i inventory/m.yml provision.yml" in text
     assert "FABRIC_INVENTORY=inventory/m.yml fab init --check" in text
+    assert "#   fab init --check" in render(InventorySpec((NewHost("gpu1", "203.0.113.10"),), "ubuntu"))  # fab's own
     assert "ansible_ssh_private_key_file: ~/.ssh/id_ed25519" in text  # as given: Ansible and fab expand ~
 
 
@@ -77,6 +82,10 @@ def test_the_text_says_how_to_go_on():
     ({"hosts_at": "203.0.113.300"}, "--hosts-at: '203.0.113.300' is not an IP address or a host name"),
     ({"hosts_at": "a b"}, "--hosts-at: 'a b' is not an IP address or a host name"),
     ({"hosts_at": "203.0.113.10,203.0.113.10"}, "--hosts-at: names an address twice"),
+    ({"hosts_at": "203.0.113.10:22,203.0.113.10"}, "--hosts-at: names an address twice"),
+    ({"hosts_at": "203.0.113.10:ssh"}, "--hosts-at: '203.0.113.10:ssh': the port after ':' must be"),
+    ({"hosts_at": "203.0.113.10:70000"}, "--hosts-at: '203.0.113.10:70000': the port after ':' must be"),
+    ({"port": "0"}, "--port: '0' is not a port"),
     ({"hosts_at": ""}, "--hosts-at: give the hosts' addresses"),
     ({"user": None}, "--user: give the hosts' login user"),
     ({"user": "Ubuntu User"}, "--user: 'Ubuntu User' is not a login name"),
@@ -123,6 +132,58 @@ def answers(shown: dict[str, str]) -> GroupResult:
 
 READY = "uid=1000\nos_id=debian\nos_version=12\nos_name=Debian 12\npython=3.11.2\nsmi=absent\npci_gpus={pci}\n" \
         "nics=lo eth0\naddress_local=yes\nroute=10.0.0.2 dev eth0 src 10.0.0.1\ndisk_path=/\ndisk_free_kb=90000000\n"
+FIXTURES = TOP / "tests" / "fixtures" / "ip"
+
+
+def vm(shape: str, pci: int = 0) -> str:
+    """A host's probe answer, its `ip -j` outputs recorded on a VM of that shape (tests/fixtures/ip/); SSH reached
+    its public address, which is on none of its NICs."""
+    shown = {kind: (FIXTURES / f"{shape}.{kind}.json").read_text().strip() for kind in ("addr", "route")}
+    nics = " ".join(link["ifname"] for link in json.loads(shown["addr"]))
+    return READY.format(pci=pci).replace("address_local=yes\n", "").replace("nics=lo eth0", f"nics={nics}") + \
+        f"ip_addr={shown['addr']}\nip_route={shown['route']}\n"
+
+
+def test_fab_init_writes_where_the_peers_reach_each_host_and_bench_net_takes_its_nic(tmp_path, monkeypatch):
+    """Two EC2 VMs reached at public addresses NAT'd onto them: each written with its private address and NIC."""
+    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"gpu1": vm("aws-a", 1), "gpu2": vm("aws-b", 1)}))
+    console = Console(record=True, width=300, soft_wrap=True)
+    out = tmp_path / "mine.yml"
+    code = inventory_init.init(console, None, out=str(out), hosts_at="203.0.113.10,203.0.113.11", user="debian")
+    hosts = load_hosts(out)
+    assert [(h.address, h.cluster_address, h.nic, h.gpus) for h in hosts] == [
+        ("203.0.113.10", "172.31.5.10", "ens5", 1), ("203.0.113.11", "172.31.9.27", "ens5", 1)]
+    assert [nic_of(h) for h in hosts] == ["ens5", "ens5"]  # fab bench-net's and bench-step's NIC
+    said = console.export_text()
+    assert code == 0, said
+    assert "172.31.5.10 (ens5)" in said and "not on any of its NICs" not in said
+
+
+def test_bench_nets_refusal_of_an_inventory_without_cluster_nic_says_the_fix():
+    with pytest.raises(ClusterError, match=r"^gpu1: the inventory names no cluster_nic, the NIC tandem caps and "
+                                           r"counts: set cluster_nic: NIC for gpu1 .*`fab init` writes it"):
+        nic_of(Host("gpu1", "203.0.113.10"))
+
+
+def test_cluster_at_gives_the_address_and_the_nic_is_the_one_holding_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"a": vm("lab-a"), "b": vm("lab-b")}))
+    for given, nic in (("172.30.0.11,172.30.0.12", "ens5"), ("10.77.0.11,10.77.0.12", "eth0")):
+        out = tmp_path / f"{nic}.yml"
+        inventory_init.init(Console(file=io.StringIO()), None, out=str(out), hosts_at="10.77.0.11,10.77.0.12",
+                            user="debian", names="a,b", cluster_at=given, gpus="0")
+        assert [(h.cluster_address, h.nic) for h in load_hosts(out)] == [(a, nic) for a in given.split(",")]
+
+
+def test_a_hosts_ssh_port_is_written_and_used(tmp_path):
+    spec = spec_from_options("203.0.113.10:2222,[2001:db8::1]:2200,gpu-c.example.com", "ubuntu", port="2022",
+                             gpus="1")
+    assert [h.port for h in inventory_init.hosts_of(spec)] == [2222, 2200, 2022]  # the ones fab init asks
+    hosts = load_hosts(write(spec, tmp_path / "p.yml"))
+    assert [(h.address, h.port) for h in hosts] == [("203.0.113.10", 2222), ("2001:db8::1", 2200),
+                                                    ("gpu-c.example.com", 2022)]
+    hosts = load_hosts(write(spec_from_options("203.0.113.10:2222,203.0.113.10:2223", "ubuntu", gpus="1"),
+                             tmp_path / "nat.yml"))  # one address, two machines behind its forwards
+    assert [(h.name, h.port) for h in hosts] == [("gpu1", 2222), ("gpu2", 2223)]
 
 
 def test_fab_init_writes_each_hosts_gpus_as_it_shows_them_and_checks_the_written_file(tmp_path, monkeypatch):
@@ -133,11 +194,15 @@ def test_fab_init_writes_each_hosts_gpus_as_it_shows_them_and_checks_the_written
     out = tmp_path / "mine.yml"
     code = inventory_init.init(console, None, out=str(out), hosts_at="10.0.0.1,10.0.0.2", user="debian", names="a,b")
     assert asked == [["a", "b"]] and code == 1  # b did not answer
-    assert [(h.name, h.gpus) for h in load_hosts(out)] == [("a", 2), ("b", DEFAULT_GPUS)]  # a: 2 on its PCI bus
+    hosts = load_hosts(out)
+    assert [(h.name, h.gpus) for h in hosts] == [("a", 2), ("b", 0)]  # a: 2 on its PCI bus
+    assert [hostvars.given(h, "gpus") for h in hosts] == [True, False]  # b: unknown, not a guessed `gpus: 1`
+    assert "# b did not answer: its gpus, cluster_nic unknown (no guess)" in out.read_text()
     said = console.export_text()
     assert f"wrote {out}: 2 hosts" in said and "none (driver not installed yet: provisioning installs it); 2 on" in said
     assert "b: nothing answers SSH at debian@10.0.0.2 (timed out)" in said
-    assert said.strip().splitlines()[-1] == f"1 problem(s) on b: fix them, then FABRIC_INVENTORY={out} fab init --check"
+    assert "b: the inventory gives no `gpus`: set how many GPUs the VM has" in said
+    assert said.strip().splitlines()[-1] == f"2 problem(s) on b: fix them, then FABRIC_INVENTORY={out} fab init --check"
 
 
 def test_fab_init_refuses_an_existing_file_before_asking_a_host(tmp_path, monkeypatch):
@@ -158,6 +223,16 @@ def test_a_cluster_that_passes_exits_0(tmp_path, monkeypatch):
     assert [(h.name, h.gpus) for h in load_hosts(out)] == [("cpu1", 0)]
 
 
+def test_written_where_fab_reads_unnamed_no_fabric_inventory_is_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"cpu1": READY.format(pci=0)}))
+    monkeypatch.delenv("FABRIC_INVENTORY", raising=False)
+    console = Console(record=True, width=300, soft_wrap=True)
+    out = tmp_path / "mine.yml"  # fabric.yaml's `inventory` in this test
+    assert inventory_init.init(console, str(out), out=str(out), hosts_at="10.0.0.1", user="debian", gpus="0") == 0
+    assert console.export_text().strip().splitlines()[-1].endswith(" provision.yml, then fab info")
+    assert "#   fab init --check" in out.read_text() and "FABRIC_INVENTORY" not in out.read_text()
+
+
 def fab(*args: str, inventory: str = "inventory/hosts.yml") -> subprocess.CompletedProcess:
     env = {**os.environ, "FABRIC_INVENTORY": inventory, "COLUMNS": "200"}
     return subprocess.run([FAB, "init", *args], cwd=TOP, capture_output=True, text=True, timeout=120, env=env)
@@ -172,6 +247,10 @@ def test_fab_init_says_bad_input_in_one_line_and_exits_2_before_writing_or_reach
     proc = fab("--hosts-at", "203.0.113.10", "--user", "ubuntu", "--key", key, "--out", str(out))
     assert proc.returncode == 2 and out.read_text() == "# kept\n"
     assert proc.stderr.strip() == f"error: --out: {out} exists: give --force to overwrite it, or another --out"
+    proc = fab("--hosts-at", "203.0.113.10", "--user", "ubuntu", "--out", str(tmp_path / "typo" / "mine.yml"))
+    assert proc.returncode == 2 and not (tmp_path / "typo").exists()
+    assert proc.stderr.strip() == (f"error: --out: {tmp_path}/typo/mine.yml: no directory {tmp_path}/typo: create it, "
+                                   "or give another --out")
     proc = fab("--check", inventory=str(tmp_path / "none.yml"))
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: --check: inventory {tmp_path}/none.yml does not")
     assert "Traceback" not in proc.stdout + proc.stderr
