@@ -101,11 +101,6 @@ def world_size(hosts: Sequence[Host]) -> int:
     return sum(h.ranks for h in hosts)
 
 
-def inventory_path(configured: str | None = None) -> Path:
-    path = Path(os.environ.get("FABRIC_INVENTORY") or configured or "inventory/hosts.yml")
-    return path if path.is_absolute() else TOP / path
-
-
 def load_hosts(path: Path) -> list[Host]:
     """Every host of the inventory's `cluster` group, in inventory order (= node rank)."""
     if not path.exists():
