@@ -39,7 +39,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from train.agent import agreement, replica, tracker
+from train.agent import agreement, replica, supervision, tracker
 from train.agent.generation import (
     ENDED,
     FINISHED,
@@ -556,6 +556,8 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     if spec is None:
         print(f"no keeper spec in {keeper_dir(run_dir)}", file=sys.stderr)
         return 2
+    if os.environ.get(supervision.UNIT_ENV):  # systemd is its supervisor: `fab stop` and status find the keeper
+        (keeper_dir(run_dir) / "keeper.pid").write_text(str(os.getpid()))
     keeper = Keeper(run_dir, spec)
     member = etcd_member(run_dir, spec) if keeper.agreement is not None else None
     server = keeper.listen()
@@ -577,7 +579,8 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
             if spec_file.stat().st_mtime_ns != spec_seen:  # fab train started the run again: its token, its start
                 _say("fab train wrote a new spec: the keeper starts again to take it")
                 return RESPEC
-            if os.getppid() != supervisor:  # its supervisor was killed: a new one takes over, this keeper leaves
+            # its supervisor was killed (not systemd's unit): a new one takes over, this keeper leaves
+            if os.getppid() != supervisor and not os.environ.get(supervision.UNIT_ENV):
                 server.shutdown()
                 server.server_close()
                 _say(f"the keeper's supervisor is gone: a new one ({launch(run_dir)}) takes over")
@@ -695,12 +698,24 @@ def launch(run_dir: str, user: tuple[int, int] | None = None, keys: dict[str, st
         end_lingering(pid, run_dir)  # a keeper that ended (fab stop) and lingers for its peers: a new start
     for mark in ("stop", "ended"):
         (kdir / mark).unlink(missing_ok=True)
+    if supervision.systemd_is_init():
+        why = supervision.start_unit(run_dir, user, keys)
+        if why is None:
+            return supervisor_pid_within(run_dir, 5) or 0
+        _say(f"systemd-run could not start the keeper's unit ({why}): tandem's supervisor keeps it instead")
     log = (kdir / "keeper.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "train.agent.keeper", "supervise", "--run", run_dir],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                             cwd=run_dir, env=os.environ | (keys or {}),
                             **({"user": user[0], "group": user[1]} if user else {}))
     return proc.pid
+
+
+def supervisor_pid_within(run_dir: str, seconds: float) -> int | None:
+    deadline = time.monotonic() + seconds
+    while not (pid := supervisor_pid(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return pid
 
 
 def end_lingering(pid: int, run_dir: str, wait_s: float = 5) -> None:

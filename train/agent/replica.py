@@ -30,7 +30,7 @@ LAST = "checkpoint_last.pt"
 KEEP = ".keep"
 CHUNK = 1 << 20
 SET_ASIDE = "set-aside"
-SET_ASIDE_KEPT = 1  # histories set aside a host keeps (GBs each, counted in preflight's disk need): the oldest goes first
+SET_ASIDE_KEPT = 1  # histories set aside a host keeps (GBs each, in preflight's disk need): the oldest goes first
 
 
 class FetchError(RuntimeError):
