@@ -85,9 +85,22 @@ def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
     return on_each(hosts, one).problems()
 
 
+def run_token(run: Run, hosts: list[Host]) -> str | None:
+    """The heartbeat token the run's keepers already hold (any host's spec), so that a new start keeps
+    it: a host that misses this start (unreachable now) can still talk to the others when it returns."""
+    said = run_all(hosts, f"cat {run.remote_dir}/keeper/spec.json 2>/dev/null || true", timeout=10)
+    for result in said.values():
+        try:
+            return json.loads(result.stdout)["token"]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
 def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = True) -> None:
-    """Every host's keeper launched with this start's spec; the keepers start the ranks among themselves."""
-    told = spec(run, hosts, reason, elastic=elastic)
+    """Every host's keeper launched with this start's spec (the run's token kept); the keepers start the
+    ranks among themselves, each running keeper starting again to take the new spec."""
+    told = spec(run, hosts, reason, token=run_token(run, hosts), elastic=elastic)
 
     problems = launch_keepers(run, hosts, told)
     if problems:

@@ -108,3 +108,20 @@ def test_status_lists_each_history_set_aside_with_how_to_train_from_it():
                         "/data/tandem/runs/r1/checkpoints/set-aside/checkpoint_last.g5-u650.pt")
     assert "fab train --new --set restore_file=PATH" in lines[1]
     assert keepers.set_aside_lines(states[:1]) == []
+
+
+def test_a_new_start_keeps_the_token_the_runs_keepers_hold(monkeypatch):
+    """`fab train` on a run whose keepers run: a host it cannot reach now keeps the spec it had; with
+    the same token it still talks to the others when it returns (a new token would split the run)."""
+    import json
+
+    from train.cluster import GroupResult, HostResult
+
+    run = Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
+    answers = GroupResult([("v100a", HostResult("v100a", error=OSError("unreachable"))),
+                           ("v100b", HostResult("v100b", stdout=json.dumps({"token": "held"}), exited=0))])
+    monkeypatch.setattr(keepers, "run_all", lambda hosts, command, **kw: answers)
+    assert keepers.run_token(run, HOSTS) == "held"
+    nothing = GroupResult([(h.name, HostResult(h.name, stdout="", exited=0)) for h in HOSTS])
+    monkeypatch.setattr(keepers, "run_all", lambda hosts, command, **kw: nothing)
+    assert keepers.run_token(run, HOSTS) is None  # a new run: a new token

@@ -1,0 +1,149 @@
+"""The keepers' agreement on the real lab (train.agent.generation, keeper, replica): a split during
+which one side crashes (its generations outnumber the other's) is rejoined on the side with the
+most training, the other history set aside whole and shown by `fab status`; a keeper or its
+supervisor killed with SIGKILL leaves the ranks training; a corrupt copy is never resumed from, and
+no host starts the run from nothing while the host holding it is away. Each prints its measured
+times (docs/training.md, "What happens when...")."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+from labtools import fab, set_links, ssh
+from test_keepers import ranks, timeline, update, wait_for
+
+RUNS = "/data/tandem/runs"
+
+
+def cut(cfg, host: str, state: str = "down") -> None:
+    """Pull (or plug back) `host`'s cluster cable only: the keepers lose each other, the laptop still
+    reaches it over the management network."""
+    subprocess.run(["ip", "link", "set", cfg.cluster_veth(host), state], check=True)
+
+
+def keeper_log(cfg, host: str, run_id: str) -> str:
+    return ssh(cfg, host, f"cat {RUNS}/{run_id}/keeper/keeper.log 2>/dev/null || true").stdout
+
+
+def manifest(cfg, host: str, run_id: str) -> dict:
+    out = ssh(cfg, host, f"cat {RUNS}/{run_id}/checkpoints/.keep/manifest.json 2>/dev/null || true").stdout
+    return json.loads(out) if out.strip() else {}
+
+
+def start(data_ready, prefix: str) -> str:
+    run_id = time.strftime(f"run-{prefix}-%Y%m%d-%H%M%S")
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000")
+    # a checkpoint (tiny saves every 50 updates) made and held by both hosts
+    wait_for(lambda: update(data_ready.cfg, run_id) >= 60 and manifest(data_ready.cfg, "v100b", run_id), 150)
+    return run_id
+
+
+def stop(data_ready, run_id: str) -> None:
+    set_links(data_ready.cfg, "v100b", "up")
+    fab(data_ready, "stop", "--run", run_id, check=False)
+    left = [h for h in data_ready.cfg.names if ranks(data_ready.cfg, h, run_id)]
+    assert not left, f"ranks left on {left}"
+
+
+def test_a_split_whose_one_side_crashes_is_rejoined_on_the_side_with_more_training(data_ready):
+    cfg = data_ready.cfg
+    run_id = start(data_ready, "split")
+    try:
+        cut(cfg, "v100b")  # both sides go on alone
+        wait_for(lambda: any(e["hosts"] == ["v100b"] for e in timeline(cfg, "v100b", run_id))
+                 and ranks(cfg, "v100b", run_id), 120)
+        # v100b's side suffers: its ranks crash, its keeper restarts them (one more generation there)
+        ssh(cfg, "v100b", f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'")
+        wait_for(lambda: len([e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"]]) >= 2
+                 and ranks(cfg, "v100b", run_id), 120)
+        a_side, b_side = timeline(cfg, "v100a", run_id)[-1], timeline(cfg, "v100b", run_id)[-1]
+        assert b_side["generation"] > a_side["generation"], (a_side, b_side)  # the old rule's winner
+        ahead = manifest(cfg, "v100a", run_id)
+        behind = manifest(cfg, "v100b", run_id)
+        assert ahead["update"] > behind["update"], (ahead, behind)
+        cut(cfg, "v100b", "up")
+        plugged = time.monotonic()
+
+        def reunited():
+            """one world again, after the split"""
+            return [e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100a", "v100b"]
+                    and e["generation"] > b_side["generation"]]
+
+        wait_for(reunited, 180)
+        back = time.monotonic() - plugged
+        joined = reunited()[-1]
+        assert joined["source"] == "v100a" and joined["from_update"] >= ahead["update"], joined
+        wait_for(lambda: "set aside whole" in keeper_log(cfg, "v100b", run_id), 60)
+        aside = ssh(cfg, "v100b", f"ls {RUNS}/{run_id}/checkpoints/set-aside/").stdout.split()
+        assert f"checkpoint_last.g{behind['generation']}-u{behind['update']}.pt" in aside, aside
+        status = fab(data_ready, "status", "--run", run_id, check=False).stdout
+        assert re.search(rf"v100b: update {behind['update']:,} \(generation {behind['generation']}", status), status
+    finally:
+        stop(data_ready, run_id)
+    print(f"split with v100b's ranks crashed once: reunion {back:.0f} s after the cables were back, from "
+          f"v100a's update {joined['from_update']} (generation {a_side['generation']}) over v100b's "
+          f"{behind['update']} (generation {b_side['generation']}), set aside on v100b")
+
+
+def test_a_keeper_or_its_supervisor_killed_with_sigkill_leaves_the_ranks_training(data_ready):
+    cfg = data_ready.cfg
+    run_id = start(data_ready, "sigkill")
+    try:
+        before = ranks(cfg, "v100a", run_id)
+        supervisor = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/keeper.pid").stdout.strip()
+        killed = time.monotonic()
+        ssh(cfg, "v100a", f"kill -9 {supervisor}")
+
+        def new_supervisor():
+            """a new supervisor, started by the keeper it left"""
+            pid = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/keeper.pid").stdout.strip()
+            return pid != supervisor and ssh(cfg, "v100a", f"kill -0 {pid}").returncode == 0 and pid
+
+        pid = wait_for(new_supervisor, 60) and new_supervisor()
+        replaced = time.monotonic() - killed
+        keeper = ssh(cfg, "v100a", f"pgrep -f '[k]eeper run --run {RUNS}/{run_id}'").stdout.split()
+        assert keeper, "no keeper under the new supervisor"
+        ssh(cfg, "v100a", f"kill -9 {keeper[0]}")  # the keeper proper: its supervisor starts it again
+        wait_for(lambda: ssh(cfg, "v100a", f"pgrep -f '[k]eeper run --run {RUNS}/{run_id}'").stdout.split()
+                 not in ([], keeper), 60)
+        at = update(cfg, run_id)
+        wait_for(lambda: update(cfg, run_id) > at + 20, 60)
+        assert ranks(cfg, "v100a", run_id) == before, "a rank was restarted"
+        assert [e["generation"] for e in timeline(cfg, "v100a", run_id)] == [1]
+        assert f"a new one ({pid}) takes over" in keeper_log(cfg, "v100a", run_id)
+    finally:
+        stop(data_ready, run_id)
+    print(f"supervisor killed with SIGKILL: a new one in {replaced:.1f} s; the keeper killed: started again; "
+          "the ranks never restarted")
+
+
+def test_a_corrupt_copy_is_never_resumed_and_no_host_starts_from_nothing_while_rank_0s_is_away(data_ready):
+    cfg = data_ready.cfg
+    run_id = start(data_ready, "corrupt")
+    try:
+        held = manifest(cfg, "v100b", run_id)
+        # one byte flipped in v100b's copy, its size unchanged (bit rot, a bad disk)
+        ssh(cfg, "v100b", f"printf X | dd of={RUNS}/{run_id}/checkpoints/.keep/checkpoint_last.pt bs=1 "
+                          f"seek=4096 conv=notrunc status=none")
+        cut(cfg, "v100b")
+        supervise = ssh(cfg, "v100b", f"pgrep -af 'keeper [s]upervise --run {RUNS}/{run_id}'").stdout.split()
+        python = supervise[1]  # the hosts' training environment
+        ssh(cfg, "v100b", f"pkill -9 -f 'train.agent.[k]eeper .*{RUNS}/{run_id}'; "
+                          f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'")  # v100b's every process of the run
+        ssh(cfg, "v100b", f"{python} -m train.agent.keeper launch --run {RUNS}/{run_id}")  # alone, cut off
+        wait_for(lambda: "does not match its manifest's sha256" in keeper_log(cfg, "v100b", run_id), 120)
+        time.sleep(30)  # lost after 20 s of silence: v100b would start now if it were allowed to
+        from_nothing = [e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"]]
+        assert not from_nothing and not ranks(cfg, "v100b", run_id), from_nothing
+        assert "holds a checkpoint: waiting for it" in keeper_log(cfg, "v100b", run_id)
+        aside = ssh(cfg, "v100b", f"ls {RUNS}/{run_id}/checkpoints/set-aside/").stdout
+        assert f"g{held['generation']}-u{held['update']}.corrupt.pt" in aside, aside
+        cut(cfg, "v100b", "up")
+        wait_for(lambda: any(e["hosts"] == ["v100a", "v100b"] and e["generation"] > 1
+                             for e in timeline(cfg, "v100a", run_id)) and ranks(cfg, "v100b", run_id), 180)
+        assert manifest(cfg, "v100b", run_id)["sha256"] != "" and update(cfg, run_id) > held["update"]
+    finally:
+        stop(data_ready, run_id)
