@@ -18,13 +18,12 @@ from train import exits, options
 from train import version as tandem_version
 from train.agent.nccl_sockets import option as nccl_sockets_option
 from train.recipe import strategies
-from train.recipe.record import Run
 from train.remote import venv_of
-from train.run import checkpoints, launch, logtail, session
+from train.run import checkpoints, launch, logtail, pick, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
-from train.tasks import bad_input_exits_2, cluster_task, console, known_hosts, task
+from train.tasks import bad_input_exits_2, cluster_task, console, errors, known_hosts, task
 
 bad_input_exits_2(fabric.main.program)  # an unknown option is bad input too: exit 2, as a bad value
 
@@ -118,25 +117,25 @@ def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, up
 @task(help={"run": "run id (default: the latest)",
             "json": "print it as JSON: the run's state and update, per host its ranks, state, update, loss, "
                     "s/update, last log line and why it could not be reached"})
-@cluster_task(run=options.existing_run)
+@cluster_task(run=options.name)
 def status(c, hosts, run=None, json=False):
     """Per host: the ranks it runs, are they running, the last update, loss and s/update; why it stopped if it did.
 
     Exit 1 naming a host that cannot be reached."""
-    run_status.show(Run.load(run), hosts, console, as_json=json)
+    run_status.show(pick.find(run, hosts, (errors if json else console).print), hosts, console, as_json=json)
 
 
 @task(help={"run": "run id (default: the latest)", "every": "seconds between refreshes (default 2)",
             "link_mbps": "the link's speed when the run measured none (default: the inventory's)",
             "once": "print one frame and return (no full screen)"})
-@cluster_task(run=options.existing_run, every=options.seconds, link_mbps=options.mbps)
+@cluster_task(run=options.name, every=options.seconds, link_mbps=options.mbps)
 def watch(c, hosts, run=None, every=2.0, link_mbps=None, once=False):
     """Live full-screen view of a run: per host GPUs, NIC against the link, CPU; loss, s/update, ETA, verdict."""
     from dataclasses import asdict
 
     from train.watch.live import watch as watch_run
 
-    the_run = Run.load(run)
+    the_run = pick.find(run, hosts, console.print)
     chosen = the_run.hosts_of(hosts)
     expected = link_mbps or chosen[0].var("network_expected_mbps")
     watch_run(asdict(the_run), the_run.remote_dir, chosen, console, every_s=every,
@@ -144,34 +143,35 @@ def watch(c, hosts, run=None, every=2.0, link_mbps=None, once=False):
 
 
 @task(help={"run": "run id (default: the latest)", "port": "the local port to open it on (default 6006)"})
-@cluster_task(run=options.existing_run, port=options.port)
+@cluster_task(run=options.name, port=options.port)
 def tensorboard(c, hosts, run=None, port=6006):
     """TensorBoard of a run on rank 0's host (127.0.0.1 there), forwarded over SSH to a local port; Ctrl-C stops it."""
     from train.watch import tensorboard as tb
 
-    the_run = Run.load(run)
+    the_run = pick.find(run, hosts, console.print)
     host = the_run.hosts_of(hosts)[0]  # rank 0 writes the run's TensorBoard logs
     tb.serve(host, venv_of(host), the_run.remote_dir, port, lambda line: console.print(line, markup=False))
 
 
 @task(help={"run": "run id (default: the latest)", "lines": "lines per host (default 20)",
             "follow": "go on printing every host's new lines, each prefixed with its host, until Ctrl-C"})
-@cluster_task(run=options.existing_run, lines=options.whole(1))
+@cluster_task(run=options.name, lines=options.whole(1))
 def logs(c, hosts, run=None, lines=20, follow=False):
     """Tail every host's training log, or follow them all (--follow).
 
     Exit 1 naming a host that cannot be reached."""
+    the_run = pick.find(run, hosts, console.print)
     if follow:
-        logtail.follow(Run.load(run), hosts, lines, console)
+        logtail.follow(the_run, hosts, lines, console)
     else:
-        run_status.show_logs(Run.load(run), hosts, lines, console)
+        run_status.show_logs(the_run, hosts, lines, console)
 
 
 @task(help={"run": "run id (default: the latest)"})
-@cluster_task(run=options.existing_run)
+@cluster_task(run=options.name)
 def stop(c, hosts, run=None):
     """Stop every rank on every host and confirm none is left (non-zero exit naming a host that won't stop)."""
-    the_run = Run.load(run)
+    the_run = pick.find(run, hosts, console.print)
     outcome = launch.stop(the_run, the_run.hosts_of(hosts))
     said = {"stopped": "stopped", "killed": "killed (did not stop on SIGTERM)", "none": "was not running"}
     for name, what in outcome.items():
@@ -179,10 +179,10 @@ def stop(c, hosts, run=None):
 
 
 @task(help={"run": "run id (default: the latest)", "checkpoint": "checkpoint file name (default checkpoint_best.pt)"})
-@cluster_task(run=options.existing_run, checkpoint=options.checkpoint)
+@cluster_task(run=options.name, checkpoint=options.checkpoint)
 def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     """Translate the test set with the best checkpoint on the first host and print SacreBLEU."""
-    the_run = Run.load(run)
+    the_run = pick.find(run, hosts, console.print)
     bleu = evaluate_run(the_run, hosts, checkpoint, console)
     signature = parse_signature((the_run.local_dir / "bleu.json").read_text())
     console.print(f"[bold]SacreBLEU {bleu:.2f}[/] ({the_run.run_id}, {checkpoint}, {the_run.dataset} test set; "
@@ -283,12 +283,12 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
 
 @task(help={"run": "run id (default: the latest)",
             "link_mbps": "the link's speed when no bench-net result exists (default: the inventory's)"})
-@cluster_task(run=options.existing_run, link_mbps=options.mbps)
+@cluster_task(run=options.name, link_mbps=options.mbps)
 def report(c, hosts, run=None, link_mbps=None):
     """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
     from train.report.collect import report as make_report
 
-    make_report(Run.load(run), hosts, link_mbps, console)
+    make_report(pick.find(run, hosts, console.print), hosts, link_mbps, console)
 
 
 def _quality_entries(text):

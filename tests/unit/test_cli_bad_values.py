@@ -55,8 +55,8 @@ BAD = [
     (["train", "--rejoin", "--new"], "--rejoin"),
     (["train", "--bogus"], "--bogus"),
     (["train", "--update-freq"], "--update-freq"),  # no value
-    (["status", "--run", "no-such-run"], "--run"),
-    (["status", "--json", "--run", "no-such-run"], "--run"),
+    (["status", "--run", "no such run"], "--run"),
+    (["status", "--json", "--run", "no such run"], "--run"),
     (["watch", "--every", "abc"], "--every"),
     (["watch", "--every", "0"], "--every"),
     (["watch", "--link-mbps", "fast"], "--link-mbps"),
@@ -65,7 +65,7 @@ BAD = [
     (["logs", "--follow", "--lines", "-3"], "--lines"),
     (["stop", "--run", "../etc"], "--run"),
     (["evaluate", "--checkpoint", "../checkpoint_best.pt"], "--checkpoint"),
-    (["evaluate", "--run", "no-such-run"], "--run"),
+    (["evaluate", "--run", "no such run"], "--run"),
     (["bench-net", "--threshold", "high"], "--threshold"),
     (["bench-net", "--min-size", "1X"], "--min-size"),
     (["bench-net", "--min-size", "1G", "--max-size", "1M"], "--min-size"),
@@ -88,7 +88,7 @@ BAD = [
     (["predict", "--comm", "gossip"], "--comm"),
     (["predict", "--precision", "fp8"], "--precision"),
     (["report", "--link-mbps", "-5"], "--link-mbps"),
-    (["report", "--run", "no-such-run"], "--run"),
+    (["report", "--run", "no such run"], "--run"),
     (["bench-quality", "--comm", "sync,auto"], "--comm"),
     (["bench-quality", "--comm", "update-freq:1"], "--comm"),
     (["bench-quality", "--updates", "0"], "--updates"),
@@ -234,6 +234,20 @@ def test_info_status_and_logs_fail_naming_the_host_they_cannot_reach(inventory, 
         last = out.strip().splitlines()[-1]
         assert last.startswith("error: unreachable: ") and "beta (" in last, last
     assert "alpha (" not in done[-1].stdout  # --hosts beta: alpha is not asked
+
+
+def test_a_run_of_neither_this_controller_nor_a_host_that_answers_is_said_in_one_line(inventory):
+    """A run this controller did not start is asked of the hosts (train.run.pick): none answering, exit 1
+    naming them, nothing made up."""
+    commands = [["status", "--run", "no-such-run"], ["status", "--json", "--run", "no-such-run"],
+                ["stop", "--run", "no-such-run"], ["report", "--run", "no-such-run"]]
+    for args, proc in zip(commands, in_parallel(inventory, commands), strict=True):
+        said = [line for line in (proc.stdout + proc.stderr).strip().splitlines() if not line.startswith("[WARNING]")]
+        assert proc.returncode == 1 and len(said) == 1, f"fab {' '.join(args)}: {said}"
+        assert "--json" not in args or not proc.stdout  # the one line on stderr: no JSON of a run made up
+        assert said[0].startswith("error: no run no-such-run on this controller, and no host could be asked for it: "
+                                  "unreachable: alpha ("), said[0]
+    assert not (REPORTS / "no-such-run").exists()
 
 
 def test_status_json_is_json_on_stdout_and_names_the_unreachable_host_on_stderr(inventory, run_of_unreachable_hosts):

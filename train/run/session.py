@@ -17,7 +17,7 @@ from ..plan.link import PeerUnreachable
 from ..recipe import presets, strategies
 from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
-from . import checkpoints, command, interval, keepers, launch, length, preflight
+from . import checkpoints, command, interval, keepers, launch, length, pick, preflight
 from . import rejoin as rejoining
 from .follow import follow
 from .status import closing_mfu, summarize, why_stopped_early
@@ -124,6 +124,8 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     size, unread = length.tokens_of_probe(answers.get(hosts[0].name, {}), hosts[0]) \
         or length.read_dataset_tokens(hosts[0], run.data_dir)
     run.save()
+    if unrecorded := pick.record_on_hosts(run, hosts):  # another controller finds the run there (train.run.pick)
+        console.print(f"the run record is not on {'; '.join(unrecorded)}", style="yellow", markup=False)
     keepers.start(run, hosts, elastic=request.elastic)  # the hosts keep the run from here on, followed or not
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
                   f"({run.preset}; {launch.batch(run, hosts)}; {length.of_run(run, hosts, size, unread)}; "

@@ -1,0 +1,143 @@
+"""Which run a task acts on: this controller's record (reports/<id>/run.json), else the hosts'.
+
+`fab train` leaves its run record on every host it starts, beside the keepers' spec
+(RUN/run.json, written again at each start), so that a run can be followed from anywhere: a
+checkout that did not start it finds it on the hosts, copies the record into its own reports/
+and says so in one line. `latest` is this controller's latest run; on a controller without one,
+the run the hosts started last (the newest spec or record any host holds).
+
+The SSH side is one command on every host (`listing`): a line per run directory,
+
+    run-20261126-080102<TAB>1795680062<TAB>{"run_id": "run-20261126-080102", "hosts": [...], ...}
+
+(its id, the newest modification time of its keeper/spec.json and run.json in seconds since the
+epoch, the record or nothing where a tandem before this one wrote none). Reading and choosing are
+pure (`known_runs`, `choose`), tested on recorded answers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from .. import hostpaths
+from ..cluster import ClusterError, Host, require_reachable, run_all
+from ..exits import OptionError
+from ..recipe import record
+from ..recipe.record import Run
+
+LIST_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class KnownRun:
+    """A run the hosts know: when it last started there, its record (None: none on any host), who holds it."""
+
+    run_id: str
+    started: float  # seconds since the epoch: the newest spec or record of it on any host
+    record: dict | None
+    hosts: tuple[str, ...]
+
+
+def listing() -> str:
+    """The shell line that lists a host's runs (the module docstring's format); nothing without RUNS_ROOT."""
+    return (f"cd {shlex.quote(hostpaths.RUNS_ROOT)} 2>/dev/null || exit 0; "
+            "for d in */; do d=${d%/}; "
+            '[ -f "$d/keeper/spec.json" ] || [ -f "$d/run.json" ] || continue; '
+            'printf "%s\\t%s\\t" "$d" "$(stat -c %Y "$d/keeper/spec.json" "$d/run.json" 2>/dev/null '
+            '| sort -n | tail -1)"; '
+            '[ -f "$d/run.json" ] && tr -d "\\n" < "$d/run.json"; echo; done')
+
+
+def known_runs(answers: dict[str, str]) -> list[KnownRun]:
+    """The runs the hosts' answers name ({host: what `listing` printed}), newest first; each with the
+    record of the host that started it last (a record that is not JSON counts as none)."""
+    seen: dict[str, list[tuple[float, dict | None, str]]] = {}
+    for host, said in answers.items():
+        for line in said.splitlines():
+            parts = line.split("\t", 2)
+            if len(parts) < 2 or not parts[0]:
+                continue
+            try:
+                started = float(parts[1])
+            except ValueError:
+                started = 0.0
+            try:
+                held = json.loads(parts[2]) if len(parts) == 3 and parts[2].strip() else None
+            except ValueError:
+                held = None
+            seen.setdefault(parts[0], []).append((started, held if isinstance(held, dict) else None, host))
+    runs = []
+    for run_id, copies in seen.items():
+        copies.sort(key=lambda c: c[0], reverse=True)
+        held = next((r for _, r, _ in copies if r is not None), None)
+        runs.append(KnownRun(run_id, copies[0][0], held, tuple(h for _, _, h in copies)))
+    return sorted(runs, key=lambda r: (r.started, r.run_id), reverse=True)
+
+
+def choose(run_id: str | None, runs: list[KnownRun], asked: list[str], silent: dict[str, str]) -> Run:
+    """The run `run_id` names (None: the newest) among those the hosts know, as a record; raises saying
+    what the hosts do know. `asked`: the hosts asked; `silent`: {host: why} of those that did not answer."""
+    which = run_id or "(latest)"
+    if silent and len(silent) == len(asked):
+        try:
+            require_reachable(silent)
+        except ClusterError as err:
+            raise ClusterError(f"no run {which} on this controller, and no host could be asked for it: {err}") from None
+    found = next((r for r in runs if r.run_id == run_id), None) if run_id else (runs[0] if runs else None)
+    unasked = f" ({', '.join(silent)} did not answer)" if silent else ""
+    if found is None:
+        others = ", ".join(r.run_id for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
+        where = f"on this controller nor on {', '.join(n for n in asked if n not in silent)}{unasked}"
+        if run_id:
+            raise OptionError("run", f"no run {run_id} {where}: the hosts know {others or 'none'}")
+        raise ClusterError(f"no run {where}: start one with `fab train`")
+    if found.record is None:
+        raise ClusterError(f"{found.run_id} is on {', '.join(found.hosts)}, without a run record there (a tandem "
+                           f"before this one left it only on the controller that started it): follow it from "
+                           f"there, or `fab stop` there and `fab train --run {found.run_id} --new` here")
+    try:
+        return Run(**found.record)
+    except TypeError as err:  # a record of another tandem version: fields this one does not know
+        raise ClusterError(f"{found.run_id}'s record on {found.hosts[0]} is not one this tandem reads ({err}): "
+                           "follow it from the controller that started it") from None
+
+
+def on_hosts(run_id: str | None, hosts: list[Host]) -> Run:
+    """The run the hosts know by that id (None: the newest), asked of all at once."""
+    said = run_all(hosts, listing(), timeout=LIST_TIMEOUT_S)
+    silent = {name: str(r.error) if r.error is not None else r.why for name, r in said.items() if not r.ok}
+    answers = {name: r.stdout for name, r in said.items() if r.ok}
+    return choose(run_id, known_runs(answers), [h.name for h in hosts], silent)
+
+
+def here(run_id: str | None) -> bool:
+    """Whether this controller holds that run's record (None: any latest run)."""
+    return (record.REPORTS / (run_id or "latest") / "run.json").exists()
+
+
+def find(run_id: str | None, hosts: list[Host], say: Callable[[str], object]) -> Run:
+    """The run a task acts on: this controller's (the named one, else its latest), else the hosts',
+    its record then copied to reports/<id>/ and `say`d in one line."""
+    if here(run_id):
+        return Run.load(run_id)
+    run = on_hosts(run_id, hosts)
+    run.save()
+    say(f"{run.run_id} found on the hosts (started from another controller): its record copied to "
+        f"reports/{run.run_id}")
+    return run
+
+
+def record_on_hosts(run: Run, hosts: list[Host]) -> list[str]:
+    """The run record written on every host for another controller to find; `host: why` for each host
+    that did not take it."""
+    return run_all(hosts, record_line(run), timeout=LIST_TIMEOUT_S).problems()
+
+
+def record_line(run: Run) -> str:
+    """The shell line that writes the run record on a host: RUN/run.json, one line of JSON, whole or not at all."""
+    path = shlex.quote(f"{run.remote_dir}/run.json")
+    text = shlex.quote(json.dumps(asdict(run), separators=(",", ":")))
+    return f"mkdir -p {shlex.quote(run.remote_dir)} && printf %s {text} > {path}.new && mv {path}.new {path}"
