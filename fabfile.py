@@ -19,7 +19,7 @@ from train import version as tandem_version
 from train.agent.nccl_sockets import option as nccl_sockets_option
 from train.recipe import strategies
 from train.remote import venv_of
-from train.run import checkpoints, launch, logtail, pick, session
+from train.run import launch, logtail, pick, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
@@ -93,8 +93,9 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
                "--no-elastic: they stop the run instead",
     "rejoin": "start the keeper of every host the run lost whose own does not run (a replaced VM): the run "
               "takes it back at its next checkpoint; a stopped run resumes on them; --hosts naming them does the same",
-    "backup": "the controller's copy of rank 0's newest checkpoint (the last resort: the hosts hold each "
-              "other's): every:MIN (at most every MIN minutes; default every:60), last (when the run ends), off",
+    "backup": "the controller's copy of rank 0's newest checkpoint while fab train follows (the last resort: the "
+              "hosts hold each other's): every:MIN (at most every MIN minutes; default every:60), last (when the run "
+              "ends), off; refused with --detach (nothing follows)",
 }))
 @cluster_task(checks=[options.hosts_described, options.resumable_run, options.precision_fits_hosts],
               preset=options.preset, set=options.overrides, dataset=options.name, run=options.name,
@@ -102,7 +103,7 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
               backup=options.backup)
 def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
-          comm=None, rejoin=False, backup=checkpoints.DEFAULT_BACKUP):
+          comm=None, rejoin=False, backup=None):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume.
 
     Exit 3 when the network check refuses (--accept-slow-network overrides it)."""

@@ -45,7 +45,7 @@ class TrainRequest:
     elastic: bool = True
     comm: str | None = None  # a strategy, `auto`, or None: sync for a new run, its own for a resumed one
     rejoin: bool = False
-    backup: str = checkpoints.DEFAULT_BACKUP  # checkpoints.BackupPolicy: the controller's copy
+    backup: str | None = None  # checkpoints.BackupPolicy: the controller's copy (None: DEFAULT_BACKUP)
 
 
 def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) -> None:
@@ -53,6 +53,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     host of the inventory (a lost host can come back from there). Raises ClusterError naming host
     and cause for anything that stops it, StoppedEarly when the run ends before its last update."""
     backup_policy(request)  # a bad --backup is said before anything starts
+    backup_while_detached(request, console)
     wandb_key_given(request.overrides, os.environ)
     if request.rejoin:
         hosts = rejoin_hosts(known, request.run_id)
@@ -137,6 +138,9 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
         follow_to_the_end(run, hosts, request, known, console)
+    elif request.backup is None:
+        console.print("detached: no checkpoint copy to this controller (--backup is taken while following); "
+                      "the hosts copy each save to each other", markup=False)
 
 
 def gpu_memory_after_choice(run: Run, hosts: list[Host], answers: dict[str, dict]) -> list[str]:
@@ -155,9 +159,21 @@ def wandb_key_given(overrides: tuple[str, ...], environ) -> None:
                           "keepers get it in memory only), or WANDB_MODE=offline to log on the hosts alone")
 
 
+def backup_while_detached(request: TrainRequest, console) -> None:
+    """The controller's copy is taken by `fab train` while it follows: with --detach nothing follows.
+    An asked-for --backup is refused then (never silently off); the default is said to be off once the
+    run started (train's last line)."""
+    if not request.detach or request.dry_run:
+        return
+    if request.backup is not None and request.backup.strip().lower() != "off":
+        raise OptionError("backup", f"{request.backup} copies checkpoints to this controller while fab train "
+                          "follows the run, and --detach returns at once: drop --detach to follow it, or pass "
+                          "--backup off (the hosts copy each save to each other either way)")
+
+
 def backup_policy(request: TrainRequest) -> checkpoints.BackupPolicy:
     try:
-        return checkpoints.BackupPolicy.parse(request.backup)
+        return checkpoints.BackupPolicy.parse(request.backup or checkpoints.DEFAULT_BACKUP)
     except ValueError as err:
         raise OptionError("backup", err) from None
 
