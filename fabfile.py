@@ -93,6 +93,8 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
                "--no-elastic: they stop the run instead",
     "rejoin": "start the keeper of every host the run lost whose own does not run (a replaced VM): the run "
               "takes it back at its next checkpoint; a stopped run resumes on them; --hosts naming them does the same",
+    "replace": "OLD=NEW: a new VM (NEW, in the inventory, provisioned, the dataset prepared) takes the place of "
+               "the run's host OLD (a spot VM replaced): the keepers take the new start, from the newest checkpoint",
     "backup": "the controller's copy of rank 0's newest checkpoint while fab train follows (the last resort: the "
               "hosts hold each other's): every:MIN (at most every MIN minutes; default every:60), last (when the run "
               "ends), off; refused with --detach (nothing follows)",
@@ -100,10 +102,10 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
 @cluster_task(checks=[options.hosts_described, options.resumable_run, options.precision_fits_hosts],
               preset=options.preset, set=options.overrides, dataset=options.name, run=options.name,
               update_freq=options.whole(1), precision=options.precision, port=options.port, comm=options.comm,
-              backup=options.backup)
+              backup=options.backup, replace=options.replacement)
 def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
-          comm=None, rejoin=False, backup=None):
+          comm=None, rejoin=False, backup=None, replace=None):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume.
 
     Exit 3 when the network check refuses (--accept-slow-network overrides it)."""
@@ -111,7 +113,8 @@ def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, up
         preset=preset, overrides=tuple(set or ()), dataset=dataset, run_id=run, new=new,
         update_freq=update_freq, precision=precision, port=port,
         dry_run=dry_run, detach=detach,
-        accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin, backup=backup)
+        accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin, backup=backup,
+        replace=replace)
     session.train(request, hosts, known_hosts(c), console)
 
 

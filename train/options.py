@@ -109,6 +109,14 @@ def name(value: object) -> str:
     return str(value)
 
 
+def replacement(value: object) -> str:
+    """`--replace OLD=NEW`: a host of the run, and the inventory's host that takes its place."""
+    old, sep, new = str(value).partition("=")
+    if not sep or not NAME.fullmatch(old) or not NAME.fullmatch(new) or old == new:
+        raise Expected("OLD=NEW: the run's host a new VM replaces, and the new VM's inventory name", value)
+    return f"{old}={new}"
+
+
 def existing_run(value: object) -> str:
     """The id of a run this controller started (reports/<id>/run.json)."""
     run_id = name(value)

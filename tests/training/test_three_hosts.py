@@ -199,3 +199,41 @@ def test_three_hosts_train_with_the_recipes_tokens_per_update(three_hosts, undis
     wpb = train_and_read(three_hosts, "v100a,v100b,v100c", 1365, 1)
     print(f"3 hosts: 1365 max_tokens x update-freq 1: fairseq's wpb {wpb:.0f}")
     assert 0.80 * TARGET <= wpb <= TARGET
+
+
+def test_a_vm_replaced_at_a_new_address_takes_the_lost_hosts_place_in_the_running_run(three_hosts):
+    """A run on v100a, v100b; v100b is gone (a spot VM reclaimed: both cables pulled); v100c, a VM at
+    another address that never trained in the run, takes its place with `fab train --replace` while
+    v100a trains alone: the run goes on on v100a, v100c from v100a's newest checkpoint."""
+    cfg = three_hosts.cfg
+    run_id = time.strftime("run-replace-%Y%m%d-%H%M%S")
+    fab(three_hosts, "--hosts", "v100a,v100b", "train", "--new", "--detach", "--run", run_id, "--set",
+        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+    try:
+        wait_for_update(cfg, run_id, 40)
+        set_links(cfg, "v100b", "down")
+        deadline = time.monotonic() + 120
+        while not re.search(r'"hosts": \["v100a"\]', ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/timeline.jsonl")
+                            .stdout) and time.monotonic() < deadline:
+            time.sleep(2)
+        asked = time.monotonic()
+        said = fab(three_hosts, "train", "--replace", "v100b=v100c", "--run", run_id, "--detach").stdout
+        assert "v100c takes v100b's place" in said, said
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            timeline = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/timeline.jsonl").stdout
+            if '"hosts": ["v100a", "v100c"]' in timeline and training_processes(cfg, "v100c"):
+                break
+            time.sleep(2)
+        else:
+            raise AssertionError(f"v100c did not join:\n{timeline}")
+        joined = time.monotonic() - asked
+        at = int(re.findall(r'"from_update": (\d+)', timeline)[-1])
+        assert at >= 25, timeline  # from a checkpoint, not from nothing
+        wait_for_update(cfg, run_id, at + 20)
+        assert "initialized host v100c as rank 1" in log_of(cfg, "v100c", run_id)
+    finally:
+        set_links(cfg, "v100b", "up")
+        fab(three_hosts, "stop", "--run", run_id, check=False)
+    print(f"v100b gone, v100c (another address) in its place: training on v100a, v100c {joined:.0f} s after "
+          f"fab train --replace, from update {at}")

@@ -143,11 +143,12 @@ def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) ->
 
 def check(run: Run, hosts: list[Host], answers: dict[str, dict],
           pins_wanted: dict[str, str] | None = None, agent: str | None = None,
-          reference: str | None = None) -> list[str]:
+          reference: str | None = None, adopting: bool = False) -> list[str]:
     """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out.
     `pins_wanted`: the training environment's pins (default: requirements-train.txt); `agent`: the
-    agent's digest hosts must answer (default: this checkout's); `reference`: the host whose ranks
-    the others must match (layout_problems; default: what most hosts have)."""
+    agent's digest hosts must answer (default: this checkout's); `adopting`: the run's keepers run and
+    take the new start (`--replace`), so its ranks training now are no reason to refuse; `reference`:
+    the host whose ranks the others must match (layout_problems; default: what most hosts have)."""
     pins_wanted = pinned() if pins_wanted is None else pins_wanted
     agent = controller_agent() if agent is None else agent
     problems = layout_problems(hosts, reference)
@@ -179,10 +180,10 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict],
                             "run `fab prepare-data` again")
         if "free_gb" in a and (full := disk.problem(host.name, need, a["free_gb"], a.get("run_gb") or 0.0)):
             problems.append(full)
-        if a.get("running"):
+        if a.get("running") and not adopting:  # adopting: the running keepers take the new start
             problems.append(f"{host.name}: run {run.run_id} is already training there (pid {a['running']}): "
                             "`fab stop` first, or `fab status`")
-        elif host.name == first and not a.get("port_free"):
+        elif host.name == first and not a.get("port_free") and not (adopting and a.get("running")):
             problems.append(f"{host.name}: rendezvous port {run.master_port} is in use ({a.get('port_error')}): "
                             "stop what holds it or pick another with --port")
     importable = {h.name: answers[h.name] for h in hosts if "import_error" not in answers[h.name]}

@@ -8,6 +8,7 @@ The fab task builds a `TrainRequest` from its options and calls `train` once.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from ..cluster import ClusterError, Host, placement, select
@@ -46,6 +47,7 @@ class TrainRequest:
     comm: str | None = None  # a strategy, `auto`, or None: sync for a new run, its own for a resumed one
     rejoin: bool = False
     backup: str | None = None  # checkpoints.BackupPolicy: the controller's copy (None: DEFAULT_BACKUP)
+    replace: str | None = None  # "OLD=NEW": a new VM takes a host's place in the run
 
 
 def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) -> None:
@@ -57,14 +59,16 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     wandb_key_given(request.overrides, os.environ)
     if request.rejoin:
         hosts = rejoin_hosts(known, request.run_id)
+    if request.replace:
+        hosts = replaced_hosts(known, request)
     precision = request.precision or command.default_precision([h.gpus for h in hosts])
     run, resuming = pick_run(hosts, request, precision)
     joining = [h for h in hosts if h.name not in run.hosts] if resuming else []
     current = run.hosts_of(hosts) if joining else hosts
-    if joining and not request.dry_run and any(s.running for s in launch.states(run, current)):
+    if joining and not request.replace and not request.dry_run and any(s.running for s in launch.states(run, current)):
         grow_running(run, current, joining, known, request, console)
         return
-    if joining:  # a stopped run, resumed on more hosts: the membership grows from its checkpoint
+    if joining and not request.replace:  # a stopped run, resumed on more hosts: the membership grows
         names, run.update_freq = rejoining.membership_after(run, [h.name for h in joining], hosts[0].ranks)
         hosts = [next(h for h in hosts if h.name == n) for n in names]
     if request.comm and request.comm != "auto":
@@ -92,7 +96,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         run.gpu_name = next((g["name"] for g in answers.get(hosts[0].name, {}).get("gpus") or []), run.gpu_name)
         if not resuming:
             derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
-        problems = preflight.check(run, hosts, answers)
+        problems = preflight.check(run, hosts, answers, adopting=bool(request.replace))
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
@@ -116,7 +120,9 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
                                            ["checkpoint_last.pt"])
             console.print(f"resuming {run.run_id} from update {backup} (no host holds a checkpoint: the "
                           f"controller's copy, uploaded to {hosts[0].name})")
-        if joining:
+        if joining and request.replace:
+            console.print(f"[cyan]{replaced(run, request.replace, hosts, held[source.name] if source else 0)}[/]")
+        elif joining:
             at = held[source.name] if source else 0
             console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at, hosts[0].ranks)}[/]")
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
@@ -205,6 +211,8 @@ def pick_run(hosts: list[Host], request: TrainRequest, precision: str) -> tuple[
         given = [h.name for h in hosts]
         grows = set(existing.hosts) < set(given) and set(given) - set(existing.hosts) <= set(
             rejoining.lost_hosts(existing.members, existing.hosts))  # hosts it lost, back: train grows to them
+        if request.replace and given == swapped(existing.hosts, request.replace):
+            grows = True  # a new VM in a host's place: the keepers take the new start (train.run.keepers)
         if existing.hosts != given and not grows:
             raise OptionError("hosts", f"run {existing.run_id} ran on {', '.join(existing.hosts)}, not "
                                        f"{', '.join(given)}: pass the same --hosts, or --new")
@@ -246,6 +254,36 @@ def _check_overrides(run: Run) -> None:
         run.resolved_preset()
     except presets.OverrideError as err:  # the run's preset types them: a resumed run's may not be --preset
         raise OptionError("set", err) from None
+
+
+def swapped(names: list[str], replace: str) -> list[str]:
+    old, new = replace.split("=")
+    return [new if n == old else n for n in names]
+
+
+def replaced_hosts(known: list[Host], request: TrainRequest) -> list[Host]:
+    """`--replace OLD=NEW`: the run's hosts in their order, NEW in OLD's place (a resume, not a new run)."""
+    if request.new:
+        raise OptionError("replace", "replaces a host of a run that exists: without --new")
+    run = Run.load(request.run_id)
+    old, new = request.replace.split("=")
+    if old not in run.hosts:
+        raise OptionError("replace", f"{old} is not one of {run.run_id}'s hosts ({', '.join(run.hosts)})")
+    if new in run.hosts:
+        raise OptionError("replace", f"{new} already trains in {run.run_id}")
+    if new not in {h.name for h in known}:
+        raise OptionError("replace", f"{new} is not in the inventory: add it (fab init), provision it "
+                          f"(ansible-playbook provision.yml --limit {new}) and prepare its data (fab prepare-data)")
+    return select(known, swapped(run.hosts, request.replace))
+
+
+def replaced(run: Run, replace: str, hosts: list[Host], at: int) -> str:
+    """The run record's membership entry for a replaced VM (train.report.members reads it as a join)."""
+    old, new = replace.split("=")
+    run.hosts = [h.name for h in hosts]
+    run.members = [*run.members, {"hosts": [h.name for h in hosts], "from_update": at, "time": time.time(),
+                                  "why": f"{new} replaced {old} at update {at}", "joined": [new], "lost": [old]}]
+    return f"{new} takes {old}'s place in {run.run_id} from update {at}; the running keepers take the new start"
 
 
 def rejoin_hosts(known: list[Host], run_id: str | None) -> list[Host]:

@@ -46,3 +46,13 @@ def test_preflight_refuses_the_host_that_is_short_only():
     answers = {"v100a": {**answer, "free_gb": 500.0}, "v100b": {**answer, "free_gb": 12.0}}
     problems = preflight.check(run, hosts, answers, pins_wanted={}, agent="x")
     assert len(problems) == 1 and problems[0].startswith("v100b: the run writes up to 25.8 GB on /data"), problems
+
+
+def test_preflight_refuses_a_running_run_unless_its_keepers_take_the_new_start():
+    run = Run(run_id="run-x", hosts=["v100a", "spot7"], preset="tiny", overrides=[], dataset="synthetic")
+    hosts = [Host("v100a", "10.0.0.1"), Host("spot7", "10.0.0.7")]
+    answer = {"agent": "x", "data": "d", "port_free": True, "running": None, "run_gb": 0.0, "free_gb": 500.0}
+    answers = {"v100a": {**answer, "running": 4242, "port_free": False}, "spot7": answer}
+    problems = preflight.check(run, hosts, answers, pins_wanted={}, agent="x")
+    assert problems == ["v100a: run run-x is already training there (pid 4242): `fab stop` first, or `fab status`"]
+    assert preflight.check(run, hosts, answers, pins_wanted={}, agent="x", adopting=True) == []  # --replace

@@ -4,6 +4,8 @@ exit 2, naming the option)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from train.cluster import ClusterError, Host
@@ -62,3 +64,28 @@ def test_a_finished_run_is_not_resumed_for_one_more_update(latest_tiny):
     session.finished_already(latest_tiny, None)  # no checkpoint anywhere: starts from the beginning
     latest_tiny.overrides = ["max_update=40", "max_update=80"]  # `fab train --set max_update=80`
     session.finished_already(latest_tiny, 40)
+
+
+def test_a_new_vm_takes_a_lost_hosts_place_in_the_run_by_replace(latest_tiny):
+    known = [*HOSTS, Host(name="spot7", address="10.0.0.17")]
+    request = session.TrainRequest(replace="v100b=spot7")
+    hosts = session.replaced_hosts(known, request)
+    assert [h.name for h in hosts] == ["v100a", "spot7"]  # its place in the rank order
+    with pytest.raises(OptionError, match="same --hosts"):  # without --replace the other hosts are refused
+        session.pick_run(hosts, session.TrainRequest(), "fp32")
+    run, resuming = session.pick_run(hosts, request, "fp32")
+    assert resuming and run.run_id == "run-demo"  # the same run, resumed, not a new one
+    said = session.replaced(run, "v100b=spot7", hosts, 150)
+    assert run.hosts == ["v100a", "spot7"] and run.members[-1]["why"] == "spot7 replaced v100b at update 150"
+    assert "spot7 takes v100b's place in run-demo from update 150" in said
+
+
+def test_a_replacement_names_what_is_wrong_with_it(latest_tiny):
+    known = [*HOSTS, Host(name="spot7", address="10.0.0.17")]
+    for replace, said in (("v100c=spot7", "v100c is not one of run-demo's hosts (v100a, v100b)"),
+                          ("v100b=v100a", "v100a already trains in run-demo"),
+                          ("v100b=spot9", "spot9 is not in the inventory: add it (fab init), provision it")):
+        with pytest.raises(OptionError, match=re.escape(said)):
+            session.replaced_hosts(known, session.TrainRequest(replace=replace))
+    with pytest.raises(OptionError, match="without --new"):
+        session.replaced_hosts(known, session.TrainRequest(replace="v100b=spot7", new=True))
