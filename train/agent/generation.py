@@ -198,6 +198,21 @@ def leader(me: str, order: list[str], views: dict[str, View], live: set[str]) ->
     return next((h for h in order if h in reachable), None)
 
 
+def connected(me: str, order: list[str], views: dict[str, View], live: set[str]) -> list[str]:
+    """The live hosts that all hear each other, `me` first then in the run's order, in rank order: a
+    generation's ranks need every pair (a-b cut while both hear c: a and c, or b and c, never all three)."""
+
+    def hears(host: str) -> set[str]:
+        said = live if host == me else set(views[host].hears) if host in views and views[host].hears else None
+        return said if said is not None else set(order)  # a host that says nothing of whom it hears: all
+
+    together = [me]
+    for host in order:
+        if host in live and host != me and all(host in hears(h) and h in hears(host) for h in together):
+            together.append(host)
+    return [h for h in order if h in together]
+
+
 def quorate(order: list[str], live: set[str]) -> bool:
     """With three hosts or more, a side trains only with a majority of the run's hosts; two hosts
     have no majority, and each side may train alone (the reunion keeps the most training)."""
@@ -263,8 +278,10 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
     Not `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead. `agreed`:
     the generation etcd holds, when etcd decides who leads (train.agent.agreement: `me` holds the
     lease); without it the leader is the first host of the order that `me` hears or hears of."""
-    live_order = [h for h in order if h in live]
-    if me not in live or not quorate(order, live) or (agreed is None and leader(me, order, views, live) != me):
+    if me not in live or (agreed is None and leader(me, order, views, live) != me):
+        return None
+    live_order = connected(me, order, views, live)  # the live hosts that can all reach each other
+    if not quorate(order, set(live_order)):
         return None
     last_heard = views  # a lost host's last heartbeat still says where rank 0 was, and what it held
     views = {h: v for h, v in views.items() if h in live}
@@ -283,10 +300,12 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                               start=gen.start, restarts=recent, churn=churn)
         return None
     at = progress(last_heard)
-    lost = [m for m in gen.members if m not in live]
+    lost = [m for m in gen.members if m not in live_order]
+    why = f"silent on the cluster network for {lost_after_s:g} s" if all(m not in live for m in lost) else \
+        "cut off from another member: a one-sided partition"
     if lost and not elastic:
         return Generation(number=number, members=(), reason=f"{', '.join(lost)} lost at update {at} "
-                          f"(silent on the cluster network for {lost_after_s:g} s); --no-elastic: the run stops",
+                          f"({why}); --no-elastic: the run stops",
                           time=round(now, 1), at_update=at, stopped="a host lost, not elastic", among=gen.members)
     if lost:
         memory.ended_since = None
@@ -294,8 +313,7 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
             memory.waiting = f"{', '.join(lost)} lost, but only {elsewhere} holds a checkpoint: waiting for it"
             return None
         return _new(number, live_order, views,
-                    f"{', '.join(lost)} lost at update {at if at is not None else '?'} "
-                    f"(silent on the cluster network for {lost_after_s:g} s)", now, at, changed)
+                    f"{', '.join(lost)} lost at update {at if at is not None else '?'} ({why})", now, at, changed)
     refused = {views[m].cannot_get for m in gen.members if views[m].cannot_get}
     if (gen.source or {}).get("sha256") in refused:
         who = "; ".join(f"{m}: {views[m].cannot_get_why or 'failed'}" for m in gen.members

@@ -262,3 +262,15 @@ def test_two_sides_of_a_split_share_a_number_but_not_a_generation():
     assert runs_in(view("v100b", b_side), b_side) and not runs_in(view("v100b", b_side), merged)
     assert current({"v100a": view("v100a", merged), "v100b": view("v100b", b_side)}, ORDER) == merged
     assert a_side.key(ORDER) > b_side.key(ORDER)  # the same number: the side led by the first host
+
+
+def test_a_leader_that_hears_everyone_leaves_out_a_host_its_peers_cannot_reach():
+    """c holds etcd's lease and hears a and b, but a and b cannot reach each other: the ranks of all
+    three would crash at every start; a and c train, b waits, and is not taken back while cut."""
+    g = gen(1, THREE)
+    hears = {"a": {"a", "c"}, "b": {"b", "c"}, "c": {"a", "b", "c"}}
+    views = three(hears, {h: g for h in THREE})
+    new = decide("c", THREE, views, {"a", "b", "c"}, 100, LeaderMemory(), agreed=g)
+    assert new.members == ("a", "c") and "b lost at update" in new.reason and "one-sided partition" in new.reason
+    views = three(hears, {h: new for h in THREE})
+    assert decide("c", THREE, views, {"a", "b", "c"}, 110, LeaderMemory(), agreed=new) is None  # stays
