@@ -207,6 +207,7 @@ def test_a_vm_replaced_at_a_new_address_takes_the_lost_hosts_place_in_the_runnin
     v100a trains alone: the run goes on on v100a, v100c from v100a's newest checkpoint."""
     cfg = three_hosts.cfg
     run_id = time.strftime("run-replace-%Y%m%d-%H%M%S")
+    assert "identical on every host" in fab(three_hosts, "prepare-data").stdout  # v100c's too: provisioned, ready
     fab(three_hosts, "--hosts", "v100a,v100b", "train", "--new", "--detach", "--run", run_id, "--set",
         f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
     try:
@@ -237,3 +238,53 @@ def test_a_vm_replaced_at_a_new_address_takes_the_lost_hosts_place_in_the_runnin
         fab(three_hosts, "stop", "--run", run_id, check=False)
     print(f"v100b gone, v100c (another address) in its place: training on v100a, v100c {joined:.0f} s after "
           f"fab train --replace, from update {at}")
+
+
+def test_a_one_sided_partition_trains_on_the_hosts_that_reach_each_other_without_taking_turns(three_hosts):
+    """v100a and v100b lose each other (a route dropped on each side) while both still reach v100c:
+    the run goes on on two hosts that reach each other (etcd's leader decides), the third waits, and
+    the membership does not flap; with the routes back the three train together again."""
+    cfg = three_hosts.cfg
+    run_id = time.strftime("run-onesided-%Y%m%d-%H%M%S")
+    assert "identical on every host" in fab(three_hosts, "prepare-data").stdout
+    fab(three_hosts, "train", "--new", "--detach", "--run", run_id, "--set",
+        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+
+    def timeline() -> list[dict]:
+        out = ssh(cfg, "v100c", f"cat {RUNS}/{run_id}/keeper/timeline.jsonl").stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    routes = [("v100a", "v100b"), ("v100b", "v100a")]
+    try:
+        wait_for_update(cfg, run_id, 40)
+        assert "etcd member of the run started" in ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/keeper.log").stdout
+        for host, peer in routes:
+            subprocess.run(["ip", "netns", "exec", cfg.netns(host), "ip", "route", "add", "blackhole",
+                            f"{cfg.cluster_ip(peer)}/32"], check=True)
+        cut = time.monotonic()
+        deadline = cut + 180
+        while not [e for e in timeline() if len(e["hosts"]) == 2] and time.monotonic() < deadline:
+            time.sleep(2)
+        two = [e for e in timeline() if len(e["hosts"]) == 2]
+        assert two and "v100c" in two[0]["hosts"], timeline()
+        settled = time.monotonic() - cut
+        count = len(timeline())
+        at = int(ssh(cfg, "v100c", f"grep -c . {RUNS}/{run_id}/keeper/timeline.jsonl").stdout or 0)
+        time.sleep(60)  # a minute of the partition: no generation after that one
+        assert len(timeline()) == count, timeline()
+        rank0 = two[0]["hosts"][0]
+        wait_for_update(cfg, run_id, two[0]["from_update"] + 20) if rank0 == "v100a" else None
+    finally:
+        for host, peer in routes:
+            subprocess.run(["ip", "netns", "exec", cfg.netns(host), "ip", "route", "del", "blackhole",
+                            f"{cfg.cluster_ip(peer)}/32"], check=False)
+    try:
+        deadline = time.monotonic() + 240
+        while not [e for e in timeline()[at:] if len(e["hosts"]) == 3] and time.monotonic() < deadline:
+            time.sleep(2)
+        assert [e for e in timeline()[at:] if len(e["hosts"]) == 3], timeline()
+    finally:
+        fab(three_hosts, "stop", "--run", run_id, check=False)
+    print(f"one-sided partition (v100a-v100b cut, both reach v100c): {', '.join(two[0]['hosts'])} trained "
+          f"{settled:.0f} s after the cut, {count} generations in all and none more during a minute of it; "
+          "the three together again once the routes were back")

@@ -1,8 +1,10 @@
 """Agreement among three or more hosts, by etcd (Raft): who leads, and the one current generation.
 
 With three hosts or more a run's first 3 (or 5) hosts each run an etcd member for the run (its data
-in RUN/keeper/etcd/, on the cluster network at the keepers' port + 1 and + 2), started by the
-keeper (`member_command`). Every keeper talks to etcd through its v3 JSON gateway (`/v3/kv/range`,
+in RUN/keeper/etcd/START/, on the cluster network at the keepers' port + 1 and + 2), started by the
+keeper (`member_command`). Each `fab train` start forms a cluster of its own (a replaced VM changes
+the members), its first generation numbered after the ones the hosts recorded. Every keeper talks
+to etcd through its v3 JSON gateway (`/v3/kv/range`,
 `/v3/kv/txn`, `/v3/lease/*`: plain HTTP, keys and values base64), its own member first:
 - the *leader* is the keeper whose lease holds the key `leader`: a txn puts it with the keeper's
   lease only while the key does not exist (create_revision 0). A leader whose host is cut off from
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -43,6 +46,12 @@ def uses_etcd(order: list[str]) -> bool:
     return len(order) >= 3
 
 
+def start_key(spec: dict) -> str:
+    """Each `fab train` start forms an etcd cluster of its own (its hosts may differ from the last
+    start's: a replaced VM): its data directory and cluster token are named by the start."""
+    return re.sub(r"[^0-9A-Za-z]", "-", str(spec.get("start") or "0"))
+
+
 def member_command(spec: dict, data_dir: str, etcd: str = "etcd") -> list[str]:
     """The etcd member this host runs for the run (a host among `members`)."""
     me, port, addresses = spec["me"], int(spec["port"]), spec["addresses"]
@@ -52,7 +61,7 @@ def member_command(spec: dict, data_dir: str, etcd: str = "etcd") -> list[str]:
     return [etcd, "--name", me, "--data-dir", data_dir, "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer, "--listen-client-urls", client, "--advertise-client-urls", client,
             "--initial-cluster", cluster, "--initial-cluster-state", "new",
-            "--initial-cluster-token", f"tandem-{spec['run_id']}",
+            "--initial-cluster-token", f"tandem-{spec['run_id']}-{start_key(spec)}",
             # a few heartbeats on a LAN; elections within ~1 s of a member's loss
             "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"]
 

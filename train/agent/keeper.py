@@ -330,7 +330,8 @@ class Keeper:
             if self.start_to_propose is not None:
                 start = self.start_to_propose
                 if held.generation is None or held.generation.start != start.start:
-                    start = replace(start, number=(held.generation.number if held.generation else 0) + 1)
+                    start = replace(start, number=max(start.number, (held.generation.number if held.generation
+                                                                     else 0) + 1))
                     if self.agreement.propose(start, held.revision):
                         _say(f"start {start.start} proposed as generation {start.number}")
                     held = self.agreement.current()
@@ -601,11 +602,18 @@ def etcd_member(run_dir: str, spec: dict) -> int | None:
     if spec["me"] not in agreement.members(spec["order"]):
         return None
     kdir = keeper_dir(run_dir)
-    data = kdir / "etcd"
+    data = kdir / "etcd" / agreement.start_key(spec)
+    for older in (kdir / "etcd").glob("*"):  # an earlier start's cluster: this start formed its own
+        if older != data:
+            shutil.rmtree(older, ignore_errors=True)
+    data.parent.mkdir(exist_ok=True)
     with contextlib.suppress(OSError, ValueError):
         pid = int((kdir / "etcd.pid").read_text())
-        if str(data).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return pid
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if str(data).encode() in cmdline:
+            return pid  # left running by a keeper killed with SIGKILL: taken over
+        if str(kdir / "etcd").encode() in cmdline:
+            stop_etcd_member(pid)  # an earlier start's member left running: it holds the ports
     binary = shutil.which("etcd") or "/usr/bin/etcd"
     if not os.path.exists(binary):
         _say("etcd is not installed on this host: provisioning installs it (etcd-server); the run's agreement "
