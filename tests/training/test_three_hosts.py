@@ -288,3 +288,42 @@ def test_a_one_sided_partition_trains_on_the_hosts_that_reach_each_other_without
     print(f"one-sided partition (v100a-v100b cut, both reach v100c): {', '.join(two[0]['hosts'])} trained "
           f"{settled:.0f} s after the cut, {count} generations in all and none more during a minute of it; "
           "the three together again once the routes were back")
+
+
+def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_train(three_hosts):
+    """v100c's cables pulled for 25 s and plugged back for 20 s, again and again: each loss and return
+    is a membership change; past 6 in an hour v100c is not taken back, and v100a, v100b train on
+    instead of restarting every minute."""
+    cfg = three_hosts.cfg
+    run_id = time.strftime("run-flaps-%Y%m%d-%H%M%S")
+    assert "identical on every host" in fab(three_hosts, "prepare-data").stdout
+    fab(three_hosts, "train", "--new", "--detach", "--run", run_id, "--set",
+        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+
+    def timeline() -> list[dict]:
+        out = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/timeline.jsonl").stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    try:
+        wait_for_update(cfg, run_id, 40)
+        started = time.monotonic()
+        flaps = 0
+        while len(timeline()) < 8 and time.monotonic() - started < 600:  # the start, 6 changes, a 7th loss
+            set_links(cfg, "v100c", "down")
+            time.sleep(25)
+            set_links(cfg, "v100c", "up")
+            time.sleep(20)
+            flaps += 1
+        changes = len(timeline()) - 1
+        assert changes >= 7, timeline()
+        time.sleep(60)  # v100c back and stable: not taken back this hour, the others train on
+        assert len(timeline()) - 1 == changes and timeline()[-1]["hosts"] == ["v100a", "v100b"], timeline()
+        at = int(re.findall(r'"num_updates": "(\d+)', log_of(cfg, "v100a", run_id))[-1])
+        wait_for_update(cfg, run_id, at + 20)
+        said = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/keeper.log").stdout
+        assert "in the last hour: taken back once it is under 6" in said
+    finally:
+        set_links(cfg, "v100c", "up")
+        fab(three_hosts, "stop", "--run", run_id, check=False)
+    print(f"v100c's link flapped {flaps} times (25 s down, 20 s up): {changes} membership changes, then v100c "
+          f"left out while v100a, v100b trained on ({time.monotonic() - started:.0f} s in all)")
