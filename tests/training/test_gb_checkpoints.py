@@ -133,14 +133,14 @@ def test_losing_rank_0s_host_mid_copy_goes_on_host_to_host_and_grows_back_mid_ep
 
 
 def test_a_run_that_would_fill_a_hosts_disk_is_refused_naming_host_need_and_free(data_ready):
-    """The same model with the preset's files kept (last, best, 5 best, 1 interval, 1 being written):
+    """The same model with the preset's files kept (last, best, 5 best, 1 interval, 1 being written, 1 set aside):
     ~5 GB on each host, more than the lab's 3.9 GB /data: refused before anything starts."""
     proc = fab(data_ready, "train", "--new", "--run", time.strftime("run-full-%Y%m%d-%H%M%S"), "--set",
                f"{BIG},max_update={MAX_UPDATE}", check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     for name in ("v100a", "v100b"):
-        found = re.search(rf"{name}: the run writes up to ([\d.]+) GB on /data \(9 checkpoint files of (0\.5\d) GB "
+        found = re.search(rf"{name}: the run writes up to ([\d.]+) GB on /data \(10 checkpoint files of (0\.5\d) GB "
                           r"\+ [\d.]+ GB of logs and samples; any host may become rank 0 after a loss\), ([\d.]+) GB "
                           "free", out)
         assert found and float(found.group(1)) > float(found.group(3)), out[-3000:]
