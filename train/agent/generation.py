@@ -198,17 +198,20 @@ def leader(me: str, order: list[str], views: dict[str, View], live: set[str]) ->
     return next((h for h in order if h in reachable), None)
 
 
-def connected(me: str, order: list[str], views: dict[str, View], live: set[str]) -> list[str]:
-    """The live hosts that all hear each other, `me` first then in the run's order, in rank order: a
-    generation's ranks need every pair (a-b cut while both hear c: a and c, or b and c, never all three)."""
+def connected(me: str, order: list[str], views: dict[str, View], live: set[str],
+              members: tuple[str, ...] = ()) -> list[str]:
+    """The live hosts that all hear each other, in rank order: the current generation's `members`
+    first (a host that just came back, heard before it hears the others, never pushes them out), then
+    the others in the run's order. A generation's ranks need every pair: a-b cut while both hear c
+    gives a and c (or b and c), never all three."""
 
     def hears(host: str) -> set[str]:
         said = live if host == me else set(views[host].hears) if host in views and views[host].hears else None
         return said if said is not None else set(order)  # a host that says nothing of whom it hears: all
 
-    together = [me]
-    for host in order:
-        if host in live and host != me and all(host in hears(h) and h in hears(host) for h in together):
+    together: list[str] = []
+    for host in [*[m for m in members if m in order], *order]:
+        if host in live and host not in together and all(host in hears(h) and h in hears(host) for h in together):
             together.append(host)
     return [h for h in order if h in together]
 
@@ -280,14 +283,14 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
     lease); without it the leader is the first host of the order that `me` hears or hears of."""
     if me not in live or (agreed is None and leader(me, order, views, live) != me):
         return None
-    live_order = connected(me, order, views, live)  # the live hosts that can all reach each other
-    if not quorate(order, set(live_order)):
-        return None
     last_heard = views  # a lost host's last heartbeat still says where rank 0 was, and what it held
     views = {h: v for h, v in views.items() if h in live}
     gen = agreed or current(views, order, me)
     if gen is None or gen.stopped or any(v.stopping or v.ranks == FINISHED for v in views.values()):
         return None
+    live_order = connected(me, order, last_heard, live, gen.members)  # the live hosts that all reach each other
+    if me not in live_order or not quorate(order, set(live_order)):
+        return None  # cut off from the generation's hosts (or just back: heard before it is heard)
     number = max([gen.number] + [v.generation.number for v in views.values() if v.generation]) + 1
     recent = tuple(t for t in gen.restarts if now - t < 3600)
     churn = tuple(t for t in gen.churn if now - t < 3600)

@@ -53,7 +53,10 @@ def checkpoint_bytes(options: Mapping[str, object], vocab: int) -> float:
 
 
 def checkpoint_files(options: Mapping[str, object]) -> int:
-    """How many checkpoint files rank 0 holds at once at most (fairseq's keep_* rules, + 1 being written)."""
+    """How many checkpoint files rank 0 holds at once at most (fairseq's keep_* rules, + 1 being written,
+    + the keepers' set-aside); none when the run saves none (`no_save`: bench-step's runs)."""
+    if options.get("no_save") in (True, "true", "True", 1):
+        return 0
 
     def number(key: str, default: int) -> int:
         value = options.get(key)

@@ -1,5 +1,7 @@
 """Who trains now, as the hosts decide it among themselves (train.agent.generation)."""
 
+from dataclasses import replace
+
 from train.agent.generation import (
     ENDED,
     FINISHED,
@@ -274,3 +276,20 @@ def test_a_leader_that_hears_everyone_leaves_out_a_host_its_peers_cannot_reach()
     assert new.members == ("a", "c") and "b lost at update" in new.reason and "one-sided partition" in new.reason
     views = three(hears, {h: new for h in THREE})
     assert decide("c", THREE, views, {"a", "b", "c"}, 110, LeaderMemory(), agreed=new) is None  # stays
+
+
+def test_a_host_back_from_a_reboot_heard_before_it_is_heard_never_pushes_the_training_host_out():
+    """The lab's case: v100a (first in the order) reboots; v100b trains alone; v100a's keeper hears
+    v100b a round before v100b hears it. v100b is not 'cut off': v100a waits, then rejoins."""
+    alone = gen(4, ["v100b"])
+    views = {"v100a": View("v100a", gen(3, ORDER), ckpt(3, 150), "idle", hears=("v100a", "v100b")),
+             "v100b": View("v100b", alone, ckpt(4, 170), RUNNING, active=4, active_members=("v100b",),
+                           hears=("v100b",))}
+    memory = LeaderMemory()
+    assert decide("v100a", ORDER, views, set(ORDER), 100, memory) is None
+    views["v100b"] = replace(views["v100b"], hears=("v100a", "v100b"))
+    assert decide("v100a", ORDER, views, set(ORDER), 102, memory) is None  # at v100b's next checkpoint
+    views["v100b"] = replace(views["v100b"], checkpoint=ckpt(4, 180))
+    back = decide("v100a", ORDER, views, set(ORDER), 110, memory)
+    assert back.members == tuple(ORDER) and "v100a rejoined at update 180" in back.reason
+    assert back.source["host"] == "v100b"

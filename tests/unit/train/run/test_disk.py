@@ -56,3 +56,9 @@ def test_preflight_refuses_a_running_run_unless_its_keepers_take_the_new_start()
     problems = preflight.check(run, hosts, answers, pins_wanted={}, agent="x")
     assert problems == ["v100a: run run-x is already training there (pid 4242): `fab stop` first, or `fab status`"]
     assert preflight.check(run, hosts, answers, pins_wanted={}, agent="x", adopting=True) == []  # --replace
+
+
+def test_a_run_that_saves_nothing_needs_no_room_for_checkpoints():
+    """bench-step's runs (no_save): only their logs count, not the 10 files a training run keeps."""
+    assert disk.checkpoint_files({**BASE, "no_save": True}) == 0
+    assert disk.run_need({**BIG, "no_save": True}, 32000).total < 1e9 + disk.SAMPLES_BYTES
