@@ -308,8 +308,8 @@ class Keeper:
         with self.lock:
             if decided is not None and decided != self.generation:
                 self.record(decided)
-            elif decided is None and self.memory.waiting and self.memory.waiting != self.said_waiting:
-                _say(self.memory.waiting)
+            if self.memory.waiting and self.memory.waiting != self.said_waiting:  # etcd's round returns its
+                _say(self.memory.waiting)  # generation even when the leader waits: said either way
             self.said_waiting = self.memory.waiting
             self.remember_peers()
         return self.act(seen)
