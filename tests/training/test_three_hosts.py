@@ -240,19 +240,29 @@ def test_a_vm_replaced_at_a_new_address_takes_the_lost_hosts_place_in_the_runnin
           f"fab train --replace, from update {at}")
 
 
+def start_on_three(three_hosts, name: str) -> str:
+    """A detached run of the three hosts (the dataset prepared on each), saving every 25 updates."""
+    run_id = time.strftime(f"run-{name}-%Y%m%d-%H%M%S")
+    assert "identical on every host" in fab(three_hosts, "prepare-data").stdout
+    fab(three_hosts, "train", "--new", "--detach", "--run", run_id, "--set",
+        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+    return run_id
+
+
+def keeper_timeline(cfg, host: str, run_id: str) -> list[dict]:
+    out = ssh(cfg, host, f"cat {RUNS}/{run_id}/keeper/timeline.jsonl").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
 def test_a_one_sided_partition_trains_on_the_hosts_that_reach_each_other_without_taking_turns(three_hosts):
     """v100a and v100b lose each other (a route dropped on each side) while both still reach v100c:
     the run goes on on two hosts that reach each other (etcd's leader decides), the third waits, and
     the membership does not flap; with the routes back the three train together again."""
     cfg = three_hosts.cfg
-    run_id = time.strftime("run-onesided-%Y%m%d-%H%M%S")
-    assert "identical on every host" in fab(three_hosts, "prepare-data").stdout
-    fab(three_hosts, "train", "--new", "--detach", "--run", run_id, "--set",
-        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+    run_id = start_on_three(three_hosts, "onesided")
 
     def timeline() -> list[dict]:
-        out = ssh(cfg, "v100c", f"cat {RUNS}/{run_id}/keeper/timeline.jsonl").stdout
-        return [json.loads(line) for line in out.splitlines() if line.strip()]
+        return keeper_timeline(cfg, "v100c", run_id)
 
     routes = [("v100a", "v100b"), ("v100b", "v100a")]
     try:
@@ -298,14 +308,10 @@ def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_
     is a membership change; past 6 in an hour v100c is not taken back, and v100a, v100b train on
     instead of restarting every minute."""
     cfg = three_hosts.cfg
-    run_id = time.strftime("run-flaps-%Y%m%d-%H%M%S")
-    assert "identical on every host" in fab(three_hosts, "prepare-data").stdout
-    fab(three_hosts, "train", "--new", "--detach", "--run", run_id, "--set",
-        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+    run_id = start_on_three(three_hosts, "flaps")
 
     def timeline() -> list[dict]:
-        out = ssh(cfg, "v100a", f"cat {RUNS}/{run_id}/keeper/timeline.jsonl").stdout
-        return [json.loads(line) for line in out.splitlines() if line.strip()]
+        return keeper_timeline(cfg, "v100a", run_id)
 
     try:
         wait_for_update(cfg, run_id, 40)
