@@ -478,6 +478,10 @@ class Keeper:
         if mine is not None and mine.sha256 == want["sha256"]:
             if not replica.verify(self.run_dir, mine.to_dict()):  # hashed before it is resumed from
                 self.checkpoint = Checkpoint.of(self.verified())
+                # this host cannot get the source whole (its own copy is it): its heartbeat says so, and the
+                # leader starts from the next best instead of waiting for a copy that no longer exists
+                self.fetch_failures[want["sha256"]] = FETCH_TRIES
+                self.fetch_error = f"{self.me}'s copy of update {want['update']} does not match its manifest"
                 return False
             replica.restore(self.run_dir)
             return True

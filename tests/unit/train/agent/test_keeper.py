@@ -208,3 +208,22 @@ def test_a_failing_keeper_is_started_again_later_and_later_then_its_supervisor_g
         now += delay + 1  # each start fails a second after it begins
     assert delays[:6] == [1, 2, 5, 10, 30, 60] and len(delays) == keeper.START_LIMIT[0] - 1
     assert keeper.restart_delay([0.0] * 3, 5000.0) == 0.0  # failures long ago are forgotten
+
+
+def test_a_host_whose_own_copy_is_the_source_and_corrupt_says_it_cannot_get_it(tmp_path):
+    """The generation starts from this host's checkpoint, and its bytes no longer match: its heartbeat
+    names the source as one it cannot get, so the leader goes on from the next best (not a stall)."""
+    from tests.unit.train.agent.test_replica import hold
+    from train.agent.generation import Generation
+
+    held = hold(tmp_path, b"update 40 " * 1000, 1, 40)
+    spec_ = {"run_id": "r1", "me": "v100a", "order": list(HOSTS), "members": list(HOSTS), "addresses": HOSTS,
+             "port": 1, "token": "t", "commands": {}}
+    (tmp_path / "keeper").mkdir()
+    k = keeper.Keeper(str(tmp_path), spec_)
+    with replica.paths(tmp_path)[1].open("r+b") as f:
+        f.seek(10)
+        f.write(b"X")
+    gen = Generation(number=2, members=tuple(HOSTS), reason="t", time=0.0, source={"host": "v100a", **held})
+    assert not k.ready_checkpoint(gen)
+    assert k.view().cannot_get == held["sha256"] and "does not match" in k.view().cannot_get_why
