@@ -63,7 +63,8 @@ def member_command(spec: dict, data_dir: str, etcd: str = "etcd") -> list[str]:
             "--initial-cluster", cluster, "--initial-cluster-state", "new",
             "--initial-cluster-token", f"tandem-{spec['run_id']}-{start_key(spec)}",
             # a few heartbeats on a LAN; elections within ~1 s of a member's loss
-            "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"]
+            # (no --log-level: etcd 3.3, Ubuntu 22.04's, does not know it)
+            "--heartbeat-interval", "100", "--election-timeout", "1000"]
 
 
 def _b64(text: str) -> str:
