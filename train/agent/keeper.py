@@ -62,6 +62,7 @@ from train.agent.stop import stop as stop_ranks
 
 DONE = "done training in"  # fairseq's last line on rank 0 (fairseq_cli/train.py)
 FETCH_TRIES = 3  # copies of one checkpoint that fail before this host says it cannot get it
+RENDEZVOUS_PORTS = 4  # generations take turns on the run's port .. +3 (the firewall opens 29500-29510)
 
 
 def _write_json(path: Path, data) -> None:
@@ -75,6 +76,14 @@ def _say(text: str) -> None:
 
 
 ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception)\b.*|exitcode\s*:.*|.*Killing job.*)$")
+
+
+def rendezvous_moved(command: str, generation: int) -> str:
+    """`command` with torchrun's --master_port moved to generation `generation`'s turn: consecutive
+    generations never share a rendezvous, so a cut-off host's torchrun of an older one (alive until
+    its keeper hears of the newer) cannot join the newer's store as a node it no longer is."""
+    return re.sub(r"--master_port (\d+)",
+                  lambda m: f"--master_port {int(m.group(1)) + generation % RENDEZVOUS_PORTS}", command, count=1)
 
 
 def how_ranks_ended(lines: list[str]) -> str:
@@ -134,6 +143,7 @@ class Keeper:
         self.agreed_now = self.agreement is None  # etcd answered this round (with three hosts or more)
         self.start_to_propose = self.generation if self.generation and self.generation.pending else None
         self.said_unavailable = ""
+        self.unavailable_since: float | None = None  # ticks: etcd's majority out of reach since
         self.corrupt = False
         self.peers_held: dict = read_json(self.dir / "peers.json", {})
         self.how = ""
@@ -342,10 +352,11 @@ class Keeper:
             if not self.said_unavailable:
                 _say(f"etcd answers without a majority of the run's hosts from here: no ranks start ({err})")
             self.said_unavailable = str(err)
+            self.fence(self.ticks())
             return None
         if self.said_unavailable:
             _say("etcd answers again")
-        self.agreed_now, self.said_unavailable = True, ""
+        self.agreed_now, self.said_unavailable, self.unavailable_since = True, "", None
         gen = held.generation
         if not leads or gen is None:
             return gen
@@ -359,6 +370,16 @@ class Keeper:
         except agreement.Unavailable:
             pass
         return gen  # another generation was agreed meanwhile: the next round reads it
+
+    def fence(self, tick: float) -> None:
+        """Cut off from etcd's majority as long as a peer takes to be declared lost: the others go on
+        without this host, so its ranks stop instead of waiting in a collective (and, were the link
+        back, meeting a newer generation's rendezvous)."""
+        self.unavailable_since = self.unavailable_since if self.unavailable_since is not None else tick
+        if tick - self.unavailable_since >= self.lost_after_s and run_pids(self.run_dir):
+            _say(f"cut off from the run's majority for {tick - self.unavailable_since:.0f} s: this host's ranks of "
+                 f"generation {self.active} stop (the others go on without it)")
+            stop_ranks(self.run_dir, mark=False)
 
     def remember_peers(self) -> None:
         """What each peer held when last heard, on disk: a keeper started again (a reboot) still knows
@@ -443,7 +464,7 @@ class Keeper:
             stop_ranks(self.run_dir, mark=False)
         if not self.ready_checkpoint(gen):
             return
-        command = self.spec["commands"][",".join(gen.members)][self.me]
+        command = rendezvous_moved(self.spec["commands"][",".join(gen.members)][self.me], gen.number)
         try:
             self.log_offset = self.log().stat().st_size
         except OSError:

@@ -227,3 +227,33 @@ def test_a_host_whose_own_copy_is_the_source_and_corrupt_says_it_cannot_get_it(t
     gen = Generation(number=2, members=tuple(HOSTS), reason="t", time=0.0, source={"host": "v100a", **held})
     assert not k.ready_checkpoint(gen)
     assert k.view().cannot_get == held["sha256"] and "does not match" in k.view().cannot_get_why
+
+
+def test_consecutive_generations_meet_at_different_rendezvous_ports():
+    """A cut-off host's torchrun of generation N, alive until its keeper hears of N+1, must not reach
+    N+1's rendezvous (it would join as a node it no longer is, and the generation stalls)."""
+    line = "cd /d && torchrun --nnodes 3 --node_rank 2 --master_addr 10.0.0.1 --master_port 29500 -m x --port 7"
+    ports = [int(keeper.rendezvous_moved(line, n).split("--master_port ")[1].split()[0]) for n in range(1, 9)]
+    assert all(a != b for a, b in zip(ports, ports[1:], strict=False))  # consecutive ones differ
+    assert set(ports) <= set(range(29500, 29511))  # inside the firewall's rendezvous ports
+    assert keeper.rendezvous_moved(line, 5).replace(f"--master_port {ports[4]}", "--master_port 29500") == line
+
+
+def test_a_host_cut_off_from_the_majority_stops_its_ranks_once_the_others_go_on_without_it(tmp_path):
+    """Three hosts or more: etcd's majority out of reach for as long as a peer takes to be declared
+    lost, this host's ranks stop instead of hanging in a collective until the link is back."""
+    (tmp_path / "keeper").mkdir()
+    spec_ = {"run_id": "r1", "me": "v100a", "order": list(HOSTS), "members": list(HOSTS), "addresses": HOSTS,
+             "port": 1, "token": "t", "commands": {}, "lost_after_s": 4}
+    k = keeper.Keeper(str(tmp_path), spec_)
+    os.system(command(tmp_path, True, 10_000))
+    try:
+        wait_for(lambda: keeper.run_pids(str(tmp_path)), timeout=10)
+        k.fence(100.0)
+        k.fence(102.0)
+        time.sleep(0.5)
+        assert keeper.run_pids(str(tmp_path))  # a short etcd hiccup stops nothing
+        k.fence(104.5)
+        wait_for(lambda: not keeper.run_pids(str(tmp_path)), timeout=15)
+    finally:
+        crash(tmp_path)
