@@ -98,6 +98,9 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     "backup": "the controller's copy of rank 0's newest checkpoint while fab train follows (the last resort: the "
               "hosts hold each other's): every:MIN (at most every MIN minutes; default every:60), last (when the run "
               "ends), off; refused with --detach (nothing follows)",
+    "resume_from": "URL of the store the run's hosts copied checkpoints to (s3://BUCKET/PREFIX, gs://..., a "
+                   "directory, sftp://...): every VM gone, the run goes on on --hosts from its newest whole copy "
+                   "there (--run names it when the store holds several), its batch derived again for them",
 }))
 @cluster_task(checks=[options.hosts_described, options.resumable_run, options.precision_fits_hosts],
               preset=options.preset, set=options.overrides, dataset=options.name, run=options.name,
@@ -105,7 +108,7 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
               backup=options.backup, replace=options.replacement)
 def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
-          comm=None, rejoin=False, backup=None, replace=None):
+          comm=None, rejoin=False, backup=None, replace=None, resume_from=None):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume.
 
     Exit 3 when the network check refuses (--accept-slow-network overrides it)."""
@@ -114,7 +117,7 @@ def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, up
         update_freq=update_freq, precision=precision, port=port,
         dry_run=dry_run, detach=detach,
         accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin, backup=backup,
-        replace=replace)
+        replace=replace, resume_from=resume_from)
     session.train(request, hosts, known_hosts(c), console)
 
 

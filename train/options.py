@@ -258,7 +258,7 @@ def resumable_run(hosts: Sequence[Host], values: Values) -> None:
     the run back, so it cannot start a new one."""
     if values.get("rejoin") and values.get("new"):
         raise OptionError("rejoin", "--rejoin takes lost hosts back into a run; --new starts another: give one")
-    if values.get("run") and not values.get("new"):
+    if values.get("run") and not values.get("new") and not values.get("resume_from"):  # moved: from its copy
         try:
             existing_run(values["run"])
         except Expected as err:

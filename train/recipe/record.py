@@ -45,6 +45,7 @@ class Run:
     link_mbps: float | None = None  # the cluster link as measured when the run started
     members: list[dict] = field(default_factory=list)  # which hosts from which update (the keepers' timeline)
     order: list[str] = field(default_factory=list)  # every host the keepers know, in rank order (train.run.keepers)
+    data_manifest: str | None = None  # the dataset's MANIFEST.sha256 checksum it trains on (a moved run checks it)
     ranks_per_host: int = 1  # every host's ranks as it last started (train.cluster.Host.ranks)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 

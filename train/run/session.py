@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..cluster import ClusterError, Host, placement, select
 from ..exits import OptionError, Refused
@@ -18,7 +18,7 @@ from ..plan.link import PeerUnreachable
 from ..recipe import presets, strategies
 from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
-from . import checkpoints, command, interval, keepers, launch, length, pick, preflight
+from . import checkpoints, command, interval, keepers, launch, length, moved, pick, preflight
 from . import rejoin as rejoining
 from .follow import follow
 from .status import closing_mfu, summarize, why_stopped_early
@@ -48,6 +48,7 @@ class TrainRequest:
     rejoin: bool = False
     backup: str | None = None  # checkpoints.BackupPolicy: the controller's copy (None: DEFAULT_BACKUP)
     replace: str | None = None  # "OLD=NEW": a new VM takes a host's place in the run
+    resume_from: str | None = None  # a store URL: the run moved to these hosts from its newest copy there
 
 
 def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) -> None:
@@ -61,6 +62,8 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         hosts = rejoin_hosts(known, request.run_id)
     if request.replace:
         hosts = replaced_hosts(known, request)
+    if request.resume_from:
+        request = moved_here(request, hosts, console)
     precision = request.precision or command.default_precision([h.gpus for h in hosts])
     run, resuming = pick_run(hosts, request, precision)
     joining = [h for h in hosts if h.name not in run.hosts] if resuming else []
@@ -80,7 +83,8 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     if not any(h.gpus for h in hosts) and (ignored := command.switches_cpu_hosts_ignore(
             run.overrides, run.resolved_preset().options, [h.name for h in hosts])):
         console.print(f"[yellow]{ignored}[/]")
-    derived = batching.apply(run, hosts) if not resuming else None  # GPU memory comes with the probe
+    rederive = not resuming or bool(request.resume_from)  # a moved run: the batch of its new world
+    derived = batching.apply(run, hosts) if rederive else None  # GPU memory comes with the probe
     saves = interval.choose(run, hosts, read_log=False)  # the commands carry the checkpoint interval
     commands = launch.host_commands(run, hosts)
     if request.dry_run:
@@ -94,8 +98,9 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     with console.status("preflight: versions, data, GPUs, disk, port on every host"):
         answers = preflight.probe(run, hosts)
         run.gpu_name = next((g["name"] for g in answers.get(hosts[0].name, {}).get("gpus") or []), run.gpu_name)
-        if not resuming:
+        if rederive:
             derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
+        run.data_manifest = answers.get(hosts[0].name, {}).get("data") or run.data_manifest
         problems = preflight.check(run, hosts, answers, adopting=bool(request.replace))
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
@@ -147,6 +152,20 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     elif request.backup is None:
         console.print("detached: no checkpoint copy to this controller (--backup is taken while following); "
                       "the hosts copy each save to each other", markup=False)
+
+
+def moved_here(request: TrainRequest, hosts: list[Host], console) -> TrainRequest:
+    """`--resume-from URL`: the run's newest whole copy fetched onto rank 0's host, its record adopted
+    here on `hosts`, its dataset on them; then the start is a resume (train.run.moved)."""
+    if request.new or request.replace or request.rejoin:
+        other = "--new" if request.new else "--replace" if request.replace else "--rejoin"
+        raise OptionError("resume-from", f"resumes a run from its copy off the cluster; {other} does not go with it")
+    if request.dry_run:
+        raise OptionError("resume-from", "fetches a checkpoint onto the hosts: --dry-run does not go with it")
+    run, _ = moved.adopt(request.resume_from, request.run_id, hosts, console)
+    moved.data_on(run, hosts, console)
+    run.save()
+    return replace(request, run_id=run.run_id)
 
 
 def gpu_memory_after_choice(run: Run, hosts: list[Host], answers: dict[str, dict]) -> list[str]:

@@ -1,0 +1,121 @@
+"""`fab train --resume-from URL --hosts NEW`: a run whose VMs are all gone goes on on other VMs from
+its newest whole copy off the cluster (train.agent.offsite_copies wrote it, the old hosts' keepers).
+
+Rank 0's new host reads the store with its own credentials and fetches the copy straight into the
+run's directory (the GB checkpoint never passes through the controller, which may hold no credentials
+at all); the copy's run.json is the run's record (preset, dataset, overrides, strategy, history), so
+a controller that never saw the run can resume it. The batch is derived again for the new world
+(tokens per update kept: train.plan.batching), the link measured again, the data prepared on the new
+hosts where it is missing; then the start is an ordinary resume: the keepers copy the checkpoint to
+the other hosts over the cluster network.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import fields
+
+from ..cluster import ClusterError, Host, run_all
+from ..exits import OptionError
+from ..recipe.record import Run
+from ..remote import agent_command
+
+REMAKEABLE = {"synthetic": False, "wmt16": True}  # datasets prepare-data makes again from their name alone (wmt16?)
+DERIVED_AGAIN = ("max_tokens", "max_tokens_cap", "save_interval_updates", "gpu_name", "link_mbps")
+FETCH_TIMEOUT_S = 3600  # a GB checkpoint from a bucket in another region
+
+
+def _on(host: Host, command: str, timeout: float) -> dict | None:
+    """Run an offsite command on `host`; its JSON answer. ClusterError naming the host when it fails."""
+    result = run_all([host], command, timeout=timeout)[host.name]
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and answer.get("error"):
+        raise ClusterError(f"{host.name}: {answer['error']}")
+    if not result.ok:
+        raise ClusterError(f"{host.name}: {result.why}")
+    return answer
+
+
+def newest_copy(host: Host, url: str, run_id: str | None) -> dict:
+    """The newest whole copy of `run_id` (None: of any run) under `url`, as rank 0's new host finds it."""
+    args = ["newest", url, *([run_id] if run_id else [])]
+    copy = _on(host, agent_command(host, "offsite", *args), timeout=300)
+    if not copy:
+        which = f"of {run_id}" if run_id else "of any run"
+        raise ClusterError(f"{host.name}: {url} holds no whole copy {which} (a copy counts once its manifest.json "
+                           "is written beside its files): check the URL, or --run for the run's name")
+    return copy
+
+
+def adopted(record: dict, hosts: list[Host], copy: dict, url: str) -> Run:
+    """The run's record from its copy, on `hosts`: what was derived for the old world is derived again."""
+    known = {f.name for f in fields(Run)}
+    run = Run(**{k: v for k, v in record.items() if k in known})
+    old = list(run.hosts)
+    for name in DERIVED_AGAIN:
+        setattr(run, name, None)
+    names = [h.name for h in hosts]
+    run.hosts, run.order, run.ranks_per_host = names, names, hosts[0].ranks
+    run.members = [*run.members, {"hosts": names, "from_update": copy["update"], "time": time.time(),
+                                  "why": f"moved to {', '.join(names)} from {url} at update {copy['update']}",
+                                  "joined": [n for n in names if n not in old],
+                                  "lost": [n for n in old if n not in names]}]
+    return run
+
+
+def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run, dict]:
+    """Find the newest whole copy, fetch it onto rank 0's new host (sha256 checked there), and record
+    the run here on `hosts`. Returns the run and the copy's manifest."""
+    if not url:
+        raise OptionError("resume-from", "expected a store URL (s3://BUCKET/PREFIX, gs://..., a directory, sftp://...)")
+    rank0 = hosts[0]
+    with console.status(f"{rank0.name}: looking for the newest copy under {url}"):
+        copy = newest_copy(rank0, url, run_id)
+    if "run" not in copy:
+        raise ClusterError(f"{copy.get('where', url)}: its manifest names no run")
+    age = time.time() - float(copy.get("time") or time.time())
+    console.print(f"newest copy: {copy['run']} at update {copy['update']:,} ({age / 60:.0f} min old), "
+                  f"{copy['where']}", markup=False)
+    remote_dir = Run(run_id=copy["run"], hosts=[], preset="", overrides=[], dataset="").remote_dir
+    into = f"{remote_dir}/checkpoints"
+    with console.status(f"{rank0.name}: fetching it from the store (sha256 checked)"):
+        _on(rank0, agent_command(rank0, "offsite", "fetch", copy["where"], into), timeout=FETCH_TIMEOUT_S)
+    record_path = shlex.quote(f"{into}/run.json")
+    read = run_all([rank0], f"cat {record_path} && rm -f {record_path}", timeout=60)[rank0.name]
+    if not read.ok:
+        raise ClusterError(f"{rank0.name}: the copy's run.json could not be read: {read.why}")
+    run = adopted(json.loads(read.stdout), hosts, copy, url)
+    run.save()
+    console.print(f"{run.run_id} moved to {', '.join(run.hosts)}: checkpoint of update {copy['update']:,} on "
+                  f"{rank0.name} (the keepers copy it to the others); the batch is derived again for "
+                  f"{len(hosts) * hosts[0].ranks} ranks", markup=False)
+    return run, copy
+
+
+def data_on(run: Run, hosts: list[Host], console) -> None:
+    """The run's dataset on the new hosts: prepared there where it is missing (a dataset made from its
+    name alone), then checked to be the one the run trained on (its manifest's checksum, when the run
+    recorded it): other subwords would load the checkpoint into another vocabulary."""
+    manifest = shlex.quote(f"{run.data_dir}/MANIFEST.sha256")
+    held = run_all(hosts, f"sha256sum {manifest} | cut -d' ' -f1", timeout=60)
+    missing = [name for name, r in held.items() if not r.ok or not r.stdout.strip()]
+    if missing and run.dataset not in REMAKEABLE:
+        raise ClusterError(f"{', '.join(missing)}: no dataset {run.dataset} at {run.data_dir}: prepare it there as "
+                           f"it was made (`fab prepare-data --hosts {','.join(h.name for h in hosts)} --name "
+                           f"{run.dataset} --source DIR`), then this command again")
+    if missing:
+        from ..data.prepare import prepare_data  # the corpus code: only when a dataset is made
+
+        console.print(f"{', '.join(missing)}: no {run.dataset} yet: preparing it for the moved run")
+        prepare_data(hosts, console, name=run.dataset, wmt16=REMAKEABLE[run.dataset])
+        held = run_all(hosts[:1], f"sha256sum {manifest} | cut -d' ' -f1", timeout=60)
+    now = held[hosts[0].name].stdout.strip()
+    if run.data_manifest and now != run.data_manifest:
+        raise ClusterError(f"{hosts[0].name}: {run.data_dir} is not the dataset {run.run_id} trained on (manifest "
+                           f"{now[:12]}, the run's {run.data_manifest[:12]}): prepare it with the options it was "
+                           "made with (fab prepare-data --vocab-size/--lines/--source), then this command again")
