@@ -261,13 +261,15 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "overlap": "fraction of compute the all-reduce hides behind (default: 0 for legacy_ddp, "
                "bench-step's fit for pytorch_ddp)",
     "json": "print the figures as JSON",
+    "run": "price what is left of this run (its preset, options and strategy; from its newest known update, e.g. "
+           "after --resume-from) on --hosts; the other model options are then its own",
 }))
 @cluster_task(checks=[options.overrides_fit_preset], preset=options.preset, set=options.overrides_text,
               dataset=options.name, link=options.link, compute_s=options.seconds, precision=options.precision,
               update_freq=options.whole(1), max_update=options.whole(1), overlap=options.fraction,
-              comm=options.comm)
+              comm=options.comm, run=options.name)
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
-            precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync"):
+            precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync", run=None):
     """Predict s/update, hours and dollars of every host subset x --comm, and say the verdict.
 
     Exit 3 when the network would dominate, or when fewer hosts would be faster."""
@@ -275,9 +277,14 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
 
     from train.plan import predict as plan
 
-    verdict = plan.for_options(hosts, preset=preset, set_text=set, dataset=dataset, link_source=link,
-                               compute_s=compute_s, precision=precision, update_freq=update_freq,
-                               max_update=max_update, overlap=overlap, comm=comm)
+    model = {"preset": preset, "set_text": set, "dataset": dataset, "comm": comm, "max_update": max_update}
+    if run:
+        from train.run.moved import rest_of
+
+        model, said = rest_of(run)
+        console.print(said, markup=False)
+    verdict = plan.for_options(hosts, link_source=link, compute_s=compute_s, precision=precision,
+                               update_freq=update_freq, overlap=overlap, **model)
     if json:
         print(json_module.dumps(verdict.as_dict(), indent=1, default=str))
     else:

@@ -119,3 +119,17 @@ def data_on(run: Run, hosts: list[Host], console) -> None:
         raise ClusterError(f"{hosts[0].name}: {run.data_dir} is not the dataset {run.run_id} trained on (manifest "
                            f"{now[:12]}, the run's {run.data_manifest[:12]}): prepare it with the options it was "
                            "made with (fab prepare-data --vocab-size/--lines/--source), then this command again")
+
+
+def rest_of(run_id: str | None) -> tuple[dict, str]:
+    """`fab predict --run RUN`: the options that price what is left of a run (its preset, overrides,
+    dataset and strategy; the updates from its newest known one to its max_update), and a line saying so."""
+    run = Run.load(run_id)
+    done = max([int(m.get("from_update") or 0) for m in run.members] or [0])
+    if not run.max_update:
+        raise ClusterError(f"{run.run_id} has no max_update to price the rest of: --set max_update=N")
+    left = max(1, run.max_update - done)
+    options = {"preset": run.preset, "set_text": ",".join(o for o in run.overrides if not o.startswith("max_update=")),
+               "dataset": run.dataset, "comm": run.comm, "max_update": left}
+    return options, (f"the rest of {run.run_id}: {left:,} updates (from update {done:,} of {run.max_update:,}), "
+                     f"{run.preset} with --comm {run.comm}")

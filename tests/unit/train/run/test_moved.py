@@ -14,7 +14,7 @@ from train.exits import OptionError
 from train.recipe.record import Run
 from train.run import moved, session
 
-OLD = Run(run_id="run-1", hosts=["v100a", "v100b"], preset="big", overrides=["max_update=300000"], dataset="wmt16",
+OLD = Run(run_id="run-1", hosts=["v100a", "v100b"], preset="transformer_vaswani_wmt_en_de_big", overrides=["max_update=300000"], dataset="wmt16",
           update_freq=8, max_tokens=4096, max_tokens_cap=5000, save_interval_updates=500, gpu_name="Tesla V100",
           link_mbps=940.0, comm="local_sgd:16", data_manifest="ab" * 32, order=["v100a", "v100b"],
           members=[{"hosts": ["v100a", "v100b"], "from_update": 0}])
@@ -25,7 +25,7 @@ COPY = {"run": "run-1", "update": 90_050, "time": 1.0, "where": "s3://b/runs/run
 def test_a_moved_run_keeps_its_model_data_and_strategy_and_derives_its_batch_again_for_the_new_hosts():
     run = moved.adopted({**asdict(OLD), "a_field_of_a_newer_tandem": 1}, NEW, COPY, "s3://b/runs")
     assert (run.run_id, run.preset, run.dataset, run.overrides, run.comm) == \
-        ("run-1", "big", "wmt16", ["max_update=300000"], "local_sgd:16")
+        ("run-1", "transformer_vaswani_wmt_en_de_big", "wmt16", ["max_update=300000"], "local_sgd:16")
     assert run.hosts == run.order == ["h100a", "h100b"]
     assert (run.max_tokens, run.max_tokens_cap, run.save_interval_updates, run.gpu_name, run.link_mbps) == \
         (None, None, None, None, None)  # another GPU, another link: measured and derived again
@@ -44,3 +44,15 @@ def test_resume_from_with_an_option_that_contradicts_it_is_refused_before_any_ho
     with pytest.raises(OptionError) as refused:
         session.moved_here(request, NEW, Console(file=io.StringIO()))
     assert refused.value.option == "--resume-from"
+
+
+def test_fab_predict_run_prices_only_the_updates_left_after_the_newest_known_one(tmp_path, monkeypatch):
+    from train.recipe import record
+
+    monkeypatch.setattr(record, "REPORTS", tmp_path)
+    run = moved.adopted(asdict(OLD), NEW, COPY, "s3://b/runs")
+    run.save()
+    options, said = moved.rest_of("run-1")
+    assert options["max_update"] == 300_000 - 90_050 and options["preset"] == OLD.preset
+    assert options["comm"] == "local_sgd:16" and "max_update" not in options["set_text"]
+    assert "209,950 updates (from update 90,050 of 300,000)" in said
