@@ -14,7 +14,8 @@ from train.exits import OptionError
 from train.recipe.record import Run
 from train.run import moved, session
 
-OLD = Run(run_id="run-1", hosts=["v100a", "v100b"], preset="transformer_vaswani_wmt_en_de_big", overrides=["max_update=300000"], dataset="wmt16",
+OLD = Run(run_id="run-1", hosts=["v100a", "v100b"], preset="transformer_vaswani_wmt_en_de_big",
+          overrides=["max_update=300000"], dataset="wmt16",
           update_freq=8, max_tokens=4096, max_tokens_cap=5000, save_interval_updates=500, gpu_name="Tesla V100",
           link_mbps=940.0, comm="local_sgd:16", data_manifest="ab" * 32, order=["v100a", "v100b"],
           members=[{"hosts": ["v100a", "v100b"], "from_update": 0}])
