@@ -23,6 +23,9 @@ On GPUs Adam's step and fp16's master copy take a few kernels instead of a few p
 
 With TANDEM_PROFILE=FIRST:COUNT:DIR it also profiles a window of updates (train/agent/profile.py).
 
+SIGUSR2 to rank 0's process saves checkpoint_last at the end of its update and trains on: a spot
+VM's notice (train.agent.preemption) ends a host's part in the run from a fresh save (below).
+
 fairseq 0.12 ties `--bf16` to TPUs: `options.add_defaults` sets `tpu=True`, and
 `distributed_init` then imports torch_xla, which a GPU host lacks, so every rank dies at start.
 The rest of fairseq already does bf16 on a GPU: the trainer casts the model to bfloat16 and
@@ -318,6 +321,85 @@ def atomic_checkpoint_copies() -> None:
     PathManager.copy = staticmethod(atomic_copy)
 
 
+def saves_alone(trainer) -> str:
+    """Why rank 0 cannot save alone (a save there would wait in a collective the other ranks never
+    join), or '' when it can. fairseq 0.12's save (checkpoint_utils.save_checkpoint, then
+    trainer.save_checkpoint) is collective only where: the optimizer is sharded (OSS's
+    consolidate_state_dict), FSDP gathers the state, every rank saves (base layers, sharded state), or
+    local SGD averages the ranks before each save (train.agent.comm_local_sgd)."""
+    if trainer.data_parallel_world_size <= 1:
+        return ""
+    if trainer.is_fsdp:
+        return "FSDP gathers its state on every rank"
+    if hasattr(trainer.optimizer.optimizer, "consolidate_state_dict") \
+            and not trainer.cfg.checkpoint.no_save_optimizer_state:
+        return "the sharded optimizer gathers its state on every rank"
+    if getattr(trainer.cfg.model, "base_layers", 0) > 0:
+        return "every rank saves its base layers"
+    from fairseq.optim.bmuf import FairseqBMUF
+
+    if isinstance(trainer.optimizer, FairseqBMUF):
+        return "local SGD averages every rank before a save"
+    return ""
+
+
+def save_now_on_signal() -> None:
+    """A host of the run is about to be reclaimed (a spot VM's notice, train.agent.preemption): its
+    keeper, or rank 0's, sends rank 0's process SAVE_NOW_SIGNAL, and rank 0 saves checkpoint_last at
+    the end of the update it is in, without validating, then trains on. The keepers copy that save
+    as any other, and the next generation resumes from it without the leaving host. fairseq's save
+    involves no collective in tandem's runs (saves_alone), so rank 0 alone needs the signal; rank 0
+    writes its pid in the save directory (preemption.RANK0_PID) once its first update is done. A
+    save fairseq made at that update already is not made twice."""
+    import logging
+    import signal
+    import threading
+
+    from fairseq import checkpoint_utils
+    from fairseq_cli import train as cli
+
+    from train.agent import preemption
+
+    validate_and_save = cli.validate_and_save
+    if getattr(validate_and_save, "_tandem_save_now", False):
+        return
+    asked, noted = threading.Event(), []
+    signal.signal(preemption.SAVE_NOW_SIGNAL, lambda *_: asked.set())
+    logger = logging.getLogger("fairseq_cli.train")
+
+    def stamp(path: str):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def and_now_if_asked(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+        last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
+        before = stamp(last)
+        said = validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+        if trainer.data_parallel_rank != 0:
+            asked.clear()
+            return said
+        if not noted:
+            preemption.note_rank0(cfg.checkpoint.save_dir)
+            noted.append(True)
+        if asked.is_set():
+            asked.clear()
+            why = "" if stamp(last) == before else "saved at this update already"
+            why = why or saves_alone(trainer) or ("--no-save" if cfg.checkpoint.no_save else "")
+            if why:
+                logger.info(f"tandem: a save now was asked (a host of the run is leaving): not made, {why}")
+            else:
+                logger.info(f"tandem: saving now at update {trainer.get_num_updates()} (a host of the run is "
+                            "leaving), without validation")
+                checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
+        return said
+
+    and_now_if_asked._tandem_save_now = True  # type: ignore[attr-defined]
+    cli.validate_and_save = and_now_if_asked
+
+
 def comm_hook_modules() -> list[str]:
     """The communication strategies' host-side hooks: train/agent/comm_*.py, one module per strategy
     (train.recipe.strategies says which a run uses; each hook acts only when its run asks for it)."""
@@ -354,6 +436,7 @@ def main() -> None:
     fast_steps.install_flat_master_copy()
     fused_loss.install()
     compiled_layers.install()
+    save_now_on_signal()
     if os.environ.get("TANDEM_PROFILE"):  # train/agent/profile.py: a window of updates profiled
         from train.agent import profile
 

@@ -49,6 +49,7 @@ RUNNING, ENDED, IDLE, FINISHED = "running", "ended", "idle", "finished"
 
 
 LINEAGE_KEPT = 64  # generations a checkpoint remembers; an older save's history is then unknown: set aside
+LEAVE_MARGIN_S = 10.0  # a host leaving (its cloud's notice) is left out this long before its deadline at the latest
 
 
 @dataclass(frozen=True)
@@ -154,13 +155,17 @@ class View:
     hears: tuple[str, ...] = ()  # the hosts it heard from within lost_after_s (itself included)
     cannot_get: str = ""  # the sha256 of a checkpoint it failed to get whole, again and again,
     cannot_get_why: str = ""  # and why
+    leaving: float | None = None  # its cloud reclaims it at this time (a spot notice, train.agent.preemption),
+    leaving_why: str = ""  # the notice in words,
+    leaving_after: int | None = None  # and the newest save it knew of then: the run goes on from a newer one
 
     def to_dict(self) -> dict:
         return {"host": self.host, "generation": self.generation.to_dict() if self.generation else None,
                 "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "ranks": self.ranks,
                 "active": self.active, "active_members": list(self.active_members), "update": self.update,
                 "how": self.how, "stopping": self.stopping, "hears": list(self.hears),
-                "cannot_get": self.cannot_get, "cannot_get_why": self.cannot_get_why}
+                "cannot_get": self.cannot_get, "cannot_get_why": self.cannot_get_why, "leaving": self.leaving,
+                "leaving_why": self.leaving_why, "leaving_after": self.leaving_after}
 
     @classmethod
     def of(cls, data: dict) -> View:
@@ -169,7 +174,9 @@ class View:
                    active=data.get("active"), active_members=tuple(data.get("active_members") or ()),
                    update=data.get("update"), how=data.get("how", ""),
                    stopping=bool(data.get("stopping")), hears=tuple(data.get("hears") or ()),
-                   cannot_get=data.get("cannot_get", ""), cannot_get_why=data.get("cannot_get_why", ""))
+                   cannot_get=data.get("cannot_get", ""), cannot_get_why=data.get("cannot_get_why", ""),
+                   leaving=data.get("leaving"), leaving_why=data.get("leaving_why", ""),
+                   leaving_after=data.get("leaving_after"))
 
 
 def runs_in(view: View, gen: Generation) -> bool:
@@ -272,6 +279,25 @@ def _held_elsewhere(last_heard: dict[str, View], members: list[str]) -> str | No
     return None
 
 
+def _save_pending(views: dict[str, View], gen: Generation, going: list[str], staying: list[str],
+                  now: float) -> str:
+    """Why the leader does not go on without the `going` hosts yet ('' when it does): rank 0 saves at
+    their notice (train.agent.preemption), and the run goes on once a staying host holds that save (a
+    newer one than the leaving hosts knew of at their notice), once no ranks train (no save comes), or
+    LEAVE_MARGIN_S before the first deadline, from the newest save the staying hosts hold then."""
+    deadline = min(views[h].leaving for h in going)
+    if now >= deadline - LEAVE_MARGIN_S or not any(views[m].ranks == RUNNING for m in gen.members if m in views):
+        return ""
+    known = [views[h].leaving_after for h in going]
+    best = best_checkpoint(views, staying)
+    if best is not None and (best["update"] > max(k for k in known if k is not None)
+                             if any(k is not None for k in known) else best["generation"] == gen.number):
+        return ""
+    until = time.strftime("%H:%M:%SZ", time.gmtime(deadline - LEAVE_MARGIN_S))
+    return (f"{', '.join(going)} leaving ({'; '.join(views[h].leaving_why for h in going)}): waiting for rank 0's "
+            f"save to reach {', '.join(staying)} (until {until} at the latest)")
+
+
 def decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
            lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
            elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None) -> Generation | None:
@@ -303,6 +329,8 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                               start=gen.start, restarts=recent, churn=churn)
         return None
     at = progress(last_heard)
+    leaving = [h for h in live_order if views[h].leaving is not None]  # their cloud reclaims them: never taken back
+    staying = [h for h in live_order if h not in leaving] or live_order
     lost = [m for m in gen.members if m not in live_order]
     why = f"silent on the cluster network for {lost_after_s:g} s" if all(m not in live for m in lost) else \
         "cut off from another member: a one-sided partition"
@@ -312,10 +340,10 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                           time=round(now, 1), at_update=at, stopped="a host lost, not elastic", among=gen.members)
     if lost:
         memory.ended_since = None
-        if elsewhere := _held_elsewhere(last_heard, live_order):  # never from nothing while a lost host
+        if elsewhere := _held_elsewhere(last_heard, staying):  # never from nothing while a lost host
             memory.waiting = f"{', '.join(lost)} lost, but only {elsewhere} holds a checkpoint: waiting for it"
             return None
-        return _new(number, live_order, views,
+        return _new(number, staying, views,
                     f"{', '.join(lost)} lost at update {at if at is not None else '?'} ({why})", now, at, changed)
     refused = {views[m].cannot_get for m in gen.members if views[m].cannot_get}
     if (gen.source or {}).get("sha256") in refused:
@@ -324,7 +352,14 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
         return _new(number, list(gen.members), views, f"the checkpoint of update {gen.source.get('update')} on "
                     f"{gen.source.get('host')} could not be copied whole ({who}): from the next best", now, at,
                     (recent, churn), refused)
-    joining = [h for h in live_order if h not in gen.members]
+    going = [m for m in gen.members if m in leaving and m not in staying]
+    if going and elastic and quorate(order, set(staying)):
+        if waits := _save_pending(views, gen, going, staying, now):
+            memory.waiting = waits
+            return None
+        return _new(number, staying, views, f"{', '.join(going)} leaving at update {at if at is not None else '?'} "
+                    f"({'; '.join(views[h].leaving_why for h in going)})", now, at, changed)
+    joining = [h for h in staying if h not in gen.members]
     if joining and elastic:
         rank0 = views.get(gen.members[0])
         saved = rank0.checkpoint.update if rank0 and rank0.checkpoint and rank0.checkpoint.generation == gen.number \

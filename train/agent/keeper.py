@@ -39,7 +39,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from train.agent import agreement, replica, supervision, tracker
+from train.agent import agreement, preemption, replica, supervision, tracker
 from train.agent.generation import (
     ENDED,
     FINISHED,
@@ -148,6 +148,9 @@ class Keeper:
         self.peers_held: dict = read_json(self.dir / "peers.json", {})
         self.how = ""
         self.ended = ""
+        self.watcher: preemption.Watcher | None = None  # on a cloud VM: its notices (started by run())
+        self.leaving: dict = {}  # this host's notice, as its heartbeat says it (View.leaving ...)
+        self.saved_for: set[tuple[str, float]] = set()  # the notices rank 0 was asked to save for
 
     # --- the record on this host
 
@@ -224,7 +227,8 @@ class Keeper:
         return View(host=self.me, generation=self.generation, checkpoint=self.checkpoint, ranks=ranks,
                     active=self.active, active_members=tuple(self.active_members), update=self.last_update(), how=how,
                     stopping=(self.dir / "stop").exists(), hears=tuple(sorted(self.live)),
-                    cannot_get=failed[-1] if failed else "", cannot_get_why=self.fetch_error if failed else "")
+                    cannot_get=failed[-1] if failed else "", cannot_get_why=self.fetch_error if failed else "",
+                    **self.leaving)
 
     def answer(self) -> View:
         """What a peer hears: this moment's view, but "finished" only once a round has snapshot the
@@ -297,6 +301,7 @@ class Keeper:
         if self.corrupt:  # a peer asked for a copy that no longer matches its manifest
             self.corrupt, self.checkpoint = False, Checkpoint.of(self.verified())
         self.snapshot()
+        self.heed_notice()
         with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
             answers = dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))
         with self.lock:  # what the heartbeat reads; never held while acting (a stop takes seconds)
@@ -306,6 +311,7 @@ class Keeper:
             self.live = {self.me} | {p for p in self.peers if tick - self.heard[p] < self.lost_after_s}
             self.views[self.me] = self.view(ranks)
             seen = {h: v for h, v in self.views.items() if h in self.live}
+        self.save_for_leaving(seen)
         if self.agreement is not None:
             decided = self.agree(now)
         else:
@@ -323,6 +329,28 @@ class Keeper:
             self.said_waiting = self.memory.waiting
             self.remember_peers()
         return self.act(seen)
+
+    def heed_notice(self) -> None:
+        """This host's cloud reclaims it (train.agent.preemption): its heartbeat says so from now on, with
+        the deadline and the newest save it knows of (the run goes on from a newer one: rank 0's, now)."""
+        notice = self.watcher.notice if self.watcher else None
+        if notice is None or self.leaving:
+            return
+        held = [c.update for c in [self.checkpoint, *(v.checkpoint for v in self.views.values())] if c]
+        self.leaving = {"leaving": notice.deadline, "leaving_why": notice.words(),
+                        "leaving_after": max(held, default=None)}
+        _say(f"{self.me}: {notice.words()}: this host leaves the run; the others go on without it from rank 0's save")
+
+    def save_for_leaving(self, seen: dict[str, View]) -> None:
+        """The keeper holding rank 0 asks it to save now, once for each notice (its own host's or a peer's)."""
+        notices = [(h, v) for h, v in seen.items() if v.leaving is not None and (h, v.leaving) not in self.saved_for
+                   and h in self.active_members]
+        if not notices or self.active_members[:1] != [self.me] or not run_pids(self.run_dir):
+            return
+        why = preemption.save_now(self.run_dir)
+        for host, v in notices:
+            self.saved_for.add((host, v.leaving))
+            _say(f"{host}: {v.leaving_why}: {f'no save now ({why})' if why else 'saving now'}, going on without {host}")
 
     def decide(self, now: float, agreed: Generation | None = None) -> Generation | None:
         # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
@@ -585,6 +613,7 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     if os.environ.get(supervision.UNIT_ENV):  # systemd is its supervisor: `fab stop` and status find the keeper
         (keeper_dir(run_dir) / "keeper.pid").write_text(str(os.getpid()))
     keeper = Keeper(run_dir, spec)
+    keeper.watcher = preemption.watch(keeper.me, say=_say)  # None off a cloud: nothing polls
     member = etcd_member(run_dir, spec) if keeper.agreement is not None else None
     server = keeper.listen()
     _say(f"keeper of {spec['run_id']} on {keeper.me}: peers {', '.join(keeper.peers) or 'none'}, "

@@ -293,3 +293,40 @@ def test_a_host_back_from_a_reboot_heard_before_it_is_heard_never_pushes_the_tra
     back = decide("v100a", ORDER, views, set(ORDER), 110, memory)
     assert back.members == tuple(ORDER) and "v100a rejoined at update 180" in back.reason
     assert back.source["host"] == "v100b"
+
+
+def leaving(v: View, deadline: float = 1060.0, after: int | None = 40) -> View:
+    """`v` with its cloud's notice (train.agent.preemption), as its keeper's heartbeat says it."""
+    return replace(v, leaving=deadline, leaving_why="AWS spot notice (terminate at 00:17:40Z)", leaving_after=after)
+
+
+def test_a_host_its_cloud_reclaims_is_left_out_once_rank_0s_save_reaches_the_others_and_never_taken_back():
+    g1, memory = gen(1, ORDER), LeaderMemory()
+    views = {"v100a": view("v100a", g1, ckpt(1, 40), update=52), "v100b": leaving(view("v100b", g1, ckpt(1, 40)))}
+    assert decide("v100a", ORDER, views, set(ORDER), 1000, memory) is None  # rank 0 saves now
+    assert "v100b leaving (AWS spot notice (terminate at 00:17:40Z)): waiting for rank 0's save" in memory.waiting
+    views["v100a"] = view("v100a", g1, ckpt(1, 53), update=53)  # its save at the notice
+    new = decide("v100a", ORDER, views, set(ORDER), 1002, memory)
+    assert new.members == ("v100a",) and new.number == 2 and new.source["update"] == 53
+    assert new.reason == "v100b leaving at update 53 (AWS spot notice (terminate at 00:17:40Z))"
+    views = {"v100a": view("v100a", new, ckpt(2, 90), update=90), "v100b": leaving(view("v100b", g1, ranks="idle"))}
+    assert decide("v100a", ORDER, views, set(ORDER), 1010, memory) is None  # still live, still leaving: not back
+
+
+def test_a_leaving_rank_0_host_is_left_out_once_the_next_host_holds_its_save():
+    g1 = gen(1, ORDER)
+    views = {"v100a": leaving(view("v100a", g1, ckpt(1, 53), update=53)), "v100b": view("v100b", g1, ckpt(1, 40))}
+    assert decide("v100a", ORDER, views, set(ORDER), 1000, LeaderMemory()) is None  # v100b fetches it meanwhile
+    views["v100b"] = view("v100b", g1, ckpt(1, 53))
+    new = decide("v100a", ORDER, views, set(ORDER), 1001, LeaderMemory())  # the leaving host leads still
+    assert new.members == ("v100b",) and new.source == {**views["v100b"].checkpoint.to_dict(), "host": "v100b"}
+
+
+def test_without_a_save_the_leaving_host_is_left_out_before_its_deadline_from_the_newest_held():
+    """Rank 0 could not save alone (local SGD averages every rank at a save): the run still goes on
+    without the host before it vanishes mid-all-reduce, from the newest save the others hold."""
+    g1 = gen(1, ORDER)
+    views = {"v100a": view("v100a", g1, ckpt(1, 40), update=70), "v100b": leaving(view("v100b", g1, ckpt(1, 40)))}
+    assert decide("v100a", ORDER, views, set(ORDER), 1049, LeaderMemory()) is None
+    new = decide("v100a", ORDER, views, set(ORDER), 1050, LeaderMemory())  # 10 s before its deadline
+    assert new.members == ("v100a",) and new.source["update"] == 40
