@@ -39,7 +39,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from train.agent import agreement, preemption, replica, supervision, tracker
+from train.agent import agreement, offsite_schedule, preemption, replica, supervision, tracker
 from train.agent.generation import (
     ENDED,
     FINISHED,
@@ -148,6 +148,7 @@ class Keeper:
         self.peers_held: dict = read_json(self.dir / "peers.json", {})
         self.how = ""
         self.ended = ""
+        self.offsite = offsite_schedule.Uploads(run_dir, spec, _say, clock)  # copies off the cluster, if asked
         self.watcher: preemption.Watcher | None = None  # on a cloud VM: its notices (started by run())
         self.leaving: dict = {}  # this host's notice, as its heartbeat says it (View.leaving ...)
         self.saved_for: set[tuple[str, float]] = set()  # the notices rank 0 was asked to save for
@@ -301,6 +302,7 @@ class Keeper:
         if self.corrupt:  # a peer asked for a copy that no longer matches its manifest
             self.corrupt, self.checkpoint = False, Checkpoint.of(self.verified())
         self.snapshot()
+        self.offsite.tick(self.active_members if self.active is not None else [])  # a child process uploads
         self.heed_notice()
         with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
             answers = dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))

@@ -1,7 +1,8 @@
 """A run's keeper record on a host (RUN/keeper/), read by the keeper (train.agent.keeper) and by
 train.agent.state, which `fab status` and following ask: spec.json (what `fab train` told it),
 generation.json (the newest generation it knows), timeline.jsonl (every membership change, with its
-time, update and reason), keeper.pid (its supervisor), ended (why it ended: finished, stopped)."""
+time, update and reason), keeper.pid (its supervisor), ended (why it ended: finished, stopped),
+offsite.json (its checkpoint copies off the cluster: train.agent.offsite_schedule)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import json
 from pathlib import Path
 
+from train.agent.offsite_schedule import newest_copy
 from train.agent.replica import set_aside_list
 
 
@@ -53,6 +55,6 @@ def show(run_dir: str) -> dict:
     return {"keeper": supervisor_pid(run_dir) is not None, "spec": (kdir / "spec.json").exists(),
             "generation": read_json(kdir / "generation.json"),
             "ended": ended.read_text().strip() if ended.exists() else "",
-            "timeline": read_timeline(kdir), "set_aside": set_aside_list(run_dir)}
+            "timeline": read_timeline(kdir), "set_aside": set_aside_list(run_dir), "offsite": newest_copy(run_dir)}
 
 
