@@ -10,7 +10,6 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from lab.config import LabConfig
