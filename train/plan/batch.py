@@ -7,10 +7,14 @@ the preset's tokens per update (train.recipe.presets.RECIPES).
 
 Memory model: the peak GPU memory of a rank (GiB, as NVML counts it: the allocator's pool, its
 fragmentation and the CUDA context included) = the static part (parameters x bytes per parameter of
-precision and optimizer) + max_tokens x bytes per token: BYTES_PER_TOKEN's first figure per
-vocabulary entry (logits, log-probabilities and their gradients) and its second per layer and model
-dimension (activations kept for the backward pass, attention's scores included: with two
-architectures measured, heads and sentence length cannot be told from width).
+precision and optimizer, and fp16's flat master copy's buffer: FLAT_COPY_BYTES) + max_tokens x bytes
+per token: BYTES_PER_TOKEN's first figure per vocabulary entry (logits, log-probabilities and their
+gradients), its second per layer and model dimension (activations kept for the backward pass), and
+the sentence-length term (`length_bytes`: attention's tensors that grow with the longest pair of the
+batch, ATTENTION_BYTES per head, decoder layer and position, counted on CPU from fairseq's own model
+by benchmarks/activation_bytes.py). The rows were measured on a corpus whose longest pair is 99/87
+subwords (SAMPLE_LONGEST: the fit takes their length term out), a run is predicted at WMT16's
+(WMT16_LONGEST, 400 a side): big's bytes a token +20% at the same batch, base's +15%.
 
 The allocator matters as much as the batch: GPU ranks run torch's caching allocator with expandable
 segments (train.run.command.environment), and at the same batch on one H100 the default allocator
@@ -31,9 +35,9 @@ row by its allocator's fit (+: over-predicts; 0%: the points that set the fit):
 
     allocator   run                          card   measured   model   error
     expandable  big  fp16  26,985 x 17       H100     30.0      30.1     +0%  (sets big's; 510 batches)
-    expandable  big  bf16  26,985 x 17       H100     29.7      30.1     +1%
-    expandable  big  fp16  26,985 x 17       H100     28.1      30.1     +7%  (memory_efficient_fp16)
-    expandable  base fp16  32,768 x 1        H100     24.3      24.4     +0%  (sets base's; 300 batches)
+    expandable  big  bf16  26,985 x 17       H100     29.7      29.7     +0%  (no flat master copy)
+    expandable  big  fp16  26,985 x 17       H100     28.1      29.7     +6%  (memory_efficient_fp16)
+    expandable  base fp16  32,768 x 1        H100     24.3      24.3     +0%  (sets base's; 300 batches)
     default     base fp16   4,096 x 1        H100      5.7       8.2    +44%
     default     base fp16  16,384 x 1        H100     29.5      29.5     +0%  (sets base's)
     default     base fp16  32,768 x 1        H100     46.0      57.9    +26%  (twice: 300 and 600 updates)
@@ -62,13 +66,14 @@ one batch is smaller (28.1-30.0 GiB for big's fp16, bf16 and memory-efficient fp
 run under them (hours, the whole corpus's longest sentences) is what would say whether 1.15 can
 shrink.
 
-Extrapolation is refused: the derived max_tokens is at most the largest measured with the
-allocator for the arch and precision (`measured_cap`; fp16 and bf16 hold the same bytes and share
-their rows): 26,985 for big and 32,768 for base under expandable segments (57,344 and 32,768 under
-the default allocator). The model of a batch larger than any measured is a guess, and the largest
-batch (on the H200) is where the older, least-squares model fell 25.7% short. On cards that would
-hold more (big on a 40 GB card and up), the batch grows when a larger one is measured under
-expandable segments.
+Extrapolation is refused: the derived max_tokens is at most the largest measured for the arch and
+precision (`measured_cap`; fp16 and bf16 hold the same bytes and share their rows) with the
+allocator or with one that needs more at the same batch (HOLDS_LESS: a batch torch's default
+allocator held, expandable segments hold): 57,344 for big and 32,768 for base, so an H200 derives
+big's 57,344 x 8 with expandable segments and 45,875 x 10 without, never the other way round (it
+derived 26,985 x 17 against 50,972 x 9 while each allocator had its own cap). The cap rises with a
+measured row; the model of a batch larger than any measured is a guess, and the largest batch (on
+the H200) is where the older, least-squares model fell 25.7% short.
 New measurements (benchmarks.gpu's `gpu_mem_peak_mb`, in MiB: a row's GiB is it / 1024, with the
 allocator the run had) are rows of MEASURED; `fit(MEASURED, allocator)` then gives the constants
 (tests/unit/train/plan/test_batch.py checks that they are the fit's).
@@ -90,15 +95,41 @@ from ..recipe.params import ARCH_DIMS, preset_params
 # and gradients (2 + 2) beside fp32 master weights and gradients (4 + 4) and Adam's two moments (8).
 BYTES_PER_PARAM = {("fp16", "adam"): 20, ("bf16", "adam"): 20, ("fp32", "adam"): 16,
                    ("fp16", "sgd"): 12, ("bf16", "sgd"): 12, ("fp32", "sgd"): 8}
+# FP16Optimizer's flat fp32 master copy through tandem's one-kernel copies (train/agent/fast_steps.py,
+# flat_master_copy, on unless set false) keeps one fp16 staging buffer the size of the model besides
+FLAT_COPY_BYTES = 2
+# Sentence length: bytes a target token keeps for the backward pass per attention head, decoder layer
+# and position of its (source, target) sentence, in fp16. Counted on CPU with fairseq 0.12.3's own
+# Transformer (benchmarks/activation_bytes.py: torch.autograd's saved-tensor hooks over a training
+# forward and the loss, fp16, one padded sentence a batch): the encoder-decoder attention runs
+# fairseq's own bmm/softmax path and keeps its probabilities twice (softmax's fp32 output, 4 B, and
+# the fp16 copy the value product saves, 2 B: per source position); the decoder's self-attention goes
+# through torch's MHA, which merges the causal and padding masks into one fp16 (batch, heads, T, T)
+# tensor that scaled_dot_product_attention keeps (2 B: per target position). Base's and big's saved
+# bytes a token grew by 8.0 B x heads x decoder layers per position from 25 to 400 (tests check it
+# on a small model).
+ATTENTION_BYTES = (6.0, 2.0)
+# The longest (source, target) pair in subwords, EOS included, of the corpus the rows were measured
+# on (tandem's 32k subwords of the shared WMT sample, cut at 50 words a side) and of WMT16 en-de as
+# prepare-data cleans it (250 words a side, train.agent.data.corpus.keep_pair: x 1.6 subwords a word,
+# the sample's 99th percentile of sentences of 40 words and more, 1.71, rounded down, = 400)
+SAMPLE_LONGEST = (99, 87)
+WMT16_LONGEST = (400, 400)
+# Attention heads of the fairseq architectures (their decoder_attention_heads)
+HEADS = {"transformer": 8, "transformer_wmt_en_de": 8, "transformer_iwslt_de_en": 4,
+         "transformer_vaswani_wmt_en_de_big": 16, "transformer_wmt_en_de_big": 16}
 # Activations of fp32 training take 4 bytes where fp16/bf16 take 2: twice the measured half-precision
 # bytes is an upper bound (the loss's fp32 part is the same in both). fp32 itself is not measured.
 ACTIVATION_SCALE = {"fp16": 1.0, "bf16": 1.0, "fp32": 2.0}
 # torch's caching allocator: with expandable segments (what tandem gives GPU ranks: train.run.command) or
 # with its defaults (a user's PYTORCH_CUDA_ALLOC_CONF without them); each has its own rows and fit
 EXPANDABLE, DEFAULT = "expandable", "default"
+# the allocators whose measured batches an allocator holds too: the same batch peaked 38-45% lower with
+# expandable segments than with torch's defaults (big 26,985 x 17 and base 32,768, one H100, issue 36)
+HOLDS_LESS = {EXPANDABLE: (DEFAULT,)}
 # fit(MEASURED, allocator), rounded up: bytes a token per vocabulary entry, and per (encoder + decoder
 # layers) x model dimension
-BYTES_PER_TOKEN = {EXPANDABLE: (15.1, 45.5), DEFAULT: (39.7, 96.1)}
+BYTES_PER_TOKEN = {EXPANDABLE: (15.2, 38.7), DEFAULT: (39.7, 90.8)}
 MARGIN = 1.15  # the predicted peak x MARGIN must fit: beyond the envelope of every measured peak
 RESERVED_GIB = 1.0  # other processes, NCCL's buffers (the measured runs had one GPU): what a batch may not count on
 GIB = 2**30
@@ -120,6 +151,8 @@ class Measured(NamedTuple):
     card: str
     source: str
     allocator: str  # EXPANDABLE or DEFAULT: what the run's PYTORCH_CUDA_ALLOC_CONF gave it
+    flat_copy: bool = False  # fp16 with tandem's flat master copy (FLAT_COPY_BYTES a parameter more)
+    longest: tuple[int, int] = SAMPLE_LONGEST  # the corpus's longest (source, target) pair, in subwords
 
 
 _README = "benchmarks/README.md 'Batch size, after the fix'"
@@ -130,11 +163,11 @@ _ISSUE36 = "benchmarks/README.md 'Issue 36 (2026-11-26)'"
 MEASURED: list[Measured] = [
     # expandable segments (what tandem's GPU ranks run with), one H100, the batch fab train derived then
     Measured(BIG, "fp16", 26985, 17, 30.01, H100, f"{_ISSUE36}, big-fp16-after, 30 updates (510 batches)",
-             EXPANDABLE),
+             EXPANDABLE, flat_copy=True),
     Measured(BIG, "bf16", 26985, 17, 29.68, H100, f"{_ISSUE36}, big-bf16-after, 30 updates", EXPANDABLE),
     Measured(BIG, "fp16", 26985, 17, 28.09, H100, f"{_ISSUE36}, big-fp16-mefp16 (memory_efficient_fp16), 30 updates",
              EXPANDABLE),
-    Measured(BASE, "fp16", 32768, 1, 24.31, H100, f"{_ISSUE36}, base-fp16-after", EXPANDABLE),
+    Measured(BASE, "fp16", 32768, 1, 24.31, H100, f"{_ISSUE36}, base-fp16-after", EXPANDABLE, flat_copy=True),
     # torch's default allocator
     Measured(BASE, "fp16", 4096, 1, 5.7, H100, f"{_README}, base-fp16-4k (the profiled run)", DEFAULT),
     Measured(BASE, "fp16", 16384, 1, 29.5, H100, f"{_README}, base-fp16-16k (maybe with a previous run's memory)",
@@ -163,9 +196,38 @@ def _dims(options: Mapping[str, object]) -> tuple[int, int]:
     return layers, width
 
 
+def length_bytes(options: Mapping[str, object], longest: tuple[int, int] = WMT16_LONGEST) -> float:
+    """Bytes a max_tokens unit keeps for attention in a batch of `longest` (source S, target T) pairs,
+    fp16: per sentence, heads x decoder layers x T x (ATTENTION_BYTES[0] x S + ATTENTION_BYTES[1] x T)
+    (the encoder-decoder probabilities are T x S, the self-attention's mask T x T), over the
+    max(S, T) units a sentence takes of max_tokens. Equal lengths are the worst case."""
+    arch = str(options.get("arch", "transformer"))
+    heads = int(options.get("decoder_attention_heads") or HEADS.get(arch, 8))  # type: ignore[call-overload]
+    decoder = int(options.get("decoder_layers") or ARCH_DIMS.get(arch, ARCH_DIMS["transformer"])[  # type: ignore[call-overload]
+        "decoder_layers"])
+    source, target = longest
+    return heads * decoder * target * (ATTENTION_BYTES[0] * source + ATTENTION_BYTES[1] * target) / max(source,
+                                                                                                      target)
+
+
+def flat_copy_of(options: Mapping[str, object], precision: str) -> bool:
+    """Whether a run keeps fp16's flat master copy's staging buffer: fp16 with FairseqAdam's
+    FP16Optimizer (not memory-efficient fp16) and flat_master_copy not set false (on by default,
+    train.run.command.FAST_STEP_SWITCHES)."""
+    return (precision == "fp16" and options.get("flat_master_copy") is not False
+            and not options.get("memory_efficient_fp16"))
+
+
 def _measured_options(arch: str) -> dict[str, object]:
     """The options of the preset a row measured (each is named after its arch; all share embeddings)."""
     return {"arch": arch, "share_all_embeddings": True}
+
+
+def row_peak_gib(row: Measured) -> float:
+    """The model's peak for a measured row: its batch, precision, allocator, master copy and corpus."""
+    options = {**_measured_options(row.arch), "flat_master_copy": row.flat_copy,
+               "memory_efficient_fp16": "memory_efficient_fp16" in row.source}
+    return peak_gib(options, FIT_VOCAB, row.max_tokens, row.precision, allocator=row.allocator, longest=row.longest)
 
 
 def allocator_of(env: Mapping[str, str] | None = None) -> str:
@@ -192,10 +254,12 @@ def fit(rows: Iterable[Measured], allocator: str = EXPANDABLE) -> tuple[float, f
     needs = []  # (bytes a token per vocab coefficient, per layer-width coefficient, bytes to cover, measured)
     for r in (r for r in rows if r.allocator == _allocator(allocator)):
         options = _measured_options(r.arch)
-        static = preset_params(options, FIT_VOCAB) * BYTES_PER_PARAM[(r.precision, "adam")]
+        static = preset_params(options, FIT_VOCAB) * (BYTES_PER_PARAM[(r.precision, "adam")] +
+                                                      FLAT_COPY_BYTES * r.flat_copy)
         layers, width = _dims(options)
         scale = r.max_tokens * ACTIVATION_SCALE[r.precision]
-        needs.append((FIT_VOCAB * scale, layers * width * scale, r.gib * GIB - static, r.gib * GIB))
+        attention = scale * length_bytes(options, r.longest)  # the rows' own longest pairs
+        needs.append((FIT_VOCAB * scale, layers * width * scale, r.gib * GIB - static - attention, r.gib * GIB))
     if not needs:
         raise ValueError(f"no peaks measured with the {allocator} allocator to fit")
     lines = [(v, w, need) for v, w, need, _ in needs] + [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]  # and a, b >= 0
@@ -223,20 +287,30 @@ def static_gib(params: int, precision: str = "fp16", optimizer: str = "adam", ex
 
 
 def bytes_per_token(options: Mapping[str, object], vocab: int, precision: str = "fp16",
-                    allocator: str | None = None) -> float:
-    """`allocator`: EXPANDABLE or DEFAULT; None, the one the ranks get from fab train's environment
-    (allocator_of), as in every function below."""
+                    allocator: str | None = None, longest: tuple[int, int] = WMT16_LONGEST) -> float:
+    """A batch's bytes a max_tokens unit when it holds the `longest` (source, target) pairs (default:
+    WMT16's). `allocator`: EXPANDABLE or DEFAULT; None, the one the ranks get from fab train's
+    environment (allocator_of), as in every function below."""
     layers, width = _dims(options)
     per_vocab, per_width = BYTES_PER_TOKEN[_allocator(allocator)]
-    return (per_vocab * vocab + per_width * layers * width) * ACTIVATION_SCALE[precision]
+    return (per_vocab * vocab + per_width * layers * width + length_bytes(options, longest)) * \
+        ACTIVATION_SCALE[precision]
+
+
+def options_static_gib(options: Mapping[str, object], vocab: int, precision: str = "fp16",
+                       extra_per_param: int = 0) -> float:
+    """Every static byte of the options' model: static_gib, and fp16's flat master copy's buffer."""
+    extra = extra_per_param + FLAT_COPY_BYTES * flat_copy_of(options, precision)
+    return static_gib(preset_params(options, vocab), precision, str(options.get("optimizer", "adam")), extra)
 
 
 def peak_gib(options: Mapping[str, object], vocab: int, max_tokens: int, precision: str = "fp16",
-             extra_per_param: int = 0, allocator: str | None = None) -> float:
-    """Predicted peak GPU memory of one rank training with `max_tokens` (no margin)."""
-    params = preset_params(options, vocab)
-    return static_gib(params, precision, str(options.get("optimizer", "adam")), extra_per_param) + \
-        max_tokens * bytes_per_token(options, vocab, precision, allocator) / GIB
+             extra_per_param: int = 0, allocator: str | None = None,
+             longest: tuple[int, int] = WMT16_LONGEST) -> float:
+    """Predicted peak GPU memory of one rank training with `max_tokens` on a corpus whose longest pair
+    is `longest` (no margin)."""
+    return options_static_gib(options, vocab, precision, extra_per_param) + \
+        max_tokens * bytes_per_token(options, vocab, precision, allocator, longest) / GIB
 
 
 def headroom_gib(peak: float) -> float:
@@ -246,40 +320,42 @@ def headroom_gib(peak: float) -> float:
 
 
 def fits(options: Mapping[str, object], vocab: int, max_tokens: int, gpu_gib: float, precision: str = "fp16",
-         extra_per_param: int = 0, allocator: str | None = None) -> bool:
-    peak = peak_gib(options, vocab, max_tokens, precision, extra_per_param, allocator)
+         extra_per_param: int = 0, allocator: str | None = None, longest: tuple[int, int] = WMT16_LONGEST) -> bool:
+    peak = peak_gib(options, vocab, max_tokens, precision, extra_per_param, allocator, longest)
     return peak + headroom_gib(peak) <= gpu_gib
 
 
 def measured_cap(options: Mapping[str, object], precision: str = "fp16",
                  rows: Iterable[Measured] = MEASURED, allocator: str | None = None) -> tuple[int, str]:
-    """The largest max_tokens measured with the allocator for the options' arch at the precision (fp16
-    and bf16 together: the same bytes), and where it comes from; an arch or precision without rows:
-    the arch's largest, else the largest of any."""
+    """The largest max_tokens measured for the options' arch at the precision (fp16 and bf16 together:
+    the same bytes) with the allocator or one that needs more (HOLDS_LESS: a batch torch's default
+    allocator held, expandable segments hold with 38-45% less at the same batch, measured both ways),
+    and where it comes from; an arch or precision without rows: the arch's largest, else the largest
+    of any. So expandable segments never derive a smaller batch than the default allocator would."""
     arch = str(options.get("arch", "transformer"))
     allocator = _allocator(allocator)
-    rows = [r for r in rows if r.allocator == allocator]
+    rows = [r for r in rows if r.allocator == allocator or r.allocator in HOLDS_LESS.get(allocator, ())]
     half = ACTIVATION_SCALE[precision]
     for found, said in (([r for r in rows if r.arch == arch and ACTIVATION_SCALE[r.precision] == half], ""),
                         ([r for r in rows if r.arch == arch], f", {precision} not measured"),
                         (rows, f", {arch} not measured")):
         if found:
             top = max(found, key=lambda r: r.max_tokens)
-            segments = "expandable segments" if allocator == EXPANDABLE else "torch's default allocator"
+            segments = "expandable segments" if top.allocator == EXPANDABLE else "torch's default allocator"
             return top.max_tokens, f"the largest measured ({top.arch} {top.precision} on {top.card}, {segments}{said})"
     raise ValueError(f"no peaks measured with the {allocator} allocator")
 
 
 def largest_max_tokens(options: Mapping[str, object], vocab: int, gpu_gib: float, precision: str = "fp16",
-                       multiple: int = 256, extra_per_param: int = 0, allocator: str | None = None) -> int:
-    """The largest max_tokens predicted to fit `gpu_gib` with the margin (a multiple of `multiple`) and
-    at most the largest measured (measured_cap, as measured); 0 when not even the model fits."""
-    params = preset_params(options, vocab)
-    room = (gpu_gib - RESERVED_GIB) / MARGIN - static_gib(params, precision, str(options.get("optimizer", "adam")),
-                                                          extra_per_param)
+                       multiple: int = 256, extra_per_param: int = 0, allocator: str | None = None,
+                       longest: tuple[int, int] = WMT16_LONGEST) -> int:
+    """The largest max_tokens predicted to fit `gpu_gib` with the margin on a batch of the `longest`
+    pairs (a multiple of `multiple`) and at most the largest measured (measured_cap, as measured); 0
+    when not even the model fits."""
+    room = (gpu_gib - RESERVED_GIB) / MARGIN - options_static_gib(options, vocab, precision, extra_per_param)
     if room <= 0:
         return 0
-    by_memory = int(room * GIB / bytes_per_token(options, vocab, precision, allocator))
+    by_memory = int(room * GIB / bytes_per_token(options, vocab, precision, allocator, longest))
     return min(by_memory // multiple * multiple, measured_cap(options, precision, allocator=allocator)[0])
 
 
