@@ -101,14 +101,23 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     "resume_from": "URL of the store the run's hosts copied checkpoints to (s3://BUCKET/PREFIX, gs://..., a "
                    "directory, sftp://...): every VM gone, the run goes on on --hosts from its newest whole copy "
                    "there (--run names it when the store holds several), its batch derived again for them",
+    "checkpoints_to": "copy checkpoints off the cluster, uploaded by rank 0's host: s3://BUCKET/PREFIX (or an "
+                      "S3-compatible store: endpoint_url in the hosts' ~/.aws/config), gs://BUCKET/PREFIX, a directory "
+                      "on every host (/mnt/share/runs), sftp://[user@]host[:port]/path; credentials from each host, "
+                      "never in the URL; checked from every host first (exit 3 naming one that cannot write); "
+                      "a resumed run keeps its own, off drops it",
+    "checkpoints_every": "minutes between checkpoint_last's copies off the cluster (default 30; checkpoint_best "
+                         "goes when it changes)",
 }))
 @cluster_task(checks=[options.hosts_described, options.resumable_run, options.precision_fits_hosts],
               preset=options.preset, set=options.overrides, dataset=options.name, run=options.name,
               update_freq=options.whole(1), precision=options.precision, port=options.port, comm=options.comm,
-              backup=options.backup, replace=options.replacement)
+              backup=options.backup, replace=options.replacement, checkpoints_to=options.checkpoints_to,
+              checkpoints_every=options.minutes)
 def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
-          comm=None, rejoin=False, backup=None, replace=None, resume_from=None):
+          comm=None, rejoin=False, backup=None, replace=None, resume_from=None, checkpoints_to=None,
+          checkpoints_every=None):
     """Preflight every host, start fairseq on all of them at once (torchrun), follow it; again to resume.
 
     Exit 3 when the network check refuses (--accept-slow-network overrides it)."""
@@ -117,7 +126,8 @@ def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, up
         update_freq=update_freq, precision=precision, port=port,
         dry_run=dry_run, detach=detach,
         accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin, backup=backup,
-        replace=replace, resume_from=resume_from)
+        replace=replace, resume_from=resume_from, checkpoints_to=checkpoints_to,
+        checkpoints_every=checkpoints_every)
     session.train(request, hosts, known_hosts(c), console)
 
 

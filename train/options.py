@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from . import hostvars
+from .agent import offsite_target
 from .agent.allreduce import parse_size
 from .cluster import CLUSTER_GROUP, Host
 from .exits import BadInventory, OptionError
@@ -178,6 +179,16 @@ def comm_list(value: object) -> str:
 def backup(value: object) -> str:
     BackupPolicy.parse(str(value))
     return str(value)
+
+
+def checkpoints_to(value: object) -> str:
+    """Where the hosts copy checkpoints off the cluster (train.agent.offsite_target), or off. Its error
+    never repeats a secret the URL held."""
+    text = str(value).strip()
+    return text if text.lower() in ("off", "none") else offsite_target.parse(text).url
+
+
+minutes = number(unit=" of minutes")
 
 
 def rates(value: object) -> str:

@@ -38,6 +38,9 @@ BAD = [
     (["prepare-data", "--source", "/no/such/corpus"], "--source"),
     (["prepare-data", "--wmt16", "--source", "."], "--source"),
     (["train", "--update-freq", "x"], "--update-freq"),
+    (["train", "--checkpoints-to", "sftp://backup:hunter2@store/ckpts"], "--checkpoints-to"),  # a secret in the URL
+    (["train", "--checkpoints-to", "runs/relative"], "--checkpoints-to"),
+    (["train", "--checkpoints-every", "0"], "--checkpoints-every"),
     (["train", "--update-freq", "-1"], "--update-freq"),
     (["train", "--precision", "fp64"], "--precision"),
     (["train", "--precision", "fp16"], "--precision"),  # the inventory's hosts have no GPU

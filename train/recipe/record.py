@@ -47,6 +47,8 @@ class Run:
     order: list[str] = field(default_factory=list)  # every host the keepers know, in rank order (train.run.keepers)
     data_manifest: str | None = None  # the dataset's MANIFEST.sha256 checksum it trains on (a moved run checks it)
     ranks_per_host: int = 1  # every host's ranks as it last started (train.cluster.Host.ranks)
+    checkpoints_to: str | None = None  # where the hosts copy checkpoints off the cluster (train.run.offsite)
+    checkpoints_every_min: float | None = None  # checkpoint_last's interval there (None: train.run.offsite's 30)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property

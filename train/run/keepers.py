@@ -25,7 +25,7 @@ from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
 from ..plan import batching
 from ..recipe.record import Run
 from ..remote import agent_command
-from . import interval
+from . import interval, offsite
 from .elastic import scaled_update_freq
 from .launch import host_commands
 
@@ -63,7 +63,7 @@ def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None =
             "addresses": {h.name: h.cluster_address for h in hosts}, "port": run.master_port + PORT_OFFSET,
             "token": token or secrets.token_hex(16), "start": f"{time.time():.3f}", "reason": reason,
             "lost_after_s": LOST_AFTER_S, "elastic": elastic, "commands": commands, "update_freq": update_freq,
-            "ranks": ranks}
+            "ranks": ranks, "offsite": offsite.told(run)}
 
 
 def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:

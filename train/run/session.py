@@ -18,7 +18,7 @@ from ..plan.link import PeerUnreachable
 from ..recipe import presets, strategies
 from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
-from . import checkpoints, command, interval, keepers, launch, length, moved, pick, preflight
+from . import checkpoints, command, interval, keepers, launch, length, moved, offsite, pick, preflight
 from . import rejoin as rejoining
 from .follow import follow
 from .status import closing_mfu, summarize, why_stopped_early
@@ -49,6 +49,8 @@ class TrainRequest:
     backup: str | None = None  # checkpoints.BackupPolicy: the controller's copy (None: DEFAULT_BACKUP)
     replace: str | None = None  # "OLD=NEW": a new VM takes a host's place in the run
     resume_from: str | None = None  # a store URL: the run moved to these hosts from its newest copy there
+    checkpoints_to: str | None = None  # a URL off the cluster (train.run.offsite; None: a resumed run's own)
+    checkpoints_every: float | None = None  # minutes between checkpoint_last's copies there
 
 
 def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) -> None:
@@ -58,6 +60,8 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     backup_policy(request)  # a bad --backup is said before anything starts
     backup_while_detached(request, console)
     wandb_key_given(request.overrides, os.environ)
+    if request.checkpoints_to and request.checkpoints_to.strip().lower() not in offsite.OFF:
+        offsite.target_of(request.checkpoints_to)  # a malformed URL, or one with a secret: said before anything
     if request.rejoin:
         hosts = rejoin_hosts(known, request.run_id)
     if request.replace:
@@ -66,6 +70,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         request = moved_here(request, hosts, console)
     precision = request.precision or command.default_precision([h.gpus for h in hosts])
     run, resuming = pick_run(hosts, request, precision)
+    offsite.choose(run, request.checkpoints_to, request.checkpoints_every)
     joining = [h for h in hosts if h.name not in run.hosts] if resuming else []
     current = run.hosts_of(hosts) if joining else hosts
     if joining and not request.replace and not request.dry_run and any(s.running for s in launch.states(run, current)):
@@ -105,6 +110,10 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
+    if run.checkpoints_to:
+        with console.status(f"checking {run.checkpoints_to} from every host (write, read back, delete)"):
+            offsite.check(run, hosts)
+        console.print(f"✓ {offsite.start_line(run)}", markup=False)
     verdict = network_check(run, hosts, request.accept_slow_network, console,
                             auto=request.comm == "auto" and not resuming)
     run.link_mbps = verdict.link_mbps if verdict else None

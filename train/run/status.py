@@ -15,7 +15,7 @@ from ..plan import batching
 from ..plan import mfu as flops
 from ..recipe import logformat
 from ..recipe.record import Run
-from . import idle, launch
+from . import idle, launch, offsite
 from .launch import HostState
 
 
@@ -220,6 +220,8 @@ def show(run: Run, hosts: list[Host], console, as_json: bool = False) -> None:
         console.print("set aside by the keepers (kept whole, not trained on):")
         for line in aside:
             console.print(f"  {line}", markup=False)
+    if copied := offsite.status_line(run, states):  # the hosts' uploads off the cluster (--checkpoints-to)
+        console.print(copied, markup=False)
     rank0 = states[0].progress
     if rank0:
         members = [h for h in hosts if h.name in run.hosts]

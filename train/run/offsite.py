@@ -1,0 +1,108 @@
+"""The controller's side of checkpoint copies off the cluster (`fab train --checkpoints-to URL`): the
+target checked from every host before a start, what the keepers are told, what `fab status` says.
+
+The hosts upload (train.agent.offsite_schedule, with their own credentials): the controller carries only
+the URL, which holds no secret (train.agent.offsite_target refuses one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..agent.offsite_target import BadTarget, parse
+from ..cluster import Host, run_each
+from ..exits import OptionError, Refused
+from ..recipe.record import Run
+from ..remote import agent_command
+
+DEFAULT_EVERY_MIN = 30.0  # checkpoint_last off the cluster at most this often (checkpoint_best: when it changes)
+CHECK_TIMEOUT_S = 90  # a store that does not answer: botocore's retries end within this
+OFF = ("off", "none")
+
+
+def target_of(url: str):
+    """--checkpoints-to's value parsed (exit 2 naming why, a secret in it included)."""
+    try:
+        return parse(url)
+    except BadTarget as err:
+        raise OptionError("checkpoints_to", err) from None
+
+
+def choose(run: Run, url: str | None, every_min: float | None) -> None:
+    """The run's target and interval: the asked ones, else a resumed run's own (`off` drops it)."""
+    if url is not None:
+        run.checkpoints_to = None if url.strip().lower() in OFF else target_of(url).url
+    if every_min is not None:
+        if not run.checkpoints_to:
+            raise OptionError("checkpoints_every", "copies checkpoints off the cluster: give --checkpoints-to URL too")
+        run.checkpoints_every_min = float(every_min)
+
+
+def told(run: Run) -> dict | None:
+    """The keepers' spec entry (train.agent.offsite_schedule), or None when no copy leaves the cluster."""
+    if not run.checkpoints_to:
+        return None
+    return {"url": run.checkpoints_to, "every_s": round(60 * (run.checkpoints_every_min or DEFAULT_EVERY_MIN))}
+
+
+def problems(answers, url: str) -> list[str]:
+    """`host: what failed and the fix` for each host whose check (python -m train.agent.offsite check) failed."""
+    out = []
+    for name, result in answers.items():
+        if not result.reachable:
+            out.append(f"{name}: unreachable, the target could not be checked from it ({result.error})")
+            continue
+        try:
+            said = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            said = {"error": f"the check did not answer ({result.why}): re-run provision.yml (--tags train_env)"}
+        if not said.get("ok"):
+            error = said.get("error") or result.why
+            out.append(f"{name}: {error}" if error.startswith(url) else f"{name}: {url}: {error}")
+    return out
+
+
+def check(run: Run, hosts: list[Host]) -> None:
+    """Write, read back and delete a small object from every host, with each host's credentials;
+    Refused (exit 3) naming each host that cannot, what failed and the fix."""
+    url = run.checkpoints_to
+    commands = {h.name: agent_command(h, "offsite", "check", url, "--host", h.name) for h in hosts}
+    answers = run_each(hosts, commands, timeout=CHECK_TIMEOUT_S)
+    if failed := problems(answers, url):
+        raise Refused(f"checkpoint copies cannot go to {url} from every host, nothing started:\n  "
+                      + "\n  ".join(failed) + "\nfix it, or start without --checkpoints-to (--checkpoints-to off "
+                      "for a run that had one)")
+
+
+def start_line(run: Run) -> str:
+    every = run.checkpoints_every_min or DEFAULT_EVERY_MIN
+    return (f"checkpoint copies off the cluster: {run.checkpoints_to}/{run.run_id}/ (checkpoint_last every "
+            f"{every:g} min, checkpoint_best when it changes; uploaded by rank 0's host with its own credentials)")
+
+
+def status_line(run: Run, states, now: float | None = None) -> str | None:
+    """The newest copy any reachable host's keeper made (update, age, where), an upload under way, or the
+    last error; None when the run copies nothing off the cluster."""
+    said = [(s.name, o) for s in states if s.reachable and (o := (s.keeper or {}).get("offsite"))]
+    if not run.checkpoints_to and not any(o.get("newest") for _, o in said):
+        return None
+    newest = max((o["newest"] for _, o in said if o.get("newest")), key=lambda n: n["update"], default=None)
+    now = now or time.time()
+    line = (f"newest copy off the cluster: update {newest['update']:,}, {_age(now - newest['time'])} ago, "
+            f"{newest['where']}" if newest else "no copy off the cluster yet")
+    for name, o in said:
+        if o.get("uploading"):
+            line += f"; {name} uploading update {max(o['uploading']):,}"
+        if o.get("error"):
+            line += f"; {name}'s last upload failed: {o['error']}"
+    return line
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
