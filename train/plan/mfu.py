@@ -1,7 +1,8 @@
 """Model FLOPs utilization: the share of a GPU's dense fp16/bf16 tensor peak the training uses.
 
 MFU = model FLOPs per token x tokens/s / peak. Model FLOPs per token (training: forward and backward,
-no recomputation) = 6 x parameters + 12 x model dimension x sentence length x attention layers
+no recomputation) = 6 x parameters (those of matrix products: an embedding that is not also the
+output projection is a lookup, lookup_params) + 12 x model dimension x sentence length x attention layers
 (attention's score and value products, which the parameter count misses: encoder self-attention,
 decoder self- and encoder-attention). NVML's utilization counts a kernel waiting on the network as
 busy; MFU does not, which is why the report answers "were the GPUs fully used?" from both.
@@ -75,13 +76,31 @@ def peak_tflops(gpu_name: str | None) -> float | None:
     return PEAK_TFLOPS.get((gpu_name or "").strip())
 
 
+def lookup_params(options: Mapping[str, object], vocab: int) -> int:
+    """Parameters used only as tables (an embedding lookup multiplies nothing): the source and target
+    embeddings where not shared with the output projection, and learned positions. With all
+    embeddings shared the one matrix is the output projection's, a matrix product."""
+    arch = ARCH_DIMS.get(str(options.get("arch", "transformer")), ARCH_DIMS["transformer"])
+    d = int(options.get("encoder_embed_dim") or arch["embed_dim"])  # type: ignore[call-overload]
+    tables = 0
+    if not options.get("share_all_embeddings"):
+        tables += vocab * d  # the encoder's
+        if not options.get("share_decoder_input_output_embed"):
+            tables += vocab * d  # the decoder's input; its output projection is another matrix
+    if options.get("encoder_learned_pos"):
+        tables += 2 * (int(options.get("max_source_positions") or 1024) + 2) * d  # type: ignore[call-overload]
+    return tables
+
+
 def flops_per_token(options: Mapping[str, object], vocab: int, sentence_tokens: float = 30.0) -> float:
-    """Training FLOPs per (target) token: 6 x parameters + 12 x d x length x attention layers."""
+    """Training FLOPs per (target) token: 6 x the parameters of matrix products (lookup_params left
+    out) + 12 x d x length x attention layers."""
     arch = ARCH_DIMS.get(str(options.get("arch", "transformer")), ARCH_DIMS["transformer"])
     d = int(options.get("encoder_embed_dim") or arch["embed_dim"])  # type: ignore[call-overload]
     enc = int(options.get("encoder_layers") or arch["encoder_layers"])  # type: ignore[call-overload]
     dec = int(options.get("decoder_layers") or arch["decoder_layers"])  # type: ignore[call-overload]
-    return 6.0 * preset_params(options, vocab) + 12.0 * d * sentence_tokens * (enc + 2 * dec)
+    products = preset_params(options, vocab) - lookup_params(options, vocab)
+    return 6.0 * products + 12.0 * d * sentence_tokens * (enc + 2 * dec)
 
 
 def mfu(tokens_per_s: float, flops_token: float, gpus: int, gpu_name: str | None) -> float | None:
