@@ -4,6 +4,7 @@
     DEFAULT_VENV  /opt/tandem/venv   the training virtualenv, where the inventory names none
     RUNS_ROOT     /data/tandem/runs  each run's directory (its keeper's record too)
     DATA_ROOT     /data/tandem/datasets  each prepared dataset's directory (prepare-data publishes there)
+    CACHE_ROOT    /data/tandem/cache  torch.compile's code (inductor/, triton/), kept across restarts
 
 One definition: roles/tandem/defaults/main.yml, which the provisioning roles get through their meta
 dependency on roles/tandem, read here once at import (a few lines of YAML). Its values are plain paths
@@ -45,3 +46,4 @@ ENV_FILE: str = _PATHS["tandem_env_file"]
 DEFAULT_VENV: str = _PATHS["tandem_venv"]
 RUNS_ROOT: str = _PATHS["tandem_runs"]
 DATA_ROOT: str = _PATHS["tandem_datasets"]
+CACHE_ROOT: str = _PATHS["tandem_cache"]

@@ -19,9 +19,19 @@ fairseq builds the key of a layer's decoding state from a random id even when th
 state; the compiler would guard on that id and compile once per layer, so the key is only built
 when there is a state (same behaviour).
 
-The compiled code is made on a rank's first batches (tens of seconds per graph, on its CPU);
-the model, its state_dict and checkpoints are unchanged: a run can resume with the switch off.
-tests/unit/train/agent/test_compiled_layers.py compares the compiled layers with fairseq's.
+The compiled code is made on a rank's first batches (tens of seconds per graph, on its CPU; 40-150 s
+in all on a GPU host); the model, its state_dict and checkpoints are unchanged: a run can resume with
+the switch off. fairseq's heartbeat kills a rank whose next forward does not start within
+--heartbeat-timeout (45 s for base), and a rank done compiling waits for the slowest one in its first
+all-reduce, whose process group times out with the same heartbeat: a first update with several ranks
+would die compiling. While it compiles (CompileClock: torch's own compile-start and compile-end
+callbacks, the lazy backward's included) the heartbeat allows TANDEM_COMPILE_ALLOWANCE_S (default
+ALLOWANCE_S) after the last start or end of a compile, and the process group's timeout is at least that
+(train/agent/fairseq_train.py); once no compile has run for that long, the heartbeat is the run's again.
+The hosts keep the compiled code on the data volume (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR:
+train.run.command.environment), so a restart finds it and compiles in seconds.
+tests/unit/train/agent/test_compiled_layers.py compares the compiled layers with fairseq's and trains
+two ranks through a compile slower than their heartbeat.
 """
 
 from __future__ import annotations
@@ -29,8 +39,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 
 logger = logging.getLogger("tandem.compiled_layers")
+
+ALLOWANCE_S = 600.0  # a rank's heartbeat and collectives may wait this long past its last compile's start or end
 
 # the decoder layer's positional arguments after x: encoder_out, encoder_padding_mask, incremental_state,
 # prev_self_attn_state, prev_attn_state, self_attn_mask, self_attn_padding_mask
@@ -106,6 +119,69 @@ def state_key_only_with_state() -> None:
     holder.get_incremental_state = get_incremental_state
 
 
+class CompileClock:
+    """When this process last started or ended a compile (torch.compile's tracing and code generation,
+    a lazy backward's too): what the heartbeat's watcher thread reads."""
+
+    def __init__(self) -> None:
+        self.compiling = False
+        self.last: float | None = None  # time.monotonic() of the last start or end; None: never compiled
+
+    def started(self, _args=None) -> None:
+        self.compiling, self.last = True, time.monotonic()
+
+    def ended(self, _args=None) -> None:
+        self.compiling, self.last = False, time.monotonic()
+
+    def listen(self) -> None:
+        """Told by torch of every compile of this process (its callbacks fire once for nested ones)."""
+        from torch._dynamo import callback
+
+        if self.started not in callback.callback_handler.start_callbacks:
+            callback.on_compile_start(self.started)
+            callback.on_compile_end(self.ended)
+
+
+CLOCK = CompileClock()
+_compiles = False  # whether this process compiles in training (its layers, fused_loss's passes)
+
+
+def expect_compiles() -> None:
+    """This process compiles in training: its heartbeat and process group allow for it."""
+    global _compiles
+    CLOCK.listen()
+    _compiles = True
+
+
+def allowance_s() -> float:
+    """How long past a compile's start or end a rank may make no progress (TANDEM_COMPILE_ALLOWANCE_S)."""
+    return float(os.environ.get("TANDEM_COMPILE_ALLOWANCE_S") or ALLOWANCE_S)
+
+
+def heartbeat_deadline(started: float, timeout: float, clock: CompileClock = CLOCK) -> float:
+    """When a rank whose last forward began at `started` (time.monotonic()) has missed its heartbeat:
+    `timeout` after it, or later, the allowance after this process's last compile start or end (a rank
+    compiling, or waiting in a collective for a slower one to finish compiling).
+
+    >>> clock = CompileClock()
+    >>> heartbeat_deadline(100.0, 45.0, clock)
+    145.0
+    >>> clock.last = 90.0
+    >>> heartbeat_deadline(100.0, 45.0, clock) == 90.0 + allowance_s()
+    True
+    """
+    deadline = started + timeout
+    if clock.last is not None:
+        deadline = max(deadline, clock.last + allowance_s())
+    return deadline
+
+
+def process_group_timeout_s(heartbeat_s: float) -> float:
+    """The process group's timeout for a run whose heartbeat is `heartbeat_s`: at least the compile
+    allowance where the layers compile (a rank waits in its first all-reduce for the slowest compile)."""
+    return max(heartbeat_s, allowance_s()) if _compiles else heartbeat_s
+
+
 def gpu_compiler_available() -> bool:
     """Whether torch.compile can make GPU kernels here (inductor writes them in Triton, which a
     CUDA build of torch normally brings along)."""
@@ -115,7 +191,8 @@ def gpu_compiler_available() -> bool:
 
 
 def install(backend: str = "inductor") -> None:
-    """fairseq's Transformer encoder and decoder layers compiled in training (TANDEM_COMPILE_LAYERS=1)."""
+    """fairseq's Transformer encoder and decoder layers compiled in training (TANDEM_COMPILE_LAYERS=1),
+    the heartbeat told of every compile."""
     if os.environ.get("TANDEM_COMPILE_LAYERS") != "1":
         return
     if backend == "inductor" and not gpu_compiler_available():
@@ -128,6 +205,7 @@ def install(backend: str = "inductor") -> None:
     if getattr(encoder.forward, "_tandem", False):
         return
     state_key_only_with_state()
+    expect_compiles()
     encoder.forward = compiled_in_training(encoder.forward, backend, ENCODER_PADDING)
     decoder.forward = compiled_in_training(decoder.forward, backend, DECODER_PADDING, decoding)
     logger.info("tandem: Transformer layers compiled in training (train/agent/compiled_layers.py)")

@@ -79,7 +79,9 @@ def attention_without_cudnn() -> None:
 def process_group_timeout() -> None:
     """fairseq calls init_process_group without a timeout: NCCL's default is 10 minutes, so the
     ranks of a host that vanished mid-all-reduce stay blocked that long. TANDEM_PG_TIMEOUT_S
-    (tandem sets it to the run's heartbeat) becomes the default timeout instead."""
+    (tandem sets it to the run's heartbeat) becomes the default timeout instead; where the layers
+    compile in training, at least the compile allowance (compiled_layers.process_group_timeout_s: the
+    first all-reduce waits for the slowest rank's compile)."""
     seconds = os.environ.get("TANDEM_PG_TIMEOUT_S")
     if not seconds:
         return
@@ -92,7 +94,8 @@ def process_group_timeout() -> None:
         return
 
     def init_process_group(*args, **kwargs):
-        kwargs.setdefault("timeout", datetime.timedelta(seconds=float(seconds)))
+        timeout = compiled_layers.process_group_timeout_s(float(seconds))
+        kwargs.setdefault("timeout", datetime.timedelta(seconds=timeout))
         return init(*args, **kwargs)
 
     init_process_group._tandem_timeout = True  # type: ignore[attr-defined]
@@ -103,8 +106,12 @@ def heartbeat_kills() -> None:
     """fairseq's heartbeat (--heartbeat-timeout) sends its own process SIGINT. A rank whose peer
     vanished is blocked inside a collective, in C++, and never runs Python's handler: it logs
     "Killing job for not making progress" and stays (seen for > 240 s on the lab, torchrun and
-    all). SIGKILL ends it wherever it is; torchrun then ends the host's part of the run."""
+    all). SIGKILL ends it wherever it is; torchrun then ends the host's part of the run.
+    A rank that compiles (compile_layers) is not making progress either, for a minute or two, nor is
+    one waiting for it in an all-reduce: the watcher lets the compile allowance pass after each compile
+    starts or ends (compiled_layers.heartbeat_deadline) before it kills."""
     import signal
+    import time
 
     from fairseq.distributed import distributed_timeout_wrapper as wrapper
 
@@ -116,7 +123,27 @@ def heartbeat_kills() -> None:
     def __init__(self, module, timeout, signal=signal.SIGKILL):
         init(self, module, timeout, signal)
 
+    def _check_heartbeat(self, parent_pid):
+        self._heartbeat.wait()  # the first forward
+        while True:
+            self._heartbeat.clear()
+            started = time.monotonic()
+            beat = self._heartbeat.wait(timeout=self.timeout)
+            while not beat and not self._terminated:
+                left = compiled_layers.heartbeat_deadline(started, self.timeout) - time.monotonic()
+                if left <= 0:
+                    break
+                beat = self._heartbeat.wait(timeout=left)
+            if self._terminated:
+                break
+            if not beat:
+                wrapper.logger.error(f"Killing job for not making progress in {int(time.monotonic() - started)} "
+                                     "seconds. Set --heartbeat-timeout=-1 to disable this timeout.")
+                os.kill(parent_pid, self.signal)
+                return
+
     cls.__init__ = __init__
+    cls._check_heartbeat = _check_heartbeat
     cls._tandem_kill = True
 
 

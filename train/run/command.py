@@ -47,7 +47,7 @@ from pathlib import PurePosixPath
 
 # ENV_FILE: what provisioning found out about the host (roles/network: the cluster NIC it detected,
 # NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
-from train.hostpaths import ENV_FILE
+from train.hostpaths import CACHE_ROOT, ENV_FILE
 from train.recipe import strategies
 from train.recipe.gpu_defaults import ALLOC_CONF, ALLOCATOR, default_precision  # noqa: F401 (its users read them here too)
 from train.recipe.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
@@ -213,14 +213,24 @@ FAST_STEP_SWITCHES = {
 }
 
 
+# the switches whose code torch.compile makes on the host, at a run's first updates
+COMPILING_SWITCHES = ("fused_loss", "compile_layers")
+
+
 def fast_step_environment(launch: Launch, preset: Preset | None) -> dict[str, str]:
     """On GPU hosts each switch as `--set NAME=true|false` says, else its default; CPU hosts get
-    none (fairseq takes its fused Adam path only where CUDA is; the others are for GPU kernels)."""
+    none (fairseq takes its fused Adam path only where CUDA is; the others are for GPU kernels).
+    Where a switch compiles, torch keeps what it compiled on the data volume (CACHE_ROOT; its
+    default, /tmp, is gone after a reboot): a restarted run reuses it instead of compiling for minutes."""
     if launch.cpu:
         return {}
     options = preset.options if preset else {}
-    return {variable: "1" for option, (variable, default) in FAST_STEP_SWITCHES.items()
-            if options.get(option, default)}
+    env = {variable: "1" for option, (variable, default) in FAST_STEP_SWITCHES.items()
+           if options.get(option, default)}
+    if any(options.get(option, FAST_STEP_SWITCHES[option][1]) for option in COMPILING_SWITCHES):
+        env["TORCHINDUCTOR_CACHE_DIR"] = f"{CACHE_ROOT}/inductor"
+        env["TRITON_CACHE_DIR"] = f"{CACHE_ROOT}/triton"
+    return env
 
 
 def switches_cpu_hosts_ignore(overrides: list[str], options: dict, hosts: list[str]) -> str | None:
