@@ -38,6 +38,7 @@ from train.run import command
 BIG, BASE = "transformer_vaswani_wmt_en_de_big", "transformer_wmt_en_de"
 BIG_30 = ["max_update=30", "log_interval=2", "no_save=true"]  # ~2 s an update at the recipe's batch
 BASE_300 = ["max_update=300", "log_interval=10", "no_save=true"]
+BIG_16 = ["max_update=16", "log_interval=2", "no_save=true"]  # a lent GPU's 8 minutes: medians of updates 9-16
 SWITCHES_OFF = ["fused_adam=false", "flat_master_copy=false"]  # train/agent/fast_steps.py
 # name → (preset, precision, overrides). Throughput runs keep no checkpoints (GBs for big).
 RUNS: dict[str, tuple[str, str, list[str]]] = {
@@ -89,6 +90,12 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     "base-fp16-fusedloss": (BASE, "fp16", [*BASE_300, "fused_loss=true"]),
     "base-fp16-compiled": (BASE, "fp16", [*BASE_300, "compile_layers=true"]),
     "base-fp16-fast": (BASE, "fp16", [*BASE_300, "fused_loss=true", "compile_layers=true"]),
+    # on the WMT16-shaped corpus (on_gpu.sh's CORPUS=wmt16), 16 updates: the derived batch (50,972 x 9 on
+    # an H100, 57,344 x 8 on an H200) without and with both switches, and big at 57,344 x 8 (the batch
+    # measured under torch's default allocator on an H200; refused on an H100 by the model)
+    "big-fp16-after16": (BIG, "fp16", BIG_16),
+    "big-fp16-fast16": (BIG, "fp16", [*BIG_16, "fused_loss=true", "compile_layers=true"]),
+    "big-fp16-57k": (BIG, "fp16", [*BIG_16, "max_tokens=57344", "tokens_per_update=458752"]),
     # past the default allocator's fit on an 80 GB GPU (refused there, naming the predicted peak); under
     # expandable segments the model allows it: the run that measures a larger batch for the cap
     "big-fp16-40k": ("transformer_vaswani_wmt_en_de_big", "fp16", ["max_update=100", "log_interval=10",
@@ -121,11 +128,13 @@ def batch_for(preset: presets.Preset, overrides: list[str], precision: str, gpus
               gpu_mib: float) -> batch_model.Batch:
     """What `fab train` derives on this machine (train.plan.batching): the preset's tokens per update,
     max_tokens the GPU holds. A run that sets max_tokens measures one batch an update, as the figures
-    recorded before the derivation existed (benchmarks/README.md)."""
+    recorded before the derivation existed (benchmarks/README.md), unless it sets tokens_per_update too
+    (update_freq then follows: 57,344 x 8)."""
     options = preset.options
     cap = batch_model.largest_max_tokens(options, VOCAB, gpu_mib / 1024, precision)
     given = int(options["max_tokens"]) if presets.overridden(overrides, "max_tokens") else None
-    target = int(options["tokens_per_update"]) if options.get("tokens_per_update") and not given else None
+    asked = not given or presets.overridden(overrides, "tokens_per_update")
+    target = int(options["tokens_per_update"]) if options.get("tokens_per_update") and asked else None
     return batch_model.derive(target, gpus, cap, max_tokens=given, why=f"{gpu_mib / 1024:.0f} GiB")
 
 
@@ -181,6 +190,15 @@ def figures(log_text: str, samples: list[dict]) -> dict:
         "samples": len(samples),
         "errors": log.errors[-3:],
     }
+
+
+def fill_figures(result: dict, max_tokens: int, update_freq: int, gpus: int) -> dict:
+    """The fill (target words an update over max_tokens x update_freq x GPUs) and the padded tokens a
+    second (what the batches could hold, padding included: words/s over the fill), beside words/s:
+    words/s of two corpora or batches compare only at the same fill."""
+    fill = batch_model.fill(result.get("wpb"), max_tokens, update_freq, gpus)
+    padded = max_tokens * update_freq * gpus / result["s_per_update"] if result.get("s_per_update") else None
+    return {"fill": round(fill, 4) if fill else None, "padded_tokens_per_s": round(padded) if padded else None}
 
 
 def updates_logged(log_path: Path) -> int:
@@ -266,6 +284,7 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
     samples = [json.loads(x) for x in samples_path.read_text().splitlines()] if samples_path.exists() else []
     result = {**said, "wall_s": round(seconds, 1), "command": line, **figures(log_text, samples)}
     result["mfu"] = mfu.of_run(preset.options, VOCAB, result.get("wps"), gpus, gpu_name)
+    result.update(fill_figures(result, derived.max_tokens, derived.update_freq, gpus))
     if result.get("gpu_mem_peak_mb"):
         result["peak_vs_model"] = round(result["gpu_mem_peak_mb"] / 1024 / peak - 1, 3)
     print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)

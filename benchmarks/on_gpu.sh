@@ -7,12 +7,15 @@
 #                  subwords/{train,valid,test}.{en,de} + dict.en.txt + corpus.json
 #   OUT=DIR        where figures, logs and the report go
 #   RUNS=...       benchmarks.gpu's runs (default base-fp16,big-fp16,big-bf16); none: the set-up alone
-#   REPEAT=30      the training text repeated, so that an epoch outlasts a run
+#   CORPUS=wmt16   the training text: WMT16's sentence lengths and batches (benchmarks/wmt16_shape.py,
+#                  REPEAT x the sample's pairs asked: the same corpus up to REPEAT=33); sample: the
+#                  sample's text repeated REPEAT times (the runs before 2026-11-27: its fill follows REPEAT)
+#   REPEAT=30      sizes the training text, so that an epoch outlasts a run
 #   PROFILE=F:C    profile updates F..F+C-1 (torch.profiler; py-spy too if KIT/tools has its wheel)
 #   PROFILE_RUNS=  the runs to profile (default: every run)
 set -uo pipefail
 KIT=${KIT:-kit}; OUT=${OUT:?an output directory}; RUNS=${RUNS:-base-fp16,big-fp16,big-bf16}
-REPEAT=${REPEAT:-30}; WORK=${WORK:-/tmp/tandem-gpu}
+REPEAT=${REPEAT:-30}; CORPUS=${CORPUS:-wmt16}; WORK=${WORK:-/tmp/tandem-gpu}
 # before anything runs: a kit left behind is otherwise a tar error minutes into the session
 [ -f "$KIT/MANIFEST.json" ] || ls "$KIT"/sdist/fairseq_fixed-*.tar.gz >/dev/null 2>&1 || {
   echo "KIT=$KIT holds no kit (no MANIFEST.json, no sdist/fairseq_fixed-*.tar.gz): run make gpu-kit here, carry kit/" >&2; exit 2; }
@@ -74,12 +77,17 @@ for promised in ${CHECKS-1 2}; do
     | tee "$OUT/gpu-check-$promised.txt" | grep -E 'msg|fatal|failed|ok=|GPU' ; echo "gpus: $promised -> exit ${PIPESTATUS[0]}"
 done
 
-step "the corpus (tandem's subwords, training text x$REPEAT)"
+step "the corpus (tandem's subwords; $CORPUS, REPEAT=$REPEAT)"
 rm -rf "$WORK/text" "$WORK/wmt-sample" && mkdir -p "$WORK/text"
-for lang in en de; do
-  for _ in $(seq "$REPEAT"); do cat "$KIT/subwords/train.$lang"; done > "$WORK/text/train.$lang"
-  cp "$KIT/subwords/valid.$lang" "$KIT/subwords/test.$lang" "$WORK/text/"
-done
+if [ "$CORPUS" = wmt16 ]; then
+  "$py" -m benchmarks.wmt16_shape build --subwords "$KIT/subwords" --out "$WORK/text" \
+    --pairs $((REPEAT * $(wc -l < "$KIT/subwords/train.en"))) | tee "$OUT/corpus.txt" || exit 1
+else
+  for lang in en de; do
+    for _ in $(seq "$REPEAT"); do cat "$KIT/subwords/train.$lang"; done > "$WORK/text/train.$lang"
+    cp "$KIT/subwords/valid.$lang" "$KIT/subwords/test.$lang" "$WORK/text/"
+  done
+fi
 "$venv/bin/fairseq-preprocess" --source-lang en --target-lang de --trainpref "$WORK/text/train" \
   --validpref "$WORK/text/valid" --testpref "$WORK/text/test" --destdir "$WORK/wmt-sample" \
   --srcdict "$KIT/subwords/dict.en.txt" --joined-dictionary --workers 16 > "$WORK/preprocess.log" 2>&1 || { tail "$WORK/preprocess.log"; exit 1; }

@@ -359,6 +359,21 @@ def largest_max_tokens(options: Mapping[str, object], vocab: int, gpu_gib: float
     return min(by_memory // multiple * multiple, measured_cap(options, precision, allocator=allocator)[0])
 
 
+def fill(words_per_update: float | None, max_tokens: int | None, update_freq: int | None,
+         ranks: int | None) -> float | None:
+    """Target words an update over the tokens its batches may hold (max_tokens x update_freq x ranks):
+    what padding and the sentences that did not fit leave of a batch. fairseq's words/s count target
+    words only, so two runs' words/s compare only at the same fill; None where a figure is missing."""
+    if not words_per_update or not max_tokens or not update_freq or not ranks:
+        return None
+    return words_per_update / (max_tokens * update_freq * ranks)
+
+
+def fill_text(value: float | None) -> str:
+    """`fill 0.89` (target words / (max_tokens x update-freq x ranks)), or nothing."""
+    return f"fill {value:.2f}" if value is not None else ""
+
+
 @dataclass(frozen=True)
 class Batch:
     """max_tokens per rank and update_freq for `ranks` ranks, aiming at `target` tokens per update."""

@@ -41,3 +41,27 @@ def test_the_figures_keep_the_start_up_time_apart():
     got = figures(log, [])
     assert got["wall_at_first_log"] == 45
     assert got["wps"] == 1400
+
+
+def test_every_figure_comes_with_its_fill_and_padded_tokens_a_second():
+    """words/s counts target words only: beside it, the share of the batches they fill and the tokens
+    a second the batches held, padding included (a run on the repeated sample and one on WMT16's
+    lengths differ by their fill, not their speed)."""
+    from benchmarks.gpu import fill_figures
+
+    got = fill_figures({"wpb": 400_000, "s_per_update": 4.0, "wps": 100_000}, 50972, 9, 1)
+    assert got == {"fill": 0.8719, "padded_tokens_per_s": 114687}
+    assert fill_figures({"wpb": None, "s_per_update": None}, 50972, 9, 1) == {"fill": None,
+                                                                               "padded_tokens_per_s": None}
+
+
+def test_the_larger_big_batch_runs_at_57344_x_8_on_an_h200_and_is_refused_on_an_h100():
+    from benchmarks.gpu import batch_for
+    from train.plan import batch
+
+    preset_name, precision, overrides = RUNS["big-fp16-57k"]
+    preset = presets.resolve(preset_name, overrides)
+    for mib, fits in ((143771, True), (81559, False)):
+        b = batch_for(preset, overrides, precision, 1, mib)
+        assert (b.max_tokens, b.update_freq) == (57344, 8), b.line()
+        assert batch.fits(preset.options, 32000, b.max_tokens, mib / 1024, precision) is fits
