@@ -35,6 +35,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.plan import batch as batch_model
 from train.plan import mfu as flops
 from train.recipe import presets
 from train.recipe.logformat import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
@@ -368,9 +369,15 @@ def answer_step_time(data: RunData, ivs: list[Interval]) -> Answer:
                "median_s": statistics.median(steps) if steps else None}
     if avg is None:
         return Answer("step_time", "What is the average step time?", "no train_inner lines logged.", numbers)
+    wps = [iv.wps for iv in ivs if iv.wps]
+    numbers.update(median_wps=statistics.median(wps) if wps else None, fill=run_fill(data))
     text = (f"{avg:.3f} s/update: the mean of 1/ups over the {len(steps)} logged intervals "
             f"(min {numbers['min_s']:.3f}, median {numbers['median_s']:.3f}, max {numbers['max_s']:.3f}); "
             f"each interval's wall time over its updates, validation and saves inside it included.")
+    if numbers["median_wps"]:
+        text += f" Median {numbers['median_wps']:,.0f} words/s"
+        text += (f" at fill {numbers['fill']:.2f} (target words an update over max_tokens x update-freq x "
+                 f"ranks: words/s compare at the same fill)." if numbers["fill"] is not None else ".")
     return Answer("step_time", "What is the average step time?", text, numbers)
 
 
@@ -489,6 +496,16 @@ def answer_gpus(data: RunData, ivs: list[Interval]) -> Answer:
         text += f" No GPU on {', '.join(absent)} (absent, not 0 %)."
     return Answer("gpus", q, text, {"mean_util_percent": overall, "per_gpu": means, "peak_mem_mb": mem,
                                     "absent_hosts": absent, "mfu": used, "gpu_name": name}, verdict)
+
+
+def run_fill(data: RunData) -> float | None:
+    """The run's median logged words an update over the tokens its batches may hold (train.plan.batch.fill):
+    max_tokens and update_freq as the run record has them (derived by fab train), ranks of its hosts."""
+    wpb = [w for r in data.log.of("train_inner") if (w := r.get("wpb"))]
+    run = data.run
+    max_tokens = run.get("max_tokens") or data.options.get("max_tokens")
+    ranks = len(run.get("hosts") or []) * int(run.get("ranks_per_host") or 1)
+    return batch_model.fill(statistics.median(wpb) if wpb else None, max_tokens, run.get("update_freq") or 1, ranks)
 
 
 def run_mfu(data: RunData, ivs: list[Interval], gpus: int) -> tuple[str | None, float | None]:

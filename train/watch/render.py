@@ -108,6 +108,7 @@ def run_lines(screen: Screen) -> list[Text]:
     step = (f"s/update {r.last_s:.2f} last · {r.median_s:.2f} median" if r.last_s is not None and r.median_s
             else "s/update ?")
     step += f" · {r.wps:,.0f} words/s" if r.wps is not None else ""
+    step += f" · fill {r.fill:.2f}" if r.wps is not None and r.fill is not None else ""
     link = (f"link {screen.link_mbps:g} Mbit/s: {screen.link_source}" if screen.link_mbps
             else f"link: {screen.link_source}")
     verdict = Text("⇒ " + screen.verdict, style="bold yellow" if screen.verdict.startswith("network-bound")

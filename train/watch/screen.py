@@ -58,6 +58,7 @@ class RunRow:
     wps: float | None
     eta_s: float | None
     finished: bool
+    fill: float | None = None  # target words an update over max_tokens x update_freq x ranks
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def build(run: dict, readings: list[Reading], now: float, link_mbps: float | Non
     p = progress(data.log, data.options.get("max_update") or data.log.max_update)
     rate, source = answers.link(data, link_mbps)
     run_row = RunRow(p.update, p.max_update, p.loss, ivs[-1].step_s if ivs else None, step.numbers.get("median_s"),
-                     p.wps, p.eta_seconds, p.finished)
+                     p.wps, p.eta_seconds, p.finished, answers.run_fill(data))
     hosts = [host_row(r, now) for r in readings]
     return Screen(str(run.get("run_id", "?")), now, rate, source, hosts, run_row,
                   answers.verdict_line(net, gpus) if data.samples else "waiting for samples",

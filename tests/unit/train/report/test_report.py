@@ -340,3 +340,16 @@ def test_the_report_says_which_ranks_each_host_ran(tmp_path):
     an = A.analyze(A.load(run_dir), link_mbps=100)
     assert page.header_meta(an)[0] == "hosts v100a (ranks 0-1), v100b (ranks 2-3) (rank 0: v100a)"
     assert [(row["name"], row["ranks"]) for row in page.host_rows(an)] == [("v100a", "0-1"), ("v100b", "2-3")]
+
+
+def test_the_step_time_answer_says_the_fill_beside_words_a_second():
+    """Words/s count target words: the report says what share of the batches they filled, from the run
+    record's max_tokens and update_freq (as fab train derived them) and its ranks."""
+    line = ('2026-11-26 14:32:40 | INFO | train_inner | {{"epoch": 1, "update": {u}, "loss": "9.5", '
+            '"ups": "2", "wps": "28000", "wpb": "14000", "num_updates": "{u}", "wall": "{u}"}}')
+    run = {"run_id": "r", "hosts": ["a", "b"], "preset": "transformer_wmt_en_de", "max_tokens": 4096,
+           "update_freq": 2}
+    data = A.from_texts(run, {"a": [line.format(u=u) for u in (10, 20, 30)]}, {})
+    said = A.answer_step_time(data, A.intervals(data))
+    assert said.numbers["fill"] == pytest.approx(14000 / (4096 * 2 * 2))
+    assert "28,000 words/s at fill 0.85" in said.answer, said.answer
