@@ -19,7 +19,7 @@ from train import version as tandem_version
 from train.agent.nccl_sockets import option as nccl_sockets_option
 from train.recipe import strategies
 from train.remote import venv_of
-from train.run import launch, logtail, pick, session
+from train.run import launch, logtail, offsite, pick, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
@@ -187,12 +187,16 @@ def logs(c, hosts, run=None, lines=20, follow=False):
 @task(help={"run": "run id (default: the latest)"})
 @cluster_task(run=options.name)
 def stop(c, hosts, run=None):
-    """Stop every rank on every host and confirm none is left (non-zero exit naming a host that won't stop)."""
+    """Stop every rank on every host and confirm none is left (non-zero exit naming a host that won't stop).
+
+    With --checkpoints-to it says where the newest copy off the cluster is, or that the final one still uploads."""
     the_run = pick.find(run, hosts, console.print)
     outcome = launch.stop(the_run, the_run.hosts_of(hosts))
     said = {"stopped": "stopped", "killed": "killed (did not stop on SIGTERM)", "none": "was not running"}
     for name, what in outcome.items():
         console.print(f"{name}: {said.get(what, what)}; no training process left")
+    if copied := offsite.after_stop(the_run, the_run.hosts_of(hosts)):
+        console.print(copied, markup=False)
 
 
 @task(help={"run": "run id (default: the latest)", "checkpoint": "checkpoint file name (default checkpoint_best.pt)"})

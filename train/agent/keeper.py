@@ -350,6 +350,9 @@ class Keeper:
         if not notices or self.active_members[:1] != [self.me] or not run_pids(self.run_dir):
             return
         why = preemption.save_now(self.run_dir)
+        if not why:  # that save goes off the cluster at once, not at the interval (every VM may go)
+            self.offsite.soon(self.checkpoint.update if self.checkpoint else None, max(v.leaving for _, v in notices)
+                              + 60, " and ".join(f"{h}'s notice" for h, _ in notices))
         for host, v in notices:
             self.saved_for.add((host, v.leaving))
             _say(f"{host}: {v.leaving_why}: {f'no save now ({why})' if why else 'saving now'}, going on without {host}")
@@ -629,8 +632,11 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
         while True:
             ended = keeper.step()
             if ended:
+                keeper.snapshot()  # a save rank 0 made before `fab stop` stopped it
+                keeper.offsite.closing()  # its final copy off the cluster is to come: `keeper stop` waits for it
                 (keeper.dir / "ended").write_text(ended + "\n")
                 _say(f"the keeper ends: {ended}")
+                keeper.offsite.finish(keeper.active_members if keeper.active is not None else [], ended)
                 time.sleep(linger_s(spec))  # its heartbeat says so a while longer: every peer hears it
                 return 0
             if spec_file.stat().st_mtime_ns != spec_seen:  # fab train started the run again: its token, its start
@@ -792,9 +798,10 @@ def end_lingering(pid: int, run_dir: str, wait_s: float = 5) -> None:
 
 def stop(run_dir: str, wait_s: float = 20) -> str:
     """`fab stop` on this host: the keeper told and woken (SIGUSR1: a round now), it stops its ranks and
-    ends; then every rank confirmed stopped (train.agent.stop). Returns train.agent.stop's word. The
-    keeper's heartbeat says "stopping" a while longer (its peers hear it) in the background: the stop
-    returns once the ranks are gone, not after that linger."""
+    ends; then every rank confirmed stopped (train.agent.stop), and the keeper's final copy off the cluster
+    waited for within the same time (an upload still under way goes on; `fab status` says when it is
+    done). Returns train.agent.stop's word. The keeper's heartbeat says "stopping" a while longer (its
+    peers hear it) in the background: the stop returns once the ranks are gone, not after that linger."""
     kdir = keeper_dir(run_dir)
     if kdir.exists():
         (kdir / "stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
@@ -807,6 +814,9 @@ def stop(run_dir: str, wait_s: float = 20) -> str:
         if not (kdir / "ended").exists() and (pid := supervisor_pid(run_dir)):
             end_lingering(pid, run_dir)  # a keeper that did not end in time: it would start ranks again
     outcome = stop_ranks(run_dir, wait_s, mark=True)
+    while offsite_schedule.newest_copy(run_dir)["closing"] and supervisor_pid(run_dir) \
+            and time.monotonic() < deadline:  # the ending keeper's final copy off the cluster (fab stop says it)
+        time.sleep(0.1)
     return "stopped" if outcome == "none" and (kdir / "ended").exists() else outcome
 
 

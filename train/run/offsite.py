@@ -15,6 +15,7 @@ from ..cluster import Host, run_each
 from ..exits import OptionError, Refused
 from ..recipe.record import Run
 from ..remote import agent_command
+from . import launch
 
 DEFAULT_EVERY_MIN = 30.0  # checkpoint_last off the cluster at most this often (checkpoint_best: when it changes)
 CHECK_TIMEOUT_S = 90  # a store that does not answer: botocore's retries end within this
@@ -81,22 +82,54 @@ def start_line(run: Run) -> str:
             f"{every:g} min, checkpoint_best when it changes; uploaded by rank 0's host with its own credentials)")
 
 
-def status_line(run: Run, states, now: float | None = None) -> str | None:
-    """The newest copy any reachable host's keeper made (update, age, where), an upload under way, or the
-    last error; None when the run copies nothing off the cluster."""
+def summary(run: Run, states, now: float | None = None) -> dict | None:
+    """The newest copy off the cluster any reachable host's keeper made (`fab status --json`, the report):
+    {update, time, age_s, where} or None, the uploads under way ({host: update}), each host's last error,
+    whether a keeper still makes its final copies (`closing`); None when the run copies nothing off the
+    cluster."""
     said = [(s.name, o) for s in states if s.reachable and (o := (s.keeper or {}).get("offsite"))]
     if not run.checkpoints_to and not any(o.get("newest") for _, o in said):
         return None
     newest = max((o["newest"] for _, o in said if o.get("newest")), key=lambda n: n["update"], default=None)
-    now = now or time.time()
-    line = (f"newest copy off the cluster: update {newest['update']:,}, {_age(now - newest['time'])} ago, "
+    age = round(max(0.0, (now or time.time()) - newest["time"])) if newest else None
+    return {"target": run.checkpoints_to,
+            "newest": {"update": newest["update"], "time": newest["time"], "age_s": age, "where": newest["where"]}
+            if newest else None,
+            "uploading": {name: max(o["uploading"]) for name, o in said if o.get("uploading")},
+            "errors": {name: o["error"] for name, o in said if o.get("error")},
+            "closing": [name for name, o in said if o.get("closing")]}
+
+
+def status_line(run: Run, states, now: float | None = None) -> str | None:
+    """The newest copy any reachable host's keeper made (update, age, where), an upload under way, or the
+    last error; None when the run copies nothing off the cluster."""
+    copies = summary(run, states, now)
+    if copies is None:
+        return None
+    newest = copies["newest"]
+    line = (f"newest copy off the cluster: update {newest['update']:,}, {_age(newest['age_s'])} ago, "
             f"{newest['where']}" if newest else "no copy off the cluster yet")
-    for name, o in said:
-        if o.get("uploading"):
-            line += f"; {name} uploading update {max(o['uploading']):,}"
-        if o.get("error"):
-            line += f"; {name}'s last upload failed: {o['error']}"
+    for name, update in copies["uploading"].items():
+        line += f"; {name} uploading update {update:,}"
+    for name, error in copies["errors"].items():
+        line += f"; {name}'s last upload failed: {error}"
     return line
+
+
+def stop_line(run: Run, states, now: float | None = None) -> str | None:
+    """What `fab stop` says of the copies off the cluster once the keepers were told: the newest (its
+    update, where), and a final copy still uploading (`fab status` says when it is done)."""
+    line = status_line(run, states, now)
+    copies = summary(run, states, now)
+    if line and (copies["uploading"] or copies["closing"]):
+        line += ("; the final copy is still uploading (the VMs must stay until it is done): `fab status` "
+                 "says when it is")
+    return line
+
+
+def after_stop(run: Run, hosts) -> str | None:
+    """`fab stop`'s line of the copies off the cluster, read from the hosts' keepers (stop_line)."""
+    return stop_line(run, launch.states(run, hosts)) if run.checkpoints_to else None
 
 
 def _age(seconds: float) -> str:

@@ -180,7 +180,8 @@ def table(states: list[HostState]) -> Table:
 
 
 def status_json(run: Run, states: list[HostState]) -> str:
-    """`fab status --json`: the run and every host, as the table says them."""
+    """`fab status --json`: the run and every host, as the table says them; the newest copy off the cluster
+    (train.run.offsite.summary: update, time, age_s, where; null without --checkpoints-to)."""
     rank0 = states[0].progress if states else None
     return json.dumps({
         "run": run.run_id,
@@ -188,6 +189,7 @@ def status_json(run: Run, states: list[HostState]) -> str:
         "update": rank0.update if rank0 else None,
         "max_update": rank0.max_update if rank0 else run.max_update,
         "hosts": [asdict(row) for row in rows(states)],
+        "offsite": offsite.summary(run, states),
     }, indent=1)
 
 

@@ -9,10 +9,22 @@ import json
 import os
 import pickle
 import signal
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
-from tests.unit.train.agent.test_keeper import HOSTS, keeper_files, launch, spec, two_hosts, wait_for  # noqa: F401
+from tests.unit.train.agent.test_keeper import (  # noqa: F401
+    HOSTS,
+    crash,
+    keeper,
+    keeper_files,
+    launch,
+    spec,
+    two_hosts,
+    wait_for,
+)
 from tests.unit.train.agent.test_offsite import s3, s3_server  # noqa: F401
 from tests.unit.train.agent.test_replica import hold
 from train.agent import offsite_copies, offsite_schedule, replica
@@ -136,3 +148,118 @@ def test_two_keepers_copy_rank_0s_checkpoints_to_s3_and_no_credential_reaches_a_
         for path in d.rglob("*"):
             if path.is_file() and path.suffix != ".pt":
                 assert b"tandem-test-secret-9f3" not in path.read_bytes(), path
+
+
+# --- at the end of a run, at a stop, at a notice (the VMs may all be deleted right after)
+
+KEEPER_GROUP = """
+import sys, time
+from tests.unit.train.agent.test_offsite_schedule import Clock, uploads
+from pathlib import Path
+up = uploads(Path(sys.argv[1]), Path(sys.argv[2]), Clock())
+up.tick(["v100a"])
+print(up.child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_upload_under_way_outlives_the_signal_fab_stop_sends_the_keepers_process_group(tmp_path):
+    """`keeper stop` sends SIGUSR1 to the keeper's process group (a round now), end_lingering SIGTERM:
+    the uploader, in a session of its own, finishes its copy."""
+    share, run = tmp_path / "share", tmp_path / "run"
+    share.mkdir()
+    hold(run, os.urandom(1 << 20) * 60, 1, 10)
+    keeper_like = subprocess.Popen([sys.executable, "-c", KEEPER_GROUP, str(run), str(share)], stdout=subprocess.PIPE,
+                                   text=True, start_new_session=True, cwd=Path(__file__).parents[4])
+    uploader = int(keeper_like.stdout.readline())
+    os.killpg(keeper_like.pid, signal.SIGUSR1)  # as `fab stop` does, the keeper gone with it
+    keeper_like.wait(timeout=10)
+    wait_for(lambda: not offsite_schedule.uploader_alive(uploader, str(run)), timeout=60)
+    assert offsite_copies.newest(str(share), "r1")["update"] == 10
+
+
+def test_a_finished_run_has_its_last_save_copied_off_the_cluster_before_the_keepers_end(request, tmp_path):
+    """Interval of a day: only the first save goes up by it; the run's last (update 40) before the end."""
+    dirs, port = request.getfixturevalue("two_hosts")
+    share = tmp_path / "share"
+    share.mkdir()
+    for host, d in dirs.items():
+        launch(d, spec(dirs, host, port, 40) | {"offsite": {"url": str(share), "every_s": 86400}})
+    wait_for(lambda: all((d / "keeper" / "ended").exists() for d in dirs.values()), timeout=60)
+    wait_for(lambda: keeper_files.supervisor_pid(str(dirs["v100a"])) is None, timeout=30)  # the keeper ended
+    assert offsite_copies.newest(str(share), "r1")["update"] == 40
+    said = (dirs["v100a"] / "keeper" / "keeper.log").read_text()
+    assert "the run finished: its newest save goes off the cluster before the keeper ends (at most 1800 s)" in said
+    assert "checkpoint_last of update 40 copied off the cluster" in said
+    assert keeper_files.show(str(dirs["v100a"]))["offsite"]["newest"]["update"] == 40
+
+
+def test_fab_stop_returns_once_the_newest_save_is_off_the_cluster(request, tmp_path):
+    dirs, port = request.getfixturevalue("two_hosts")
+    a = dirs["v100a"]
+    share = tmp_path / "share"
+    share.mkdir()
+    for host, d in dirs.items():
+        launch(d, spec(dirs, host, port, 100000) | {"offsite": {"url": str(share), "every_s": 86400}})
+    first = wait_for(lambda: offsite_copies.newest(str(share), "r1"), timeout=60)["update"]
+    wait_for(lambda: (replica.manifest(a) or {}).get("update", 0) >= first + 20, timeout=60)
+    assert keeper.stop(str(a), wait_s=5) == "stopped"
+    newest = keeper_files.show(str(a))["offsite"]  # what `fab stop` reads from the hosts next
+    assert newest["newest"]["update"] == replica.manifest(a)["update"] > first + 10
+    assert newest["uploading"] == [] and not newest["closing"]
+    assert offsite_copies.newest(str(share), "r1")["update"] == newest["newest"]["update"]
+    said = (a / "keeper" / "keeper.log").read_text()
+    assert "the run stopped (fab stop): its newest save goes off the cluster" in said
+
+
+def test_a_final_upload_is_bounded_and_says_so(tmp_path):
+    share, run = tmp_path / "share", tmp_path / "run"
+    share.mkdir()
+    hold(run, os.urandom(1 << 20) * 300, 1, 10)
+    said.clear()
+    up = uploads(run, share, Clock())
+    up.config["final_s"] = 0.5
+    up.finish(["v100a"], "stopped (fab stop)")
+    assert "the copy off the cluster of checkpoint_last of update 10 did not finish within 0.5 s: stopped" in said
+    assert said[-1].startswith("checkpoint copy off the cluster failed") and said[-1].endswith("newest (none)")
+    pid = int(next(line for line in said if line.startswith("copying")).rsplit("pid ", 1)[1].rstrip(")"))
+    assert not offsite_schedule.uploader_alive(pid, str(run)) and offsite_copies.whole_copies(str(share)) == []
+    assert not offsite_schedule.newest_copy(str(run))["closing"]
+
+
+def test_a_notice_sends_the_save_made_for_it_off_the_cluster_at_once(tmp_path, monkeypatch):
+    """v100b's cloud gives notice. Interval of a day: the first save went up by it, the later ones
+    wait; the save rank 0 (v100a) makes for the notice goes up at once, from v100a."""
+    from tests.unit.train.agent.test_preemption import aws, dmi, metadata
+
+    dirs = {h: tmp_path / h / "runs" / "r1" for h in HOSTS}
+    share = tmp_path / "share"
+    share.mkdir()
+    port = 29000 + os.getpid() % 300
+    state: dict = {}
+    told = {"offsite": {"url": str(share), "every_s": 86400}, "lost_after_s": 30}
+    try:
+        with metadata(aws(state)) as (_, url):
+            monkeypatch.setenv("TANDEM_TEST_DMI", str(dmi(tmp_path, "aws", sys_vendor="Amazon EC2")))
+            monkeypatch.setenv("TANDEM_TEST_METADATA_URL", url)
+            launch(dirs["v100b"], spec(dirs, "v100b", port, 100000) | told)
+            monkeypatch.delenv("TANDEM_TEST_DMI")
+            monkeypatch.delenv("TANDEM_TEST_METADATA_URL")
+            launch(dirs["v100a"], spec(dirs, "v100a", port, 100000) | told)
+            a = dirs["v100a"]
+            first = wait_for(lambda: offsite_copies.newest(str(share), "r1"), timeout=60)["update"]
+            wait_for(lambda: (replica.manifest(a) or {}).get("update", 0) >= first + 20, timeout=60)
+            when = time.time() + 120
+            state["action"] = {"action": "terminate", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))}
+            entry = wait_for(lambda: next((g for g in keeper_files.read_timeline(a / "keeper")
+                                           if g["generation"] == 2), None))
+            noticed = time.monotonic()
+            copy = wait_for(lambda: (c := offsite_copies.newest(str(share), "r1"))["update"] >= entry["from_update"]
+                            and c, timeout=30)
+            print(f"the notice's save (update {entry['from_update']}) off the cluster "
+                  f"{time.monotonic() - noticed:.1f} s after generation 2")
+            assert copy["host"] == "v100a"
+            assert "the save for v100b's notice (update" in (a / "keeper" / "keeper.log").read_text()
+    finally:
+        for d in dirs.values():
+            crash(d)

@@ -79,3 +79,34 @@ def test_status_says_the_newest_copy_its_age_and_where():
         "newest copy off the cluster: update 1,200, 10 min ago, s3://ckpts/runs/r1/u1200; v100a uploading update 1,400")
     assert offsite.status_line(run, states[1:]) == "no copy off the cluster yet"
     assert offsite.status_line(run_record(), states[1:]) is None  # a run without a target: nothing said
+
+
+def test_status_json_carries_the_newest_copy_its_age_and_where():
+    import json
+
+    from train.run.launch import HostState
+    from train.run.status import status_json
+
+    run = run_record(checkpoints_to="s3://ckpts/runs")
+    newest = {"kind": "last", "update": 1200, "time": 1000.0, "where": "s3://ckpts/runs/r1/u1200"}
+    states = [HostState("v100a", True, True, None, [], keeper={"offsite": {"newest": newest, "error": "",
+                                                                             "uploading": [1400], "closing": False}}),
+              HostState("v100b", True, True, None, [], keeper={"offsite": {"newest": None, "error": "",
+                                                                             "uploading": []}})]
+    said = json.loads(status_json(run, states))["offsite"]
+    assert said["newest"]["update"] == 1200 and said["newest"]["where"] == "s3://ckpts/runs/r1/u1200"
+    assert said["newest"]["age_s"] > 0 and said["uploading"] == {"v100a": 1400}
+    assert json.loads(status_json(run_record(), states[1:]))["offsite"] is None
+
+
+def test_fab_stop_says_where_the_newest_copy_is_or_that_the_final_one_still_uploads():
+    run = run_record(checkpoints_to="s3://ckpts/runs")
+    newest = {"kind": "last", "update": 1200, "time": 1000.0, "where": "s3://ckpts/runs/r1/u1200"}
+    done = [State("v100a", {"newest": newest, "error": "", "uploading": [], "closing": False})]
+    assert offsite.stop_line(run, done, now=1003.0) == ("newest copy off the cluster: update 1,200, 3 s ago, "
+                                                        "s3://ckpts/runs/r1/u1200")
+    going = [State("v100a", {"newest": newest, "error": "", "uploading": [1400], "closing": True})]
+    assert offsite.stop_line(run, going, now=1003.0) == (
+        "newest copy off the cluster: update 1,200, 3 s ago, s3://ckpts/runs/r1/u1200; v100a uploading update "
+        "1,400; the final copy is still uploading (the VMs must stay until it is done): `fab status` says when it is")
+    assert offsite.after_stop(run_record(), []) is None  # a run without a target asks no host
