@@ -7,7 +7,9 @@ measure), and rank 0 keeps several: last, best, `keep_best_checkpoints` best_los
 `keep_interval_updates` interval files, epoch files unless `no_epoch_checkpoints`, plus one being
 written (fairseq saves to a temporary name, then renames). Every host is counted as rank 0: after a
 loss any survivor may become it, and peers hold rank 0's copies (host to host). The keepers add the
-history set aside after a split (train.agent.replica.SET_ASIDE_KEPT).
+history set aside after a split (train.agent.replica.SET_ASIDE_KEPT) and, when the run copies its
+checkpoints off the cluster (--checkpoints-to), the one an upload under way keeps (a hard link to a
+save fairseq has replaced since: train.agent.offsite_schedule).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..recipe.params import preset_params
 # the histories the keepers set aside after a split (a copy arriving from a peer lands on a host that
 # is not rank 0's, which holds fewer files than the count below)
 KEEPER_FILES = SET_ASIDE_KEPT
+OFFSITE_FILES = 1  # the save an upload off the cluster sends, held (hard link) while fairseq writes the next
 
 # bytes a parameter in a checkpoint: fp32 weights + the optimizer's state (Adam: two moments)
 CHECKPOINT_BYTES_PER_PARAM = {"adam": 12, "nag": 8, "sgd": 8, "adagrad": 8}
@@ -52,9 +55,10 @@ def checkpoint_bytes(options: Mapping[str, object], vocab: int) -> float:
     return preset_params(options, vocab) * per_param + CHECKPOINT_OVERHEAD_BYTES
 
 
-def checkpoint_files(options: Mapping[str, object]) -> int:
+def checkpoint_files(options: Mapping[str, object], offsite: bool = False) -> int:
     """How many checkpoint files rank 0 holds at once at most (fairseq's keep_* rules, + 1 being written,
-    + the keepers' set-aside); none when the run saves none (`no_save`: bench-step's runs)."""
+    + the keepers' set-aside, + the one an upload off the cluster holds when `offsite`); none when the run
+    saves none (`no_save`: bench-step's runs)."""
     if options.get("no_save") in (True, "true", "True", 1):
         return 0
 
@@ -69,13 +73,14 @@ def checkpoint_files(options: Mapping[str, object]) -> int:
     if not options.get("no_epoch_checkpoints"):
         epochs = number("keep_last_epochs", -1)
         files += epochs if epochs > 0 else max(1, number("max_epoch", 0))
-    return files + 1 + KEEPER_FILES
+    return files + 1 + KEEPER_FILES + (OFFSITE_FILES if offsite else 0)
 
 
-def run_need(options: Mapping[str, object], vocab: int) -> DiskNeed:
-    """What a run of these options writes on each host at most."""
+def run_need(options: Mapping[str, object], vocab: int, offsite: bool = False) -> DiskNeed:
+    """What a run of these options writes on each host at most (`offsite`: it copies its checkpoints off
+    the cluster)."""
     logs = number_of_log_lines(options) * LOG_BYTES_PER_LINE + SAMPLES_BYTES
-    return DiskNeed(checkpoint_bytes(options, vocab), checkpoint_files(options), logs)
+    return DiskNeed(checkpoint_bytes(options, vocab), checkpoint_files(options, offsite), logs)
 
 
 def number_of_log_lines(options: Mapping[str, object]) -> int:

@@ -153,7 +153,7 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict],
     agent = controller_agent() if agent is None else agent
     problems = layout_problems(hosts, reference)
     first = hosts[0].name
-    need = disk.run_need(run.resolved_preset().options, batching.VOCAB)
+    need = disk.run_need(run.resolved_preset().options, batching.VOCAB, offsite=bool(run.checkpoints_to))
     for host in hosts:
         a = answers[host.name]
         if a.get("agent") != agent:
