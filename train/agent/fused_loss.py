@@ -16,10 +16,13 @@ backward. Here the loss is computed from the logits directly:
     (1 - eps - eps_i + eps_i * V) * softmax(x_i) - (1 - eps - eps_i) * onehot(target_i) - eps_i
 
 written straight into an fp16 tensor: the forward reads the logits, the backward reads them again
-and writes their gradient (about 6 bytes an entry when torch.compile fuses each pass into one
-kernel, as it does on GPUs) and only the fp16 logits wait for the backward. Rows go in chunks, so
-no pass holds more than a chunk in fp32 even unfused. GPU logits only (compiled: unfused it is
-slower than fairseq's); elsewhere, or without triton, fairseq's loss as before.
+and writes their gradient (about 6 bytes an entry: torch.compile makes each pass one kernel over all
+the rows, as it does on GPUs; the target's entry is picked by comparing columns, not scattered into an
+fp32 buffer, and the kernel's output is the gradient, not copied into it), and only the fp16 logits
+wait for the backward. Unfused (the tests' reference), rows go in chunks, so no pass holds more than
+a chunk in fp32. GPU logits only (compiled: unfused it is slower than fairseq's); elsewhere, or
+without triton, fairseq's loss as before. benchmarks/loss_kernels.py counts each side's operations
+and bytes.
 
 TANDEM_FUSED_LOSS=1 (`--set fused_loss=true`) installs it; train/agent/fairseq_train.py calls
 install(). tests/unit/train/agent/test_fused_loss.py compares loss and gradient with fairseq's.
@@ -33,47 +36,64 @@ import os
 
 logger = logging.getLogger("tandem.fused_loss")
 
-CHUNK_ENTRIES = 1 << 26  # entries of a chunk of rows: 256 MiB in fp32 wherever a pass is not fused
+CHUNK_ENTRIES = 1 << 26  # entries of a chunk of rows, unfused only: 256 MiB in fp32 a pass holds
 DEVICES = {"cuda"}  # where the loss is computed from the logits (compiled); fairseq's own elsewhere
 
 
-def row_stats(logits, target):
-    """Each row's log-sum-exp, its target's logit and its sum, in fp32."""
+def forward_pass(logits, target, ignore_index: int, smoothing: float):
+    """(each row's log-sum-exp, the loss, the nll) of a chunk of rows, in fp32; rows whose target is
+    `ignore_index` left out. Compiled, one pass over the logits."""
     import torch
 
     x = logits.float()
-    return torch.logsumexp(x, dim=-1), x.gather(-1, target.unsqueeze(-1)).squeeze(-1), x.sum(dim=-1)
+    keep = target.ne(ignore_index)
+    lse = torch.logsumexp(x, dim=-1)
+    on_target = x.gather(-1, torch.where(keep, target, 0).unsqueeze(-1)).squeeze(-1)  # padding may lie past V
+    nll = torch.where(keep, lse - on_target, 0.0).sum()
+    smooth = torch.where(keep, x.size(-1) * lse - x.sum(dim=-1), 0.0).sum()
+    eps_i = smoothing / (x.size(-1) - 1)
+    return lse, (1.0 - smoothing - eps_i) * nll + eps_i * smooth, nll
 
 
-def row_grads(logits, target, lse, keep, scale, smoothing):
-    """The loss's gradient for a chunk of rows, in the logits' dtype. `scale` is the incoming
-    gradient; padding rows (keep false) get zeros."""
+def backward_pass(logits, target, lse, scale, ignore_index: int, smoothing: float, out=None):
+    """The loss's gradient for a chunk of rows, in the logits' dtype: one pointwise expression of the
+    logits, each row's lse and target (the target's entry picked by comparing its column, no scatter
+    into an fp32 buffer), which inductor makes one kernel that reads the logits once and writes the
+    gradient. `scale` is the incoming gradient; padding rows get zeros. Unfused, its last operation
+    writes into `out` (the chunk of the whole gradient) instead of a copy."""
     import torch
 
-    eps_i = smoothing / (logits.size(-1) - 1)
+    vocabulary = logits.size(-1)
+    eps_i = smoothing / (vocabulary - 1)
     on_target = 1.0 - smoothing - eps_i
+    columns = torch.arange(vocabulary, device=logits.device)
     probs = torch.exp(logits.float() - lse.unsqueeze(-1))
-    grad = (on_target + eps_i * logits.size(-1)) * probs - eps_i
-    grad = grad.scatter_add(-1, target.unsqueeze(-1), torch.full_like(lse, -on_target).unsqueeze(-1))
-    return (grad * (scale * keep.to(grad.dtype)).unsqueeze(-1)).to(logits.dtype)
+    grad = (on_target + eps_i * vocabulary) * probs \
+        - torch.where(columns == target.unsqueeze(-1), on_target + eps_i, eps_i)
+    row_scale = torch.where(target.ne(ignore_index), scale, 0.0).unsqueeze(-1)
+    if out is not None:
+        return torch.mul(grad, row_scale, out=out)
+    return (grad * row_scale).to(logits.dtype)
 
 
 @functools.cache
 def kernels(compiled: bool):
-    """(row_stats, row_grads), each compiled into fused kernels where asked (GPUs): the number of
-    rows changes with every batch, so compiled for any number of them. Unfused, chunk by chunk,
-    they hold less memory than fairseq's but take more time (benchmarks/loss_kernels.py on a CPU:
-    0.75 against 2.38 GiB, 2.4x the time): the tests' reference, not a path runs take."""
+    """(forward_pass, backward_pass), each compiled into fused kernels where asked (GPUs): the number
+    of rows changes with every batch, so compiled for any number of them. Compiled, each is one call
+    over all the rows (one chunk: no pass holds the rows in fp32); unfused, chunk by chunk, they hold
+    less memory than fairseq's but take more time (benchmarks/loss_kernels.py): the tests' reference,
+    not a path runs take."""
     if not compiled:
-        return row_stats, row_grads
+        return forward_pass, backward_pass
     import torch
 
-    return torch.compile(row_stats, dynamic=True), torch.compile(row_grads, dynamic=True)
+    return torch.compile(forward_pass, dynamic=True), torch.compile(backward_pass, dynamic=True)
 
 
-def chunks(rows: int, vocabulary: int):
-    step = max(1, CHUNK_ENTRIES // max(1, vocabulary))
-    return [slice(start, min(rows, start + step)) for start in range(0, rows, step)]
+def chunks(rows: int, vocabulary: int, compiled: bool = False):
+    """The slices of rows each pass takes at once: all of them where the pass is compiled."""
+    step = rows if compiled else max(1, CHUNK_ENTRIES // max(1, vocabulary))
+    return [slice(start, min(rows, start + step)) for start in range(0, rows, max(1, step))]
 
 
 @functools.cache
@@ -84,32 +104,35 @@ def loss_function():
     class LabelSmoothedLoss(torch.autograd.Function):
         @staticmethod
         def forward(ctx, logits, target, smoothing, ignore_index, compiled):
-            stats, _ = kernels(compiled)
-            keep = target.ne(ignore_index) if ignore_index is not None else torch.ones_like(target, dtype=torch.bool)
-            safe_target = target.masked_fill(~keep, 0)  # a padding index may lie past the vocabulary
-            lse = logits.new_empty(target.shape, dtype=torch.float32)
-            nll = logits.new_zeros((), dtype=torch.float32)
-            smooth = logits.new_zeros((), dtype=torch.float32)
-            vocabulary = logits.size(-1)
-            for rows in chunks(target.numel(), vocabulary):
-                lse[rows], on_target, total = stats(logits[rows], safe_target[rows])
-                weight = keep[rows].float()
-                nll += ((lse[rows] - on_target) * weight).sum()
-                smooth += ((vocabulary * lse[rows] - total) * weight).sum()
-            eps_i = smoothing / (vocabulary - 1)
-            loss = (1.0 - smoothing - eps_i) * nll + eps_i * smooth
-            ctx.save_for_backward(logits, safe_target, lse, keep)
-            ctx.smoothing, ctx.compiled = smoothing, compiled
+            forward, _ = kernels(compiled)
+            ignore = -1 if ignore_index is None else ignore_index  # no target is -1
+            parts = chunks(target.numel(), logits.size(-1), compiled)
+            if len(parts) == 1:
+                lse, loss, nll = forward(logits, target, ignore, smoothing)
+            else:
+                lse = logits.new_empty(target.shape, dtype=torch.float32)
+                loss = logits.new_zeros((), dtype=torch.float32)
+                nll = logits.new_zeros((), dtype=torch.float32)
+                for rows in parts:
+                    lse[rows], chunk_loss, chunk_nll = forward(logits[rows], target[rows], ignore, smoothing)
+                    loss += chunk_loss
+                    nll += chunk_nll
+            ctx.save_for_backward(logits, target, lse)
+            ctx.smoothing, ctx.ignore, ctx.compiled = smoothing, ignore, compiled
             ctx.mark_non_differentiable(nll)
+            ctx.set_materialize_grads(False)  # no zeros made for the nll's gradient
             return loss, nll
 
         @staticmethod
         def backward(ctx, grad_loss, _grad_nll):
-            logits, target, lse, keep = ctx.saved_tensors
-            _, grads = kernels(ctx.compiled)
+            logits, target, lse = ctx.saved_tensors
+            _, backward = kernels(ctx.compiled)
+            parts = chunks(target.numel(), logits.size(-1), ctx.compiled)
+            if len(parts) == 1:
+                return backward(logits, target, lse, grad_loss, ctx.ignore, ctx.smoothing), None, None, None, None
             grad = torch.empty_like(logits)
-            for rows in chunks(target.numel(), logits.size(-1)):
-                grad[rows] = grads(logits[rows], target[rows], lse[rows], keep[rows], grad_loss, ctx.smoothing)
+            for rows in parts:
+                backward(logits[rows], target[rows], lse[rows], grad_loss, ctx.ignore, ctx.smoothing, out=grad[rows])
             return grad, None, None, None, None
 
     return LabelSmoothedLoss
@@ -146,7 +169,7 @@ def install() -> None:
     """fairseq's label_smoothed_cross_entropy computes from the logits (TANDEM_FUSED_LOSS=1)."""
     if os.environ.get("TANDEM_FUSED_LOSS") != "1":
         return
-    from train.agent.compiled_layers import gpu_compiler_available
+    from train.agent.compiled_layers import expect_compiles, gpu_compiler_available
 
     if not gpu_compiler_available():
         logger.warning("tandem: fused_loss=true, but torch.compile cannot make GPU kernels here (no triton "
@@ -157,4 +180,5 @@ def install() -> None:
     if getattr(criterion.compute_loss, "_tandem", False):
         return
     criterion.compute_loss = fused_compute_loss(criterion.compute_loss)
+    expect_compiles()  # its passes compile at the first update: the heartbeat allows for it
     logger.info("tandem: label-smoothed cross-entropy from the logits (train/agent/fused_loss.py)")
