@@ -753,6 +753,27 @@ def answer_cost(data: RunData) -> Answer | None:
     return Answer("cost", q, text, figures, "idle" if idle is not None else "running")
 
 
+def answer_offsite(data: RunData) -> Answer | None:
+    """The newest copy off the cluster (--checkpoints-to), from offsite.json (train.run.offsite.summary,
+    written by `fab report` from the hosts' keepers); None for a run that copies nothing off the cluster."""
+    copies = _json(data.run_dir / "offsite.json")
+    if copies is None:
+        return None
+    newest = copies.get("newest")
+    if newest:
+        text = (f"update {newest['update']:,}, copied {format_eta(newest['age_s'])} before this report, at "
+                f"{newest['where']} (`fab train --resume-from {copies.get('target') or newest['where']}` goes on "
+                f"from it on other VMs).")
+    else:
+        text = f"none yet: rank 0's host uploads to {copies.get('target')} (checkpoint_last at its interval)."
+    for host, update in (copies.get("uploading") or {}).items():
+        text += f" {host} was uploading update {update:,}."
+    for host, error in (copies.get("errors") or {}).items():
+        text += f" {host}'s last upload failed: {error}."
+    return Answer("offsite", "Where is the newest checkpoint copy off the cluster?", text, copies,
+                  "copied" if newest else "no copy")
+
+
 def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
     """Every answer for a loaded run; `link_mbps` is the inventory's expected link (a measured
     bench-net link wins over it)."""
@@ -764,6 +785,8 @@ def analyze(data: RunData, link_mbps: float | None = None) -> Analysis:
         answers.append(bleu)
     if cost := answer_cost(data):
         answers.append(cost)
+    if offsite := answer_offsite(data):
+        answers.append(offsite)
     answers += [answer_gpus(data, ivs), answer_network(data, ivs, link_mbps), answer_lr(data),
                 answer_corpus(data), answer_checkpoints(data)]
     return Analysis(data, ivs, answers)

@@ -2,8 +2,9 @@
 
 reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl (from the run's hosts and those it lost,
 where reachable), checkpoints.txt (rank 0's checkpoint directory, `ls -l --time-style=+%s`), corpus.json
-(the dataset's figures), cost.json (train.run.idle: the run's cost so far, the idle cluster's)
-and bench/*.json (the latest benchmark results on this controller).
+(the dataset's figures), cost.json (train.run.idle: the run's cost so far, the idle cluster's),
+offsite.json (train.run.offsite: the newest copy off the cluster, with --checkpoints-to) and bench/*.json
+(the latest benchmark results on this controller).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from ..cluster import Host, get_whole, on_each, require_reachable
 from ..recipe.record import REPORTS, Run
-from ..run import idle, keepers, launch
+from ..run import idle, keepers, launch, offsite
 
 
 def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
@@ -64,6 +65,9 @@ def report(run: Run, hosts: list[Host], link_mbps: float | None, console) -> Pat
     if not any(s.reachable for s in states):
         require_reachable({s.name: s.error or "no answer" for s in states})
     keepers.sync(run, states)  # the hosts' membership record
+    if (copies := offsite.summary(run, states)) is not None:  # the newest copy off the cluster, as of now
+        run.local_dir.mkdir(parents=True, exist_ok=True)
+        (run.local_dir / "offsite.json").write_text(json.dumps(copies, indent=1) + "\n")
     with console.status(f"collecting {run.run_id} from {', '.join(run.hosts)}"):
         problems = collect(run, hosts)
     for name, problem in problems.items():

@@ -34,7 +34,7 @@ BADGES = {
     "full": "good", "underused": "warn", "absent": "", "waiting": "bad",
     "not": "good", "bursts": "warn", "network-bound": "bad",
     "unknown": "", "finished": "good", "reached": "good", "not finished": "warn",
-    "changed": "warn",
+    "changed": "warn", "copied": "good", "no copy": "warn",
 }
 
 CHANGES = (" Dash-dotted orange lines: the run's hosts changed (lost or joined) at that update; the shaded "

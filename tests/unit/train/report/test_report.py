@@ -353,3 +353,26 @@ def test_the_step_time_answer_says_the_fill_beside_words_a_second():
     said = A.answer_step_time(data, A.intervals(data))
     assert said.numbers["fill"] == pytest.approx(14000 / (4096 * 2 * 2))
     assert "28,000 words/s at fill 0.85" in said.answer, said.answer
+
+
+def test_the_report_says_the_newest_copy_off_the_cluster_its_age_and_where(tmp_path):
+    """`fab report` writes offsite.json from the hosts' keepers (train.run.offsite.summary) beside cost.json."""
+    from train.recipe.record import Run
+    from train.run import offsite
+
+    class Host:  # a host's answer as train.run.launch.states gives it: its keeper's offsite.json
+        name, reachable = "v100a", True
+        keeper = {"offsite": {"newest": {"kind": "last", "update": 1200, "time": 1000.0,
+                                         "where": "s3://ckpts/runs/run-081616/u1200"},
+                              "error": "", "uploading": [1400], "closing": False}}
+
+    run = Run(run_id="run-081616", hosts=["v100a"], preset="tiny", overrides=[], dataset="synthetic",
+              checkpoints_to="s3://ckpts/runs")
+    run_dir = copy_run(tmp_path / "run")
+    (run_dir / "offsite.json").write_text(json.dumps(offsite.summary(run, [Host()], now=1600.0)))
+    build_report(run_dir, link_mbps=100)
+    said = next(a for a in json.loads((run_dir / "answers.json").read_text())["answers"] if a["key"] == "offsite")
+    assert said["answer"].startswith("update 1,200, copied 10m00s before this report, at "
+                                     "s3://ckpts/runs/run-081616/u1200 (`fab train --resume-from s3://ckpts/runs`")
+    assert said["answer"].endswith("v100a was uploading update 1,400.") and said["verdict"] == "copied"
+    assert "Where is the newest checkpoint copy off the cluster?" in (run_dir / "index.html").read_text()
