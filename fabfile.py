@@ -35,7 +35,8 @@ HELP = {
     "dataset": "dataset on /data/tandem/datasets (default synthetic)",
     "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in; "
                  "default fp16 on GPU hosts, fp32 on CPU hosts",
-    "port": "rendezvous port on the first host (default 29500)",
+    "port": "rendezvous port on the first host (default 29500); the run's generations take turns on PORT..PORT+3, "
+            "inside the firewall's rendezvous ports (network_firewall_ports: 29500-29510 by default)",
     "comm": f"how ranks share updates: {_COMM} (train/recipe/strategies: one module each), or auto (the least "
             "invasive that reaches 90% on the measured link; see fab predict)",
     "comm_list": f"communication strategies, comma-separated, one training job each: {_COMM}",
