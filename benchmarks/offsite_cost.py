@@ -37,9 +37,12 @@ def fab(*args: str) -> str:
     return done.stdout
 
 
+def hosts() -> list:
+    return load_hosts(Path(os.environ.get("FABRIC_INVENTORY", "inventory/lab.yml")))
+
+
 def rank0_log(run_id: str, host: str) -> str:
-    inventory = os.environ.get("FABRIC_INVENTORY", "inventory/lab.yml")
-    rank0 = next(h for h in load_hosts(Path(inventory)) if h.name == host)
+    rank0 = next(h for h in hosts() if h.name == host)
     got = run_all([rank0], f"cat {RUNS_ROOT}/{run_id}/train.log", timeout=60)[host]
     if not got.ok:
         raise SystemExit(f"{host}: {run_id}'s log: {got.why}")
@@ -72,6 +75,9 @@ def main() -> None:
     p.add_argument("--host", default="v100a", help="rank 0's host")
     args = p.parse_args()
     settings = f"max_update={args.updates},save_interval_updates=10,max_tokens=1024"
+    made = run_all(hosts(), f"mkdir -p {args.target}", timeout=60)  # the share, as a mount would give it
+    if made.problems():
+        raise SystemExit("; ".join(made.problems()))
     figures: dict[str, list[float]] = {"without": [], "with": []}
     for n in range(2):
         for kind in ("without", "with"):
