@@ -143,14 +143,14 @@ class CompileClock:
 
 
 CLOCK = CompileClock()
-_compiles = False  # whether this process compiles in training (its layers, fused_loss's passes)
+compiles_in_training = False  # whether this process compiles in training (its layers, fused_loss's passes)
 
 
 def expect_compiles() -> None:
     """This process compiles in training: its heartbeat and process group allow for it."""
-    global _compiles
+    global compiles_in_training
     CLOCK.listen()
-    _compiles = True
+    compiles_in_training = True
 
 
 def allowance_s() -> float:
@@ -179,7 +179,7 @@ def heartbeat_deadline(started: float, timeout: float, clock: CompileClock = CLO
 def process_group_timeout_s(heartbeat_s: float) -> float:
     """The process group's timeout for a run whose heartbeat is `heartbeat_s`: at least the compile
     allowance where the layers compile (a rank waits in its first all-reduce for the slowest compile)."""
-    return max(heartbeat_s, allowance_s()) if _compiles else heartbeat_s
+    return max(heartbeat_s, allowance_s()) if compiles_in_training else heartbeat_s
 
 
 def gpu_compiler_available() -> bool:

@@ -70,7 +70,7 @@ def compiled(monkeypatch):
         monkeypatch.setattr(cls, "forward", cls.forward)
     monkeypatch.setattr(FairseqIncrementalState, "get_incremental_state", FairseqIncrementalState.get_incremental_state)
     monkeypatch.setenv("TANDEM_COMPILE_LAYERS", "1")
-    monkeypatch.setattr(compiled_layers, "_compiles", False)  # what install() sets, undone after
+    monkeypatch.setattr(compiled_layers, "compiles_in_training", False)  # what install() sets, undone after
     torch._dynamo.reset()
     counters.clear()
     compiled_layers.install(backend="aot_eager")

@@ -127,7 +127,7 @@ def test_the_installed_criterion_gives_fairseqs_loss(prefix, monkeypatch):
     monkeypatch.setenv("TANDEM_FUSED_LOSS", "1")
     monkeypatch.setattr("train.agent.compiled_layers.gpu_compiler_available", lambda: True)
     monkeypatch.setattr(fused_loss, "DEVICES", {"cpu"})  # the GPU's path, on CPU tensors
-    monkeypatch.setattr("train.agent.compiled_layers._compiles", False)  # what install() sets, undone after
+    monkeypatch.setattr("train.agent.compiled_layers.compiles_in_training", False)  # what install() sets, undone after
     called = []
     monkeypatch.setattr(fused_loss, "label_smoothed_loss",
                         lambda *a, **kw: called.append(1) or label_smoothed_loss(*a, **kw))

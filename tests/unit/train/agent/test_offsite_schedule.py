@@ -141,9 +141,8 @@ def test_two_keepers_copy_rank_0s_checkpoints_to_s3_and_no_credential_reaches_a_
     wait_for(lambda: len(offsite_copies.whole_copies(bucket, "r1")) == 2, timeout=60)
     copies = offsite_copies.whole_copies(bucket, "r1")
     assert {c["host"] for c in copies} == {"v100a"} and copies[0]["update"] > copies[1]["update"]
-    # the interval counts from an upload's start, a manifest's time is its end: a second of slack, never a
-    # copy every keeper round (0.5 s)
-    assert copies[0]["time"] - copies[1]["time"] >= 2
+    # the interval itself is the schedule's, tested on its own clock above (a manifest's time is an upload's
+    # end, its interval counts from the start: timing it here would measure moto's speed)
     a, b = (keeper_files.show(str(dirs[h]))["offsite"] for h in HOSTS)
     assert a["newest"]["where"].startswith(f"{bucket}/r1/u") and b["newest"] is None
     for d in dirs.values():
