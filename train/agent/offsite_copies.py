@@ -76,6 +76,7 @@ def upload(target: Target, run_id: str, kind: str, update: int, files: dict[str,
         return {**held, "where": target.url_of(run_id, KINDS[kind], f"u{update}")}
     if held:
         fs.rm_file(f"{where}/{MANIFEST}")
+    fs.makedirs(where, exist_ok=True)  # sftp's open makes no folders (s3, gs: no-op; a directory: made)
     stored = {name: put(fs, path, f"{where}/{name}", (expected or {}).get(name)) for name, path in files.items()}
     manifest = {"format": 1, "run": run_id, "kind": kind, "update": update, "time": round(time.time(), 1),
                 "files": stored, **(facts or {})}
