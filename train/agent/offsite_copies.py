@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from train.agent.offsite_target import Target, parse
+from train.agent.replica import received
 
 MANIFEST = "manifest.json"
 KEEP = 2  # whole copies of each kind kept in the store (the newest first)
@@ -164,17 +165,11 @@ def fetch(copy_url: str, dest: str | Path) -> dict:
     dest.mkdir(parents=True, exist_ok=True)
     for name, want in manifest["files"].items():
         partial = dest / f".{name}.incoming"
-        digest, size = hashlib.sha256(), 0
         try:
-            with fs.open(target.path(name), "rb") as src, partial.open("wb") as out:
-                while block := src.read(BLOCK):
-                    digest.update(block)
-                    out.write(block)
-                    size += len(block)
-                out.flush()
-                os.fsync(out.fileno())
-            if (size, digest.hexdigest()) != (want["size"], want["sha256"]):
-                raise OffsiteError(f"{target.url_of(name)}: {size:,} bytes, sha256 {digest.hexdigest()[:12]}; its "
+            with fs.open(target.path(name), "rb") as src:
+                size, sha256 = received(src, partial, BLOCK)
+            if (size, sha256) != (want["size"], want["sha256"]):
+                raise OffsiteError(f"{target.url_of(name)}: {size:,} bytes, sha256 {sha256[:12]}; its "
                                    f"manifest says {want['size']:,} bytes, {want['sha256'][:12]}: not taken")
             os.replace(partial, dest / name)
         finally:

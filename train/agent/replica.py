@@ -152,24 +152,32 @@ def seen_now(run_dir: str | Path) -> Seen:
     return (st.st_ino, st.st_mtime_ns)
 
 
+def received(source, partial: Path, chunk: int = CHUNK) -> tuple[int, str]:
+    """`source` (a readable stream) written whole to `partial` and on disk (fsync); its size and sha256,
+    hashed on the way (a GB checkpoint is read once)."""
+    digest, size = hashlib.sha256(), 0
+    with partial.open("wb") as out:
+        while block := source.read(chunk):
+            digest.update(block)
+            out.write(block)
+            size += len(block)
+        out.flush()
+        os.fsync(out.fileno())
+    return size, digest.hexdigest()
+
+
 def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: float = 30.0) -> dict:
     """Copy the checkpoint `want` (a manifest: size, sha256, generation, update) from a peer's keeper
     at `url`, verify it, and make it this host's checkpoint. FetchError when it did not arrive whole."""
     last, snap, man = paths(run_dir)
     snap.parent.mkdir(parents=True, exist_ok=True)
     partial = last.with_name(f".{LAST}.incoming")
-    digest, size = hashlib.sha256(), 0
     request = urllib.request.Request(url, headers={"X-Tandem-Token": token})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer, partial.open("wb") as out:
-            while block := answer.read(CHUNK):
-                digest.update(block)
-                out.write(block)
-                size += len(block)
-            out.flush()
-            os.fsync(out.fileno())
-        if size != want["size"] or digest.hexdigest() != want["sha256"]:
-            raise FetchError(f"{url}: {size:,} bytes, sha256 {digest.hexdigest()[:12]}; the manifest says "
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            size, sha256 = received(answer, partial)
+        if size != want["size"] or sha256 != want["sha256"]:
+            raise FetchError(f"{url}: {size:,} bytes, sha256 {sha256[:12]}; the manifest says "
                              f"{want['size']:,} bytes, {want['sha256'][:12]}: not replaced")
         link = snap.with_name(f".{LAST}.link")
         link.unlink(missing_ok=True)
