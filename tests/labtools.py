@@ -17,6 +17,16 @@ from lab.config import LabConfig
 TOP = Path(__file__).resolve().parent.parent
 
 
+def wait_for(what, timeout: float = 40.0, every: float = 0.25):
+    """`what()`'s first truthy value within `timeout` s; else an AssertionError naming it (its docstring)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__ or what}")
+
+
 def lab_cli(*args: str, prefix: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "lab", "--prefix", prefix, *args],
                           cwd=TOP, capture_output=True, text=True)

@@ -14,7 +14,7 @@ import shutil
 import time
 
 import pytest
-from labtools import TOP, Provisioned, fab, lab_cli, ssh
+from labtools import TOP, Provisioned, fab, lab_cli, ssh, wait_for
 from storage_host import StorageHost
 from test_train import QUICK_HEARTBEAT, inner_records, log_of
 
@@ -51,15 +51,6 @@ def copies(store: StorageHost, run_id: str) -> list[dict]:
     return sorted(found, key=lambda m: m["update"], reverse=True)
 
 
-def wait_for(what, timeout: float, every: float = 5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__ or what}")
-
-
 def loss_at(records: list[dict], update: int) -> float:
     return float(min(records, key=lambda r: abs(int(r["num_updates"]) - update))["loss"])
 
@@ -84,7 +75,7 @@ def test_a_run_whose_vms_are_all_gone_goes_on_on_fresh_vms_from_its_bucket(tmp_p
             held = copies(store, run_id)
             return held[0] if held and held[0]["update"] >= 50 else None
 
-        copy = wait_for(a_copy_past_update_50, timeout=600)
+        copy = wait_for(a_copy_past_update_50, timeout=600, every=5)
         shown = fab(first, "status", "--run", run_id).stdout
         assert URL in shown, shown  # fab status shows the newest off-cluster copy
         before = inner_records(log_of(first.cfg, "v100a", run_id))
@@ -107,7 +98,7 @@ def test_a_run_whose_vms_are_all_gone_goes_on_on_fresh_vms_from_its_bucket(tmp_p
             records = inner_records(log_of(second.cfg, "v100a", run_id))
             return records if records and int(records[-1]["num_updates"]) >= copy["update"] + 20 else None
 
-        after = wait_for(trained_past_the_copy, timeout=600)
+        after = wait_for(trained_past_the_copy, timeout=600, every=5)
         print(f"fresh VMs trained past update {copy['update']} {time.monotonic() - moved_at:.0f} s after "
               "fab train --resume-from")
         assert int(after[0]["num_updates"]) > copy["update"]  # not from update 0

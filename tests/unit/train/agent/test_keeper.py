@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from labtools import wait_for
 
 from train.agent import keeper, keeper_files, replica
 
@@ -39,15 +40,6 @@ def launch(run_dir: Path, spec_: dict) -> None:
     (run_dir / "keeper").mkdir(parents=True, exist_ok=True)
     (run_dir / "keeper" / "spec.json").write_text(json.dumps({**spec_, "poll_s": 0.5}))
     keeper.launch(str(run_dir))
-
-
-def wait_for(what, timeout=40.0, every=0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__ or what}")
 
 
 def members(run_dir: Path) -> list[tuple[int, tuple[str, ...]]]:

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from labtools import wait_for
 
 from train.agent import keeper, keeper_files, preemption, replica
 from train.agent.checkpoint_info import read as checkpoint_read
@@ -294,15 +295,6 @@ def launch(dirs: dict[str, Path], me: str, port: int) -> None:
     (dirs[me] / "keeper").mkdir(parents=True, exist_ok=True)
     (dirs[me] / "keeper" / "spec.json").write_text(json.dumps(spec))
     keeper.launch(str(dirs[me]))
-
-
-def wait_for(what, timeout=40.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__ or what}")
 
 
 def timeline(run_dir: Path) -> list[dict]:
