@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import wait_for
 
+from tests.labtools import wait_for
 from train.agent import keeper, keeper_files, replica
 
 FAKE = Path(__file__).with_name("fake_rank.py")

@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from labtools import wait_for
 
+from tests.labtools import wait_for
 from train.agent import keeper, keeper_files, preemption, replica
 from train.agent.checkpoint_info import read as checkpoint_read
 
