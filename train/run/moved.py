@@ -19,8 +19,10 @@ from dataclasses import fields
 
 from ..cluster import ClusterError, Host, run_all
 from ..exits import OptionError
+from ..plan import batching
 from ..recipe.record import Run
 from ..remote import agent_command
+from .elastic import scaled_update_freq
 
 REMAKEABLE = {"synthetic": False, "wmt16": True}  # datasets prepare-data makes again from their name alone (wmt16?)
 DERIVED_AGAIN = ("max_tokens", "max_tokens_cap", "save_interval_updates", "gpu_name", "link_mbps")
@@ -56,11 +58,13 @@ def adopted(record: dict, hosts: list[Host], copy: dict, url: str) -> Run:
     """The run's record from its copy, on `hosts`: what was derived for the old world is derived again."""
     known = {f.name for f in fields(Run)}
     run = Run(**{k: v for k, v in record.items() if k in known})
-    old = list(run.hosts)
-    for name in DERIVED_AGAIN:
-        setattr(run, name, None)
+    old, old_ranks = list(run.hosts), len(run.hosts) * run.ranks_per_host
     names = [h.name for h in hosts]
     run.hosts, run.order, run.ranks_per_host = names, names, hosts[0].ranks
+    ranks = len(names) * run.ranks_per_host  # tokens per update kept on another number of ranks, as elastic does
+    run.update_freq = batching.update_freq_for(run, ranks, scaled_update_freq(run.update_freq, old_ranks, ranks))
+    for name in DERIVED_AGAIN:  # the batch of a run with a target: derived again with the new GPUs' memory
+        setattr(run, name, None)
     run.members = [*run.members, {"hosts": names, "from_update": copy["update"], "time": time.time(),
                                   "why": f"moved to {', '.join(names)} from {url} at update {copy['update']}",
                                   "joined": [n for n in names if n not in old],

@@ -57,3 +57,13 @@ def test_fab_predict_run_prices_only_the_updates_left_after_the_newest_known_one
     assert options["max_update"] == 300_000 - 90_050 and options["preset"] == OLD.preset
     assert options["comm"] == "local_sgd:16" and "max_update" not in options["set_text"]
     assert "209,950 updates (from update 90,050 of 300,000)" in said
+
+
+def test_a_run_without_a_batch_target_keeps_its_tokens_per_update_on_another_number_of_ranks():
+    """tiny has no tokens-per-update target: 2 hosts x 1 rank x update_freq 4 moved to 4 hosts x 2 ranks
+    goes on with update_freq 1 (8 ranks), not 4 (four times the batch the checkpoint trained with)."""
+    small = Run(run_id="run-2", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic",
+                update_freq=4)
+    wide = [Host(name=f"h{i}", address=f"10.1.0.{i}", vars={"cpu_ranks": 2}) for i in range(11, 15)]
+    run = moved.adopted(asdict(small), wide, {**COPY, "run": "run-2"}, "/mnt/share/runs")
+    assert (run.ranks_per_host, run.update_freq) == (2, 1)
