@@ -1,6 +1,6 @@
 """How every fab task ends (docs/cli.md): 0 done, 1 failed, 2 bad input, 3 refused by a check before
-anything starts (an `--accept-...` option overrides it, or the fix it names). OptionError and Refused choose 2 and 3 (train.tasks.cluster_task);
-train.cluster.ClusterError, a problem with the cluster, is 1."""
+anything starts (an `--accept-...` option overrides it, or the fix it names). OptionError and Refused
+choose 2 and 3 (train.tasks.cluster_task); train.cluster.ClusterError, a problem with the cluster, is 1."""
 
 from __future__ import annotations
 
