@@ -87,8 +87,14 @@ def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run
                   f"{copy['where']}", markup=False)
     remote_dir = Run(run_id=copy["run"], hosts=[], preset="", overrides=[], dataset="").remote_dir
     into = f"{remote_dir}/checkpoints"
-    with console.status(f"{rank0.name}: fetching it from the store (sha256 checked)"):
+    size = sum(int(f.get("size") or 0) for f in (copy.get("files") or {}).values())
+    started = time.monotonic()
+    with console.status(f"{rank0.name}: fetching {size / 1e9:.2f} GB from the store (sha256 checked; at most "
+                        f"{FETCH_TIMEOUT_S // 60} min)"):
         _on(rank0, agent_command(rank0, "offsite", "fetch", copy["where"], into), timeout=FETCH_TIMEOUT_S)
+    took = time.monotonic() - started
+    console.print(f"{rank0.name} fetched {size / 1e9:.2f} GB in {took:.0f} s ({size / 1e6 / max(took, 1e-3):.0f} MB/s)",
+                  markup=False)
     record_path = shlex.quote(f"{into}/run.json")
     read = run_all([rank0], f"cat {record_path} && rm -f {record_path}", timeout=60)[rank0.name]
     if not read.ok:
