@@ -87,6 +87,11 @@ def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run
                   f"{copy['where']}", markup=False)
     remote_dir = Run(run_id=copy["run"], hosts=[], preset="", overrides=[], dataset="").remote_dir
     into = f"{remote_dir}/checkpoints"
+    held = run_all(hosts, f"test -e {shlex.quote(into + '/checkpoint_last.pt')}", timeout=60)
+    if holders := [name for name, r in held.items() if r.ok]:  # never overwritten by an older copy from the store
+        raise ClusterError(f"{', '.join(holders)} already hold{'s' if len(holders) == 1 else ''} a checkpoint of "
+                           f"{copy['run']} ({into}): these hosts are not fresh; resume it there with `fab train "
+                           f"--run {copy['run']}` (its keepers go on from the newest any host holds)")
     size = sum(int(f.get("size") or 0) for f in (copy.get("files") or {}).values())
     started = time.monotonic()
     with console.status(f"{rank0.name}: fetching {size / 1e9:.2f} GB from the store (sha256 checked; at most "
