@@ -151,3 +151,46 @@ def test_a_corrupt_copy_is_never_resumed_and_no_host_starts_from_nothing_while_r
         assert manifest(cfg, "v100b", run_id)["sha256"] != "" and update(cfg, run_id) > held["update"]
     finally:
         stop(data_ready, run_id)
+
+
+def test_an_isolated_host_that_exhausted_its_restarts_reconnects_without_stopping_the_run(data_ready):
+    """v100b, cut off, trains alone (two hosts: both sides may); its ranks crash again and again until its
+    restart budget is spent and it stops alone. Plugged back and rejoined (`fab train --rejoin`, the
+    remedy `fab status` names), its stop binds only itself: v100a trains on and takes v100b back."""
+    cfg = data_ready.cfg
+    run_id = start(data_ready, "gaveup")
+    try:
+        cut(cfg, "v100b")
+        wait_for(lambda: any(e["hosts"] == ["v100b"] for e in timeline(cfg, "v100b", run_id))
+                 and ranks(cfg, "v100b", run_id), 120)
+
+        def gave_up():
+            """v100b stopped alone, its restarts spent"""
+            return any(not e["hosts"] and "restarts" in e["why"] for e in timeline(cfg, "v100b", run_id))
+
+        crashes = 0
+        while not gave_up() and crashes < 8:
+            if ranks(cfg, "v100b", run_id):  # its ranks crash (the keeper restarts them while it may)
+                ssh(cfg, "v100b", f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'")
+                crashes += 1
+            time.sleep(2)
+        wait_for(gave_up, 60)
+        a_before = timeline(cfg, "v100a", run_id)
+        cut(cfg, "v100b", "up")
+        plugged = time.monotonic()
+        fab(data_ready, "train", "--run", run_id, "--rejoin", "--detach")
+
+        def taken_back():
+            """v100a's world takes v100b back, from v100a's checkpoint"""
+            return [e for e in timeline(cfg, "v100a", run_id)[len(a_before):] if e["hosts"] == ["v100a", "v100b"]]
+
+        wait_for(taken_back, 240)
+        back = time.monotonic() - plugged
+        assert taken_back()[0]["source"] == "v100a", taken_back()
+        assert not [e for e in timeline(cfg, "v100a", run_id) if not e["hosts"]], timeline(cfg, "v100a", run_id)
+        at = update(cfg, run_id)
+        wait_for(lambda: update(cfg, run_id) > at + 10 and ranks(cfg, "v100b", run_id), 120)
+    finally:
+        stop(data_ready, run_id)
+    print(f"v100b cut off, its ranks crashed {crashes} times: stopped alone; plugged back and rejoined, taken "
+          f"back by v100a's run {back:.0f} s after the cable, v100a never stopped")
