@@ -28,7 +28,7 @@ test-setup:  ## the lab's, and what the lab tests run here besides: iperf3, etht
 	@bash lab/bootstrap.sh test
 
 wheelhouse: setup  ## the offline wheelhouse provisioning installs from: HOST_PYTHON=3.12 ACCELERATOR=cu128 (default: this Python, cpu)
-	@$(PY) -m train.wheelhouse $(if $(HOST_PYTHON),--python $(HOST_PYTHON)) $(if $(ACCELERATOR),--accelerator $(ACCELERATOR))
+	@$(PY) -m train.provision.wheelhouse $(if $(HOST_PYTHON),--python $(HOST_PYTHON)) $(if $(ACCELERATOR),--accelerator $(ACCELERATOR))
 
 gpu-kit: lab-setup  ## the kit a lent GPU machine needs (wheels for its Python, fairseq's sdist, subwords) in kit/: PYTHON=3.12
 	@$(PY) -m benchmarks.gpu_kit --python $(or $(PYTHON),3.12) --dest kit

@@ -5,7 +5,7 @@ Hosts come from the Ansible inventory (fabric.yaml `inventory`, or FABRIC_INVENT
 inventory's `cluster` group. Each task: its options, a docstring, one call into train/ or
 benchmarks/, its output.
 
-Options are long only, and each value is checked before anything reaches a host (train.options);
+Options are long only, and each value is checked before anything reaches a host (train.cli.options);
 the exit status says how a task ended: 0 done, 1 failed, 2 bad input, 3 refused by a check that an
 --accept-... option overrides (docs/cli.md).
 """
@@ -14,16 +14,17 @@ import sys
 
 import fabric.main
 
-from train import exits, options
-from train import version as tandem_version
+from train import errors as exits
 from train.agent.nccl_sockets import option as nccl_sockets_option
+from train.cli import options
+from train.cli import version as tandem_version
+from train.cli.executor import bad_input_exits_2, cluster_task, console, errors, known_hosts, task
+from train.hosts.remote import venv_of
 from train.recipe import strategies
-from train.remote import venv_of
 from train.run import launch, logtail, offsite, pick, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
-from train.tasks import bad_input_exits_2, cluster_task, console, errors, known_hosts, task
 
 bad_input_exits_2(fabric.main.program)  # an unknown option is bad input too: exit 2, as a bad value
 
@@ -348,7 +349,7 @@ def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=No
                 precision=precision, bleu=bleu, timeout=timeout, say=_say)
 
 
-# ---- a newcomer's own hosts (train/inventory_init.py, train/hostcheck.py; issue 35) ----
+# ---- a newcomer's own hosts (train/onboard/init.py, train/onboard/check.py; issue 35) ----
 
 
 @task(help={
@@ -378,10 +379,10 @@ def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_a
 
     One table, each problem with its fix under it. Exit 0 when every host passes, 1 when one fails,
     2 for bad input (an address, a missing key file, an existing --out without --force)."""
-    from train import inventory_init
+    from train.cli.executor import say_error
     from train.cluster import ClusterError
-    from train.exits import BAD_INPUT, FAILED, OptionError
-    from train.tasks import say_error
+    from train.errors import BAD_INPUT, FAILED, OptionError
+    from train.onboard import init as inventory_init
 
     try:
         code = inventory_init.init(console, c.config.get("inventory"), check=check, out=out, force=force,

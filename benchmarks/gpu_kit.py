@@ -33,7 +33,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from train.agent.data import corpus
-from train.wheelhouse import cache_dir, pure_wheel
+from train.provision.wheelhouse import cache_dir, pure_wheel
 
 TOP = Path(__file__).resolve().parent.parent
 SAMPLE = TOP.parent / "shared" / "data" / "wmt-en-de-sample"

@@ -38,8 +38,8 @@ from datetime import UTC, datetime
 from train.agent import allreduce, iperf, nccl_sockets
 from train.agent.allreduce import parse_size
 from train.cluster import ClusterError, Host, placement, run_all, run_each, world_size
+from train.hosts.remote import venv_of
 from train.plan import link, measurements
-from train.remote import venv_of
 from train.run.command import ENV_FILE
 
 # Each host's all_reduce output and pid file (the code is installed): one directory per login user, as the

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from train.cluster import load_hosts, run_all
-from train.hostpaths import RUNS_ROOT
+from train.hosts.paths import RUNS_ROOT
 
 FAB = str(Path(sys.executable).parent / "fab")
 SKIP = 20  # the first updates (start, first save) are left out of s/update

@@ -12,8 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from train import peercopy
 from train.cluster import Host, load_hosts, run_all
+from train.hosts import peercopy
 from train.plan import link
 from train.run import checkpoints
 

@@ -39,17 +39,16 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from benchmarks.step import require_cluster, signals_ignored, signals_raise, tx_bytes
 from train.cluster import ClusterError, Host, connect, run_all, world_size
-from train.exits import OptionError
+from train.errors import OptionError
+from train.hosts.remote import agent_command, venv_of
 from train.plan import measurements
 from train.recipe import logformat, presets, strategies
 from train.recipe.record import Run
 from train.recipe.strategies import CommError
 from train.recipe.strategies import update_freq as update_freq_rung
-from train.remote import agent_command, venv_of
 from train.run import command, launch, preflight
-
-from .step import require_cluster, signals_ignored, signals_raise, tx_bytes
 
 REFERENCE = "sync"
 TARGET = 0.03  # issue 15: local SGD's validation loss within 3% of sync's after the same samples

@@ -47,7 +47,9 @@ import statistics
 import time
 from datetime import UTC, datetime
 
+from benchmarks.net import run_allreduce
 from train.cluster import ClusterError, Host, connect, run_each, world_size
+from train.hosts.remote import agent_command
 from train.plan import batching, link, measurements, model, predict
 from train.plan import mfu as flops
 from train.plan.predict import dataset_vocab
@@ -56,11 +58,8 @@ from train.recipe.gpu_defaults import default_precision
 from train.recipe.params import preset_params
 from train.recipe.record import Run
 from train.recipe.strategies import CommError, Strategy
-from train.remote import agent_command
 from train.run import launch, preflight
 from train.run.lease import HostLease
-
-from .net import run_allreduce
 
 BENCH_OVERRIDES = ["log_interval=1", "disable_validation=true", "no_save=true"]
 

@@ -15,9 +15,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from . import hosts, inventory, network, rootfs
-from .config import DISTROS, LOGIN_USERS, LabConfig
-from .shell import LabError, run
+from lab import hosts, inventory, network, rootfs
+from lab.config import DISTROS, LOGIN_USERS, LabConfig
+from lab.shell import LabError, run
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -113,7 +113,7 @@ def cached_images(cfg: LabConfig) -> Path:
     if not rootfs.is_built(cfg.cache, cfg.distro):
         with step(f"building the hosts' Debian ({cfg.distro}) root filesystem with mmdebstrap (once, cached)"):
             rootfs.build(cfg.cache, cfg.distro)
-    from train import wheelhouse
+    from train.provision import wheelhouse
 
     with step(f"the training wheelhouse the hosts install from (Python {cfg.python}, torch {cfg.accelerator}; "
               "built once, cached)"):

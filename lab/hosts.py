@@ -17,9 +17,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import rootfs
-from .config import LabConfig
-from .shell import LabError, run
+from lab import rootfs
+from lab.config import LabConfig
+from lab.shell import LabError, run
 
 SSHD_CONFIG = """\
 # tandem lab: key-only login as {user}, like a freshly rented VM

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from .config import CLUSTER_NIC, LabConfig
+from lab.config import CLUSTER_NIC, LabConfig
 
 
 def render(cfg: LabConfig, data_devices: dict[str, str]) -> str:

@@ -7,10 +7,9 @@ import json
 import os
 from pathlib import Path
 
+from lab.config import CLUSTER_NIC, LabConfig
+from lab.shell import LabError, in_netns, ok, run
 from train.plan.link import cap_command, parse_caps, rate_bits
-
-from .config import CLUSTER_NIC, LabConfig
-from .shell import LabError, in_netns, ok, run
 
 
 def preflight(cfg: LabConfig) -> None:

@@ -15,8 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .config import LOGIN_USERS
-from .shell import LabError, run
+from lab.config import LOGIN_USERS
+from lab.shell import LabError, run
 
 SUITES = ("bookworm", "trixie")  # Debian 12 (Python 3.11), Debian 13 (Python 3.13)
 # What a freshly rented Debian VM has.

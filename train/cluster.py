@@ -1,7 +1,7 @@
 """The cluster as Fabric sees it: hosts resolved through the Ansible inventory.
 
 The inventory is the one source of truth (address, user, key, known_hosts, GPUs, NIC,
-data device). Which inventory the fab tasks read: train.inventory_choice (`FABRIC_INVENTORY`, else
+data device). Which inventory the fab tasks read: train.onboard.inventory (`FABRIC_INVENTORY`, else
 `inventory:` in fabric.yaml, inventory/mine.yml).
 """
 
@@ -216,7 +216,7 @@ class HostConnection(Connection):
     def open(self):
         try:
             opened = super().open()
-        except UNREACHABLE as err:  # which host it was, for the line that says it (train.tasks.cluster_task)
+        except UNREACHABLE as err:  # which host it was, for the line that says it (train.cli.executor.cluster_task)
             err.tandem_host = getattr(self, "tandem_host", None)
             raise
         sock = self.client.get_transport().sock

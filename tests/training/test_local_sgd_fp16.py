@@ -12,7 +12,7 @@ import pytest
 from labtools import TOP, fab, ssh
 
 from train.cluster import load_hosts
-from train.hostpaths import ENV_FILE
+from train.hosts.paths import ENV_FILE
 from train.plan import link
 
 RUNS = "/data/tandem/runs"

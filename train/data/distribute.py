@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..cluster import ClusterError, Host, run_all
-from ..hostpaths import DATA_ROOT
-from ..peercopy import CLUSTER_KEY, copy_to_peers, to_peers_command
+from ..hosts.paths import DATA_ROOT
+from ..hosts.peercopy import CLUSTER_KEY, copy_to_peers, to_peers_command
 from .progress import CopyBars  # noqa: F401 - distribute.CopyBars: the bars copy_progress draws
 
 COPY_POLL_S = 2.0  # how often the receivers are asked how much of the dataset they hold

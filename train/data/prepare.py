@@ -21,8 +21,8 @@ from pathlib import Path
 from ..agent.data import corpus
 from ..agent.data.__main__ import RESULT
 from ..cluster import ClusterError, Host, connect
-from ..hostpaths import DATA_ROOT
-from ..remote import venv_of
+from ..hosts.paths import DATA_ROOT
+from ..hosts.remote import venv_of
 from . import distribute, progress
 
 WORK = str(Path(DATA_ROOT).parent / "prepare")  # rank 0's host: downloads and the resumable stages

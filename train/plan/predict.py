@@ -34,7 +34,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from train.cluster import ClusterError, GroupResult, Host, run_all, world_size
-from train.hostpaths import DATA_ROOT
+from train.hosts.paths import DATA_ROOT
 from train.plan import batching
 from train.recipe import presets, strategies
 from train.recipe.gpu_defaults import default_precision

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import hostpaths
 from ..cluster import TOP, ClusterError, Host
+from ..hosts import paths
 from . import presets
 
 REPORTS = TOP / "reports"
@@ -53,11 +53,11 @@ class Run:
 
     @property
     def remote_dir(self) -> str:
-        return f"{hostpaths.RUNS_ROOT}/{self.run_id}"
+        return f"{paths.RUNS_ROOT}/{self.run_id}"
 
     @property
     def data_dir(self) -> str:
-        return f"{hostpaths.DATA_ROOT}/{self.dataset}"
+        return f"{paths.DATA_ROOT}/{self.dataset}"
 
     @property
     def local_dir(self) -> Path:

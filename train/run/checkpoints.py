@@ -1,6 +1,6 @@
 """Where a run's checkpoints live besides the hosts' keepers' copies (train.agent.replica): the
 controller's bounded backup of rank 0's newest (`--backup`), read back onto a host where a resume
-finds no host holding one; what each host holds (`held`); the push host to host (train.peercopy's
+finds no host holding one; what each host holds (`held`); the push host to host (train.hosts.peercopy's
 rsync line, the one prepare-data spreads datasets with) that benchmarks/push_lab.py measures.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ..agent import checkpoint_info
 from ..cluster import ClusterError, Host, connect, get_whole, on_each, run_all
-from ..peercopy import copy_to_peers, to_peers_command
+from ..hosts.peercopy import copy_to_peers, to_peers_command
+from ..hosts.remote import agent_command
 from ..recipe.record import Run
-from ..remote import agent_command
 
 CHECKPOINTS = ["checkpoint_last.pt", "checkpoint_best.pt"]
 # One copy to or from the controller at a time, whoever asks (the backup, a restart that needs the

@@ -47,7 +47,7 @@ from pathlib import PurePosixPath
 
 # ENV_FILE: what provisioning found out about the host (roles/network: the cluster NIC it detected,
 # NCCL's and gloo's interface; roles/train_env): every job tandem starts there reads it first.
-from train.hostpaths import CACHE_ROOT, ENV_FILE
+from train.hosts.paths import CACHE_ROOT, ENV_FILE
 from train.recipe import strategies
 from train.recipe.gpu_defaults import ALLOC_CONF, ALLOCATOR, default_precision  # noqa: F401 (its users read them here too)
 from train.recipe.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..cluster import ClusterError, Host, run_all
+from ..hosts.remote import venv_of
 from ..recipe.record import Run
-from ..remote import venv_of
 from . import command, gpu_choice
 
 

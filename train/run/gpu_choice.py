@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from ..cluster import ClusterError, Host, run_all
-from ..remote import agent_command
+from ..hosts.remote import agent_command
 
 
 def choose(host: str, gpus: int, busy: dict[str, list[int]]) -> int | None:

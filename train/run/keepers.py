@@ -22,9 +22,9 @@ import time
 from ..agent import tracker
 from ..agent.generation import change_line  # noqa: F401 (what following and status say)
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
+from ..hosts.remote import agent_command
 from ..plan import batching
 from ..recipe.record import Run
-from ..remote import agent_command
 from . import interval, offsite
 from .elastic import scaled_update_freq
 from .launch import host_commands

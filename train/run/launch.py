@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cluster import ClusterError, Host, connect, rank_layout, ranks_label, run_all, run_each
+from ..hosts.remote import agent_command, train_threads, venv_of
 from ..recipe import logformat
 from ..recipe.record import Run
-from ..remote import agent_command, train_threads, venv_of
 from . import command
 from .preflight import answer
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 from ..cluster import ClusterError, Host, run_all, run_each
-from ..remote import agent_command
+from ..hosts.remote import agent_command
 
 LEASES = "$HOME/.tandem/leases"  # the login user's own (a fixed name in /tmp may be another user's)
 TTL_S = 60.0

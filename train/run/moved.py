@@ -18,10 +18,10 @@ import time
 from dataclasses import fields
 
 from ..cluster import ClusterError, Host, run_all
-from ..exits import OptionError
+from ..errors import OptionError
+from ..hosts.remote import agent_command
 from ..plan import batching
 from ..recipe.record import Run
-from ..remote import agent_command
 from .elastic import scaled_update_freq
 
 REMAKEABLE = {"synthetic": False, "wmt16": True}  # datasets prepare-data makes again from their name alone (wmt16?)

@@ -12,9 +12,9 @@ import time
 
 from ..agent.offsite_target import BadTarget, parse
 from ..cluster import Host, run_each
-from ..exits import OptionError, Refused
+from ..errors import OptionError, Refused
+from ..hosts.remote import agent_command
 from ..recipe.record import Run
-from ..remote import agent_command
 from . import launch
 
 DEFAULT_EVERY_MIN = 30.0  # checkpoint_last off the cluster at most this often (checkpoint_best: when it changes)

@@ -22,9 +22,9 @@ import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from .. import hostpaths
 from ..cluster import ClusterError, Host, require_reachable, run_all
-from ..exits import OptionError
+from ..errors import OptionError
+from ..hosts import paths
 from ..recipe import record
 from ..recipe.record import Run
 
@@ -43,7 +43,7 @@ class KnownRun:
 
 def listing() -> str:
     """The shell line that lists a host's runs (the module docstring's format); nothing without RUNS_ROOT."""
-    return (f"cd {shlex.quote(hostpaths.RUNS_ROOT)} 2>/dev/null || exit 0; "
+    return (f"cd {shlex.quote(paths.RUNS_ROOT)} 2>/dev/null || exit 0; "
             "for d in */; do d=${d%/}; "
             '[ -f "$d/keeper/spec.json" ] || [ -f "$d/run.json" ] || continue; '
             'printf "%s\\t%s\\t" "$d" "$(stat -c %Y "$d/keeper/spec.json" "$d/run.json" 2>/dev/null '

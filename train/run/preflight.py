@@ -14,12 +14,12 @@ from pathlib import Path
 from ..agent import pins
 from ..agent.probe import agent_digest, versions_differ
 from ..cluster import TOP, ClusterError, Host, HostResult, run_all
+from ..hosts.remote import agent_command, venv_of
 from ..plan import batch as batch_model
 from ..plan import batching
 from ..recipe import strategies
 from ..recipe.params import preset_params
 from ..recipe.record import Run
-from ..remote import agent_command, venv_of
 from . import disk
 
 

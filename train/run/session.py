@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ..cluster import ClusterError, Host, placement, select
-from ..exits import OptionError, Refused
+from ..errors import OptionError, Refused
 from ..plan import batching, predict
 from ..plan.link import PeerUnreachable
 from ..recipe import presets, strategies

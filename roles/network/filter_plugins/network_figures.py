@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from train import remeasure
 from train.agent import iperf, nccl_sockets
+from train.provision import remeasure
 
 DOCUMENTATION = """
 name: network_figures
@@ -45,7 +45,7 @@ def host_figures(hosts: list, hostvars, fields: dict) -> dict:
 
 
 def measure_reason(cached: dict, inputs: dict, how: str, max_age_h: float, now_iso: str) -> str:
-    """'' when the figures in network.json stand for a new measurement, else why not (train.remeasure)."""
+    """'' when the figures in network.json stand for a new measurement, else why not (train.provision.remeasure)."""
     threshold = float(cached.get("threshold_mbps") or 0)
     pairs = cached.get("pairs") or []
     passed = bool(pairs) and not any(p.get("error") or p.get("mbps", 0) < threshold for p in pairs)

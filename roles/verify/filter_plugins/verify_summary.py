@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from train import remeasure
 from train.agent.probe import versions_differ
+from train.provision import remeasure
 
 DOCUMENTATION = """
 name: verify_summary

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import quality
 from train.cluster import ClusterError, Host
-from train.exits import OptionError
+from train.errors import OptionError
 from train.recipe import presets
 from train.recipe.strategies import CommError
 

@@ -14,7 +14,7 @@ import pytest
 from benchmarks import net
 from train.agent import iperf
 from train.cluster import Host, load_hosts
-from train.peercopy import cluster_address
+from train.hosts.peercopy import cluster_address
 from train.plan import link
 from train.recipe.record import Run
 from train.run import launch

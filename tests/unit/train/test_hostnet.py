@@ -1,6 +1,7 @@
-"""Where a host's peers reach it (train/hostnet.py), from `ip -j addr show` and `ip -j route show` as hosts of
-each shape print them (tests/fixtures/ip/: EC2 with its public address NAT'd, GCE's /32s, a VM with a public
-and a private NIC and docker running, tandem's lab with its cluster NIC and no default route)."""
+"""Where a host's peers reach it (train/onboard/peer_address.py), from `ip -j addr show` and
+`ip -j route show` as hosts of each shape print them (tests/fixtures/ip/: EC2 with its public address
+NAT'd, GCE's /32s, a VM with a public and a private NIC and docker running, tandem's lab with its
+cluster NIC and no default route)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from train import hostnet
-from train.hostnet import Side
+from train.onboard import peer_address
+from train.onboard.peer_address import Side
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ip"
 
 
-def shown(host: str) -> tuple[tuple[hostnet.Address, ...], tuple[hostnet.Route, ...]]:
-    return (hostnet.addresses((FIXTURES / f"{host}.addr.json").read_text()),
-            hostnet.routes((FIXTURES / f"{host}.route.json").read_text()))
+def shown(host: str) -> tuple[tuple[peer_address.Address, ...], tuple[peer_address.Route, ...]]:
+    return (peer_address.addresses((FIXTURES / f"{host}.addr.json").read_text()),
+            peer_address.routes((FIXTURES / f"{host}.route.json").read_text()))
 
 
 def side(host: str, peers: list[tuple[str | None, str]]) -> Side | None:
     """`host`'s side toward `peers`: (the peer's fixture, None when it did not answer; its SSH address)."""
     own, table = shown(host)
-    return hostnet.cluster_side(own, table, [(shown(p)[0] if p else (), ssh) for p, ssh in peers])
+    return peer_address.cluster_side(own, table, [(shown(p)[0] if p else (), ssh) for p, ssh in peers])
 
 
 def test_addresses_are_the_ipv4_ones_of_nics_that_are_up_and_not_loopback():
@@ -58,24 +59,24 @@ def test_the_cluster_side_is_the_route_toward_the_peers_private_addresses(host, 
 def test_no_route_toward_the_peers_is_no_side_not_a_guess():
     assert side("lab-a", [(None, "192.168.5.5")]) is None  # the lab has no default route
     assert side("lab-a", []) is None  # nor a default route to take alone
-    assert hostnet.cluster_side((), shown("aws-a")[1], [(None, "203.0.113.11")]) is None  # no `ip -j` answer
+    assert peer_address.cluster_side((), shown("aws-a")[1], [(None, "203.0.113.11")]) is None  # no `ip -j` answer
 
 
 def test_an_answer_that_is_no_json_lists_nothing():
-    assert hostnet.addresses("Object \"-j\" is unknown, try \"ip help\".") == ()
-    assert hostnet.routes("") == ()
+    assert peer_address.addresses("Object \"-j\" is unknown, try \"ip help\".") == ()
+    assert peer_address.routes("") == ()
 
 
 def test_the_kernels_route_is_the_longest_prefix_then_the_lowest_metric():
-    table = hostnet.routes('[{"dst":"default","gateway":"10.0.0.1","dev":"a","metric":100},'
+    table = peer_address.routes('[{"dst":"default","gateway":"10.0.0.1","dev":"a","metric":100},'
                            '{"dst":"default","gateway":"10.0.0.1","dev":"b","metric":50},'
                            '{"dst":"10.0.0.0/16","dev":"c"},{"type":"blackhole","dst":"10.0.5.0/24"}]')
-    route = hostnet.route_to(table, hostnet.IPv4("10.0.5.1"))
+    route = peer_address.route_to(table, peer_address.IPv4("10.0.5.1"))
     assert route is not None and route.dev == "c"  # the blackhole carries nothing
-    route = hostnet.route_to(table, hostnet.IPv4("8.8.8.8"))
+    route = peer_address.route_to(table, peer_address.IPv4("8.8.8.8"))
     assert route is not None and route.dev == "b"
 
 
 def test_a_given_cluster_address_names_the_nic_that_holds_it():
-    assert hostnet.nic_of(shown("lab-a")[0], "172.30.0.11") == "ens5"
-    assert hostnet.nic_of(shown("aws-a")[0], "203.0.113.10") is None  # NAT'd: on none of its NICs
+    assert peer_address.nic_of(shown("lab-a")[0], "172.30.0.11") == "ens5"
+    assert peer_address.nic_of(shown("aws-a")[0], "203.0.113.10") is None  # NAT'd: on none of its NICs

@@ -319,8 +319,8 @@ def _inventory_variables(node) -> set[str]:
 def inventories() -> dict[str, set[str]]:
     from lab import inventory as lab_inventory
     from lab.config import LabConfig
-    from train.inventory_init import render
-    from train.inventory_spec import InventorySpec, NewHost
+    from train.onboard.init import render
+    from train.onboard.spec import InventorySpec, NewHost
 
     cfg = LabConfig(ranks=2, slow_nic_hosts=("v100b",))
     written = {

@@ -1,4 +1,4 @@
-"""Which inventory fab reads (train/inventory_choice.py): the one FABRIC_INVENTORY names, else fabric.yaml's
+"""Which inventory fab reads (train/onboard/inventory.py): the one FABRIC_INVENTORY names, else fabric.yaml's
 (inventory/mine.yml, where `fab init` writes) said on stderr, never the commented example unsaid."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from train import inventory_choice
-from train.exits import BadInventory
+from train.errors import BadInventory
+from train.onboard import inventory as inventory_choice
 
 TOP = Path(__file__).resolve().parents[3]
 FAB = str(Path(sys.executable).parent / "fab")
@@ -87,7 +87,7 @@ def test_fabric_yaml_reads_what_fab_init_writes():
     import yaml
 
     assert yaml.safe_load((TOP / "fabric.yaml").read_text())["inventory"] == inventory_choice.DEFAULT
-    from train.inventory_init import DEFAULT_OUT
+    from train.onboard.init import DEFAULT_OUT
 
     assert DEFAULT_OUT == inventory_choice.DEFAULT
     choice = inventory_choice.Choice(TOP / inventory_choice.DEFAULT, False, inventory_choice.DEFAULT)

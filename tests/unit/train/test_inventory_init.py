@@ -1,4 +1,4 @@
-"""`fab init` writes a newcomer's inventory (train/inventory_init.py): what it writes, what it refuses."""
+"""`fab init` writes a newcomer's inventory (train/onboard/init.py): what it writes, what it refuses."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from train import hostcheck, hostvars, inventory_init
+from train import hostvars
 from train.cluster import ClusterError, GroupResult, Host, HostResult, load_hosts
-from train.exits import OptionError
-from train.inventory_init import render, write
-from train.inventory_spec import Found, InventorySpec, NewHost, spec_from_options
+from train.errors import OptionError
+from train.onboard import check, init
+from train.onboard.init import render, write
+from train.onboard.spec import Found, InventorySpec, NewHost, spec_from_options
 from train.plan.link import nic_of
 
 TOP = Path(__file__).resolve().parents[3]
@@ -146,10 +147,10 @@ def vm(shape: str, pci: int = 0) -> str:
 
 def test_fab_init_writes_where_the_peers_reach_each_host_and_bench_net_takes_its_nic(tmp_path, monkeypatch):
     """Two EC2 VMs reached at public addresses NAT'd onto them: each written with its private address and NIC."""
-    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"gpu1": vm("aws-a", 1), "gpu2": vm("aws-b", 1)}))
+    monkeypatch.setattr(check, "ask", lambda hosts: answers({"gpu1": vm("aws-a", 1), "gpu2": vm("aws-b", 1)}))
     console = Console(record=True, width=300, soft_wrap=True)
     out = tmp_path / "mine.yml"
-    code = inventory_init.init(console, None, out=str(out), hosts_at="203.0.113.10,203.0.113.11", user="debian")
+    code = init.init(console, None, out=str(out), hosts_at="203.0.113.10,203.0.113.11", user="debian")
     hosts = load_hosts(out)
     assert [(h.address, h.cluster_address, h.nic, h.gpus) for h in hosts] == [
         ("203.0.113.10", "172.31.5.10", "ens5", 1), ("203.0.113.11", "172.31.9.27", "ens5", 1)]
@@ -166,10 +167,10 @@ def test_bench_nets_refusal_of_an_inventory_without_cluster_nic_says_the_fix():
 
 
 def test_cluster_at_gives_the_address_and_the_nic_is_the_one_holding_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"a": vm("lab-a"), "b": vm("lab-b")}))
+    monkeypatch.setattr(check, "ask", lambda hosts: answers({"a": vm("lab-a"), "b": vm("lab-b")}))
     for given, nic in (("172.30.0.11,172.30.0.12", "ens5"), ("10.77.0.11,10.77.0.12", "eth0")):
         out = tmp_path / f"{nic}.yml"
-        inventory_init.init(Console(file=io.StringIO()), None, out=str(out), hosts_at="10.77.0.11,10.77.0.12",
+        init.init(Console(file=io.StringIO()), None, out=str(out), hosts_at="10.77.0.11,10.77.0.12",
                             user="debian", names="a,b", cluster_at=given, gpus="0")
         assert [(h.cluster_address, h.nic) for h in load_hosts(out)] == [(a, nic) for a in given.split(",")]
 
@@ -177,7 +178,7 @@ def test_cluster_at_gives_the_address_and_the_nic_is_the_one_holding_it(tmp_path
 def test_a_hosts_ssh_port_is_written_and_used(tmp_path):
     spec = spec_from_options("203.0.113.10:2222,[2001:db8::1]:2200,gpu-c.example.com", "ubuntu", port="2022",
                              gpus="1")
-    assert [h.port for h in inventory_init.hosts_of(spec)] == [2222, 2200, 2022]  # the ones fab init asks
+    assert [h.port for h in init.hosts_of(spec)] == [2222, 2200, 2022]  # the ones fab init asks
     hosts = load_hosts(write(spec, tmp_path / "p.yml"))
     assert [(h.address, h.port) for h in hosts] == [("203.0.113.10", 2222), ("2001:db8::1", 2200),
                                                     ("gpu-c.example.com", 2022)]
@@ -188,11 +189,11 @@ def test_a_hosts_ssh_port_is_written_and_used(tmp_path):
 
 def test_fab_init_writes_each_hosts_gpus_as_it_shows_them_and_checks_the_written_file(tmp_path, monkeypatch):
     asked = []
-    monkeypatch.setattr(hostcheck, "ask", lambda hosts: asked.append([h.name for h in hosts]) or answers(
+    monkeypatch.setattr(check, "ask", lambda hosts: asked.append([h.name for h in hosts]) or answers(
         {"a": READY.format(pci=2), "b": TimeoutError("timed out")}))
     console = Console(record=True, width=300, soft_wrap=True)
     out = tmp_path / "mine.yml"
-    code = inventory_init.init(console, None, out=str(out), hosts_at="10.0.0.1,10.0.0.2", user="debian", names="a,b")
+    code = init.init(console, None, out=str(out), hosts_at="10.0.0.1,10.0.0.2", user="debian", names="a,b")
     assert asked == [["a", "b"]] and code == 1  # b did not answer
     hosts = load_hosts(out)
     assert [(h.name, h.gpus) for h in hosts] == [("a", 2), ("b", 0)]  # a: 2 on its PCI bus
@@ -206,29 +207,29 @@ def test_fab_init_writes_each_hosts_gpus_as_it_shows_them_and_checks_the_written
 
 
 def test_fab_init_refuses_an_existing_file_before_asking_a_host(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostcheck, "ask", lambda hosts: pytest.fail("a host was asked"))
+    monkeypatch.setattr(check, "ask", lambda hosts: pytest.fail("a host was asked"))
     (tmp_path / "mine.yml").write_text("# kept\n")
     with pytest.raises(OptionError, match="^--out: "):
-        inventory_init.init(Console(), None, out=str(tmp_path / "mine.yml"), hosts_at="10.0.0.1", user="debian")
+        init.init(Console(), None, out=str(tmp_path / "mine.yml"), hosts_at="10.0.0.1", user="debian")
     with pytest.raises(OptionError, match="^--check: checks the inventory you have .*--hosts-at, --out write a new"):
-        inventory_init.init(Console(), None, check=True, out="x.yml", hosts_at="10.0.0.1")
+        init.init(Console(), None, check=True, out="x.yml", hosts_at="10.0.0.1")
 
 
 def test_a_cluster_that_passes_exits_0(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"cpu1": READY.format(pci=0)}))
+    monkeypatch.setattr(check, "ask", lambda hosts: answers({"cpu1": READY.format(pci=0)}))
     console = Console(record=True, width=300, soft_wrap=True)
     out = tmp_path / "mine.yml"
-    assert inventory_init.init(console, None, out=str(out), hosts_at="10.0.0.1", user="debian", gpus="0") == 0
+    assert init.init(console, None, out=str(out), hosts_at="10.0.0.1", user="debian", gpus="0") == 0
     assert "every host is ready: ansible-playbook -i" in console.export_text()
     assert [(h.name, h.gpus) for h in load_hosts(out)] == [("cpu1", 0)]
 
 
 def test_written_where_fab_reads_unnamed_no_fabric_inventory_is_asked_for(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostcheck, "ask", lambda hosts: answers({"cpu1": READY.format(pci=0)}))
+    monkeypatch.setattr(check, "ask", lambda hosts: answers({"cpu1": READY.format(pci=0)}))
     monkeypatch.delenv("FABRIC_INVENTORY", raising=False)
     console = Console(record=True, width=300, soft_wrap=True)
     out = tmp_path / "mine.yml"  # fabric.yaml's `inventory` in this test
-    assert inventory_init.init(console, str(out), out=str(out), hosts_at="10.0.0.1", user="debian", gpus="0") == 0
+    assert init.init(console, str(out), out=str(out), hosts_at="10.0.0.1", user="debian", gpus="0") == 0
     assert console.export_text().strip().splitlines()[-1].endswith(" provision.yml, then fab info")
     assert "#   fab init --check" in out.read_text() and "FABRIC_INVENTORY" not in out.read_text()
 

@@ -1,5 +1,5 @@
-"""Every fab option's value checked before a host is reached (train.options), and the exit status
-train.tasks.cluster_task ends a task with (train.exits): 2 bad input, 3 refused, 1 failed."""
+"""Every fab option's value checked before a host is reached (train.cli.options), and the exit status
+train.cli.executor.cluster_task ends a task with (train.errors): 2 bad input, 3 refused, 1 failed."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from train import options
+from train.cli import options
+from train.cli.executor import cluster_task
 from train.cluster import ClusterError, Host
-from train.exits import OptionError, Refused
+from train.errors import OptionError, Refused
 from train.recipe import strategies
 from train.recipe.record import Run
 from train.run import session
-from train.tasks import cluster_task
 
 
 @pytest.mark.parametrize(("parse", "value", "said"), [

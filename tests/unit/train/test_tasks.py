@@ -1,4 +1,4 @@
-"""`fab --hosts a,b TASK`: one call of TASK with the hosts in the order given (train.tasks)."""
+"""`fab --hosts a,b TASK`: one call of TASK with the hosts in the order given (train.cli.executor)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """fab train refuses an inventory that does not say a host's GPUs, or leaves it outside the `cluster` group
-(train.options.hosts_described): read as they stand, a GPU VM would be planned as a CPU host (gloo, fp32)."""
+(train.cli.options.hosts_described): read as they stand, a GPU VM would be planned as a CPU host (gloo, fp32)."""
 
 from __future__ import annotations
 

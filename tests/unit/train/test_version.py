@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 
-from train import version
+from train.cli import version
 from train.cluster import TOP
 
 

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from train import wheelhouse
+from train.provision import wheelhouse
 
 
 def fake_torch(tmp_path, name: str, requires: list[str]):

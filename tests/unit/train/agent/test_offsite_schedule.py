@@ -15,16 +15,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from tests.unit.train.agent.test_keeper import (  # noqa: F401
-    HOSTS,
-    crash,
-    keeper,
-    keeper_files,
-    launch,
-    spec,
-    two_hosts,
-    wait_for,
-)
+from tests.unit.train.agent.test_keeper import HOSTS, crash, keeper, keeper_files, launch, spec, wait_for
 from tests.unit.train.agent.test_offsite import s3, s3_server  # noqa: F401
 from tests.unit.train.agent.test_replica import hold
 from train.agent import offsite_copies, offsite_schedule, replica

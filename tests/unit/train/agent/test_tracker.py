@@ -83,7 +83,7 @@ def test_the_keepers_supervisor_holds_the_key_in_its_environment_not_on_disk(tmp
 
 
 def test_fab_train_with_wandb_and_no_key_is_refused_before_anything_connects():
-    from train.exits import OptionError
+    from train.errors import OptionError
     from train.run import session
 
     with pytest.raises(OptionError, match="--set: wandb_project needs WANDB_API_KEY"):

@@ -8,7 +8,7 @@ import io
 import pytest
 from rich.console import Console
 
-from train.exits import OptionError
+from train.errors import OptionError
 from train.run import session
 
 

@@ -168,7 +168,7 @@ def test_parse_bleu():
 @pytest.mark.parametrize("value", ["four", 0, -2, 1.5, True])
 def test_a_bad_train_threads_names_the_host_and_the_value(value):
     from train.cluster import ClusterError, Host
-    from train.remote import train_threads
+    from train.hosts.remote import train_threads
 
     with pytest.raises(ClusterError, match=f"v100b: train_threads must be a whole number .* gives {value!r}"):
         train_threads(Host("v100b", "10.0.0.2", vars={"train_threads": value}))

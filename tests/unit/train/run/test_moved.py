@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from train.cluster import Host
-from train.exits import OptionError
+from train.errors import OptionError
 from train.recipe.record import Run
 from train.run import moved, session
 

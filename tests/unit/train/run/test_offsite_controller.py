@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from train.cluster import HostResult
-from train.exits import OptionError
+from train.errors import OptionError
 from train.recipe.record import Run
 from train.run import keepers, offsite
 

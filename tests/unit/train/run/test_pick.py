@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 import pytest
 
-from train import hostpaths
 from train.cluster import ClusterError, GroupResult, Host, HostResult
-from train.exits import OptionError
+from train.errors import OptionError
+from train.hosts import paths
 from train.recipe import record
 from train.recipe.record import Run
 from train.run import launch, pick
@@ -138,7 +138,7 @@ def test_the_newest_copy_of_a_run_speaks_for_it():
 def test_what_fab_train_leaves_on_a_host_is_what_the_listing_reads(tmp_path, monkeypatch):
     """record_line and listing in a real shell, on a directory standing for /data/tandem/runs: a run with
     its record and spec, one with the keepers' spec alone, and a directory of neither."""
-    monkeypatch.setattr(hostpaths, "RUNS_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setattr(paths, "RUNS_ROOT", str(tmp_path / "runs"))
     subprocess.run(["sh", "-c", pick.record_line(NEWER)], check=True)
     for run_id in (NEWER.run_id, OLDER.run_id):
         (tmp_path / "runs" / run_id / "keeper").mkdir(parents=True, exist_ok=True)
@@ -150,5 +150,5 @@ def test_what_fab_train_leaves_on_a_host_is_what_the_listing_reads(tmp_path, mon
     assert [(r.run_id, r.record) for r in runs] == [(NEWER.run_id, asdict(NEWER)), (OLDER.run_id, None)]
     assert runs[1].started == 1795600000
     assert not list((tmp_path / "runs" / NEWER.run_id).glob("*.new"))
-    monkeypatch.setattr(hostpaths, "RUNS_ROOT", str(tmp_path / "none"))  # a host that never trained
+    monkeypatch.setattr(paths, "RUNS_ROOT", str(tmp_path / "none"))  # a host that never trained
     assert subprocess.run(["sh", "-c", pick.listing()], check=True, capture_output=True, text=True).stdout == ""

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from train.cluster import ClusterError, Host
-from train.exits import OptionError
+from train.errors import OptionError
 from train.recipe import record
 from train.run import session
 

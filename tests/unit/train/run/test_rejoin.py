@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from train.cluster import ClusterError, Host
-from train.exits import OptionError
+from train.errors import OptionError
 from train.recipe import logformat, record
 from train.report import members
 from train.run import rejoin, session

@@ -50,12 +50,12 @@ def test_memory_efficient_fp16_is_fairseqs_own_switch():
 def test_compiled_code_is_kept_on_the_data_volume_across_restarts(option):
     """torch.compile's default cache is under /tmp, gone after a VM's reboot: the first update then
     compiles again for minutes. The hosts keep it beside the runs, on the data volume."""
-    from train import hostpaths
+    from train.hosts import paths
     from train.run.command import training_command
 
     preset = presets.resolve(BIG, [f"{option}=true"])
     env = environment(launch(8), preset)
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/data/tandem/cache/inductor" == f"{hostpaths.CACHE_ROOT}/inductor"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/data/tandem/cache/inductor" == f"{paths.CACHE_ROOT}/inductor"
     assert env["TRITON_CACHE_DIR"] == "/data/tandem/cache/triton"
     assert "TORCHINDUCTOR_CACHE_DIR=/data/tandem/cache/inductor" in training_command(preset, launch(8))
     assert "TORCHINDUCTOR_CACHE_DIR" not in environment(launch(8), presets.resolve(BIG))  # nothing compiles

@@ -4,8 +4,8 @@
     gpu1  ok   ok    Ubuntu 22.04  3.12.3  1     10.0.0.10 (ens5)       /dev/nvme1n1…  2.50
     gpu2: sudo asks for a password: add `ubuntu ALL=(ALL) NOPASSWD:ALL` to /etc/sudoers.d/ubuntu ...
 
-One shell line per host (train.hostprobe) through cluster.run_each, as every fab task reaches its
-hosts; the problems and their fixes are train.hostfixes'. `assess` is pure: answers in, report out.
+One shell line per host (train.onboard.probe) through cluster.run_each, as every fab task reaches its
+hosts; the problems and their fixes are train.onboard.fixes'. `assess` is pure: answers in, report out.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from . import hostfixes, hostprobe
-from .cluster import GroupResult, Host, HostResult, run_each
-from .hostprobe import Facts
+from ..cluster import GroupResult, Host, HostResult, run_each
+from . import fixes, probe
+from .probe import Facts
 
 PROBE_S = 60  # the probe's own time on a host (nvidia-smi can take seconds)
 
@@ -61,7 +61,7 @@ def ask(hosts: Sequence[Host]) -> GroupResult:
     """Every host's answers to the probe, all at once; an unreachable host's error in its place."""
     # paramiko logs a failed handshake's traceback from its own thread: the report says it in one line
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    return run_each(list(hosts), {h.name: hostprobe.command(h, peer_of(hosts, h)) for h in hosts}, timeout=PROBE_S)
+    return run_each(list(hosts), {h.name: probe.command(h, peer_of(hosts, h)) for h in hosts}, timeout=PROBE_S)
 
 
 def check(hosts: Sequence[Host]) -> Report:
@@ -74,17 +74,17 @@ def assess(hosts: Sequence[Host], results: Mapping[str, HostResult]) -> Report:
     checks, facts = [], {}
     for host in hosts:
         result = results[host.name]
-        problems = hostfixes.inventory(host)
+        problems = fixes.inventory(host)
         if result.error is not None:
-            problems.append(hostfixes.ssh(host, result.error))
+            problems.append(fixes.ssh(host, result.error))
             checks.append(HostCheck(host, None, tuple(problems)))
             continue
-        facts[host.name] = hostprobe.parse(result.stdout)
+        facts[host.name] = probe.parse(result.stdout)
         if not result.ok:  # the probe always exits 0: the shell itself failed
             problems.append(f"{host.name}: the check's shell line failed there ({result.why})")
-        problems += hostfixes.host_problems(host, facts[host.name], len(hosts))
+        problems += fixes.host_problems(host, facts[host.name], len(hosts))
         checks.append(HostCheck(host, facts[host.name], tuple(problems)))
-    return Report(tuple(checks), tuple(hostfixes.cluster_problems(hosts, facts)))
+    return Report(tuple(checks), tuple(fixes.cluster_problems(hosts, facts)))
 
 
 def gpus_cell(host: Host, facts: Facts) -> str:
@@ -105,7 +105,7 @@ def address_cell(host: Host, facts: Facts) -> str:
 
 
 def disk_cell(host: Host, facts: Facts) -> str:
-    device = hostprobe.device_of(host)
+    device = probe.device_of(host)
     if device and facts.disk_path == "/" and facts.device_gb is not None:
         return f"{device}: {facts.device_gb:.0f} GB (provisioning formats it)"
     return f"{facts.free_gb:.0f} GB on {facts.disk_path}" if facts.free_gb is not None else "?"

@@ -1,9 +1,9 @@
 """Every fab option's value checked before anything reaches a host.
 
 A parser per kind of value turns the text Invoke hands a task (tandem's tasks take every value as
-text: train.tasks.TandemTask) into what the task passes on, or raises with what it accepts; a check
-looks at several options, or at them and the hosts, at once. train.tasks.cluster_task runs them all
-first and says a failure in one line, exit 2 (train.exits):
+text: train.cli.executor.TandemTask) into what the task passes on, or raises with what it accepts; a check
+looks at several options, or at them and the hosts, at once. train.cli.executor.cluster_task runs them all
+first and says a failure in one line, exit 2 (train.errors):
 
     error: --update-freq: expected a whole number >= 1, got 'x'
 
@@ -16,15 +16,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from . import hostvars
-from .agent import offsite_target
-from .agent.allreduce import parse_size
-from .cluster import CLUSTER_GROUP, Host
-from .exits import BadInventory, OptionError
-from .plan.link import rate_bits
-from .recipe import presets, strategies
-from .recipe.record import REPORTS
-from .run.checkpoints import BackupPolicy
+from .. import hostvars
+from ..agent import offsite_target
+from ..agent.allreduce import parse_size
+from ..cluster import CLUSTER_GROUP, Host
+from ..errors import BadInventory, OptionError
+from ..plan.link import rate_bits
+from ..recipe import presets, strategies
+from ..recipe.record import REPORTS
+from ..run.checkpoints import BackupPolicy
 
 Parser = Callable[[object], object]
 Values = Mapping[str, object]

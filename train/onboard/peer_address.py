@@ -1,5 +1,5 @@
 """Where a host's peers reach it: its cluster NIC and address, from what `ip -j addr show` and
-`ip -j route show` print on every host (train.hostprobe asks them). Pure: recorded outputs in, a choice out.
+`ip -j route show` print on every host (train.onboard.probe asks them). Pure: recorded outputs in, a choice out.
 
 On a cloud VM the address SSH reaches is often a public one NAT'd onto the VM (on none of its NICs), and
 the VMs reach each other at their private addresses. A host's cluster address is the source address of

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from importlib import metadata
 
-from .cluster import TOP
+from ..cluster import TOP
 
 
 def package_version() -> str:

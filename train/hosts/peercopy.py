@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 
-from .cluster import TRANSFER_STALL_S, Host, connect
+from ..cluster import TRANSFER_STALL_S, Host, connect
 
 CLUSTER_KEY = "$HOME/.ssh/tandem_cluster"  # roles/common/tasks/cluster_key.yml
 

@@ -6,7 +6,7 @@ roles/network ask them: passwordless sudo (`sudo -n true`), /etc/os-release, tra
 version, `nvidia-smi -L` (and the NVIDIA GPUs on the PCI bus, which need no driver), whether the
 cluster address is on one of the host's NICs, the route toward the first peer (`ip route get`, the
 NIC roles/network picks when the inventory names none), its addresses and routes (`ip -j addr show`,
-`ip -j route show`: where its peers reach it, train.hostnet), free disk on /data or /, the data device.
+`ip -j route show`: where its peers reach it, train.onboard.peer_address), free disk on /data or /, the data device.
 The script prints `key=value` lines; `parse` reads them. Pure but for what the host answers.
 """
 
@@ -16,8 +16,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from . import hostnet
-from .cluster import Host
+from ..cluster import Host
+from . import peer_address
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class Facts:
     address_local: bool = False  # the cluster address is on one of the host's NICs
     route: str = ""  # `ip route get PEER` (or the default route): "10.0.0.11 dev ens5 src 10.0.0.10 uid 1000"
     nics: tuple[str, ...] = ()
-    addresses: tuple[hostnet.Address, ...] = ()  # `ip -j addr show`'s that can carry cluster traffic
-    routes: tuple[hostnet.Route, ...] = ()  # `ip -j route show`'s
+    addresses: tuple[peer_address.Address, ...] = ()  # `ip -j addr show`'s that can carry cluster traffic
+    routes: tuple[peer_address.Route, ...] = ()  # `ip -j route show`'s
     disk_path: str = "/"  # the data volume's mount point when mounted, else /
     free_gb: float | None = None
     device_gb: float | None = None  # data_device's size; None when it is no block device (or none is named)
@@ -58,7 +58,7 @@ class Facts:
     def holds(self, address: str) -> bool:
         """Whether `address` is on one of the host's NICs: from `ip -j addr show` when it is an IP address
         the host listed addresses for, else the probe's own answer (a name, resolved there)."""
-        if self.addresses and hostnet.nic_of(self.addresses, address) is not None:
+        if self.addresses and peer_address.nic_of(self.addresses, address) is not None:
             return True
         return self.address_local
 
@@ -138,8 +138,8 @@ def parse(stdout: str) -> Facts:
         address_local=said.get("address_local") == "yes",
         route=said.get("route", ""),
         nics=tuple(said.get("nics", "").split()),
-        addresses=hostnet.addresses(said.get("ip_addr", "")),
-        routes=hostnet.routes(said.get("ip_route", "")),
+        addresses=peer_address.addresses(said.get("ip_addr", "")),
+        routes=peer_address.routes(said.get("ip_route", "")),
         disk_path=said.get("disk_path", "/") or "/",
         free_gb=free_kb * 1024 / 1e9 if free_kb is not None else None,
         device_gb=device_bytes / 1e9 if device_bytes is not None else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from .cluster import Host
+from ..cluster import Host
 
 
 def venv_of(host: Host) -> str:

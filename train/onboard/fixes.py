@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 import paramiko
 import yaml
 
-from . import hostvars
-from .cluster import TOP, ClusterError, Host
-from .hostprobe import Facts, device_of
-from .run.preflight import layout_problems
+from .. import hostvars
+from ..cluster import TOP, ClusterError, Host
+from ..run.preflight import layout_problems
+from .probe import Facts, device_of
 
 CLOUD_USERS = "ubuntu on Ubuntu images, debian on Debian, ec2-user on Amazon Linux"
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cluster import TOP, Host, load_hosts
-from .exits import BadInventory
+from ..cluster import TOP, Host, load_hosts
+from ..errors import BadInventory
 
 DEFAULT = "inventory/mine.yml"  # fabric.yaml's `inventory`, fab init's default --out
 EXAMPLE_NETS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))

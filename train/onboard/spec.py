@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import hostvars
-from .cluster import CLUSTER_GROUP
-from .exits import OptionError
+from .. import hostvars
+from ..cluster import CLUSTER_GROUP
+from ..errors import OptionError
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -24,7 +24,7 @@ _RESERVED = {"all", "ungrouped", CLUSTER_GROUP}  # Ansible's groups and tandem's
 class NewHost:
     name: str
     address: str  # ansible_host
-    cluster_address: str | None = None  # None: where its peers reach it, found on the host (train.hostnet)
+    cluster_address: str | None = None  # None: where its peers reach it, found on the host (train.onboard.peer_address)
     gpus: int | None = None  # None: as many as the host shows (fab init asks it), unknown until it answers
     port: int | None = None  # its SSH port (`host:2222`), None: --port's, else 22
     nic: str | None = None  # cluster_nic, found on the host; None: unknown until it answers

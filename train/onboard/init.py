@@ -3,12 +3,12 @@
     fab init --hosts-at 203.0.113.10,203.0.113.11:2222 --user ubuntu --key ~/.ssh/id_ed25519 \\
              [--port 22] [--names gpu1,gpu2] [--gpus 1] [--cluster-at 10.0.0.10,10.0.0.11] [--data-device none] \\
              [--hourly-usd 2.5] [--known-hosts FILE] [--out inventory/mine.yml] [--force]
-    fab init --check          the inventory fab reads (train.inventory_choice)
+    fab init --check          the inventory fab reads (train.onboard.inventory)
 
-The options are checked first (train.inventory_spec); then the hosts are asked, once, all at once
-(train.hostcheck). Each host is written with what it shows where no option said it: its GPUs
+The options are checked first (train.onboard.spec); then the hosts are asked, once, all at once
+(train.onboard.check). Each host is written with what it shows where no option said it: its GPUs
 (nvidia-smi, else its PCI bus), its cluster NIC and address (the route toward its peers' private
-addresses, train.hostnet; --cluster-at gives the address). A host that does not answer is written
+addresses, train.onboard.peer_address; --cluster-at gives the address). A host that does not answer is written
 without them (never a guess), and the file says so. The file is written, read back as every fab
 task reads it, and checked: one table, each problem with its fix. Exit 0: every host passes; 1: a
 host fails; 2: bad input (an OptionError).
@@ -23,12 +23,14 @@ from pathlib import Path
 import yaml
 from rich.markup import escape
 
-from . import hostcheck, hostnet, hostprobe, hostvars, inventory_choice
-from .cluster import CLUSTER_GROUP, TOP, GroupResult, Host, load_hosts
-from .exits import DONE, FAILED, OptionError
-from .inventory_spec import Found, InventorySpec, spec_from_options
+from .. import hostvars
+from ..cluster import CLUSTER_GROUP, TOP, GroupResult, Host, load_hosts
+from ..errors import DONE, FAILED, OptionError
+from . import check as hostcheck
+from . import inventory, peer_address, probe
+from .spec import Found, InventorySpec, spec_from_options
 
-DEFAULT_OUT = inventory_choice.DEFAULT  # what fab reads when FABRIC_INVENTORY names nothing
+DEFAULT_OUT = inventory.DEFAULT  # what fab reads when FABRIC_INVENTORY names nothing
 
 
 def layout(spec: InventorySpec) -> tuple[dict, dict, dict[str, dict]]:
@@ -92,9 +94,9 @@ def hosts_of(spec: InventorySpec) -> list[Host]:
 
 def found(spec: InventorySpec, results: GroupResult) -> dict[str, Found]:
     """What each host that answered shows: its GPUs (nvidia-smi's, else, no driver yet, its PCI bus's), and
-    where its peers reach it (train.hostnet: the route toward their private addresses; with --cluster-at, the
-    NIC holding the address given, else the route toward the peers' given addresses). Pure."""
-    facts = {name: hostprobe.parse(r.stdout) for name, r in results.items() if r.ok}
+    where its peers reach it (train.onboard.peer_address: the route toward their private addresses; with
+    --cluster-at, the NIC holding the address given, else the route toward the peers' given addresses). Pure."""
+    facts = {name: probe.parse(r.stdout) for name, r in results.items() if r.ok}
     out = {}
     for host in spec.hosts:
         if host.name not in facts:
@@ -105,8 +107,8 @@ def found(spec: InventorySpec, results: GroupResult) -> dict[str, Found]:
         else:
             peers = [(facts[p.name].addresses if p.name in facts else (), p.address)
                      for p in spec.hosts if p.name != host.name]
-        side = hostnet.cluster_side(mine.addresses, mine.routes, peers)
-        nic = (hostnet.nic_of(mine.addresses, host.cluster_address) if host.cluster_address else None) or \
+        side = peer_address.cluster_side(mine.addresses, mine.routes, peers)
+        nic = (peer_address.nic_of(mine.addresses, host.cluster_address) if host.cluster_address else None) or \
             (side.nic if side else None)
         out[host.name] = Found(mine.gpus_seen if mine.gpus_seen is not None else mine.pci_gpus, nic,
                                side.address if side and not host.cluster_address else None)
@@ -137,16 +139,16 @@ def write(spec: InventorySpec, path: Path, force: bool = False, shown: str = DEF
 def init(console, configured: str | None, *, check: bool = False, out: str | None = None, force: bool = False,
          **options: str | None) -> int:
     """Write the inventory from `options` (spec_from_options' names), or with `check` take the configured
-    one; check every host; the exit status (train.exits). A bad option raises OptionError before anything
+    one; check every host; the exit status (train.errors). A bad option raises OptionError before anything
     is written or reached; an inventory tandem cannot read (a value of the wrong type) raises ClusterError."""
     if check:
         if given := [f"--{o.replace('_', '-')}" for o, v in {**options, "out": out}.items() if v]:
             raise OptionError("check", f"checks the inventory you have (FABRIC_INVENTORY, else fabric.yaml's "
                                        f"inventory); {', '.join(given)} write a new one: drop --check or them")
-        path = inventory_choice.choose(configured).path  # unnamed and missing: refused with the fix
+        path = inventory.choose(configured).path  # unnamed and missing: refused with the fix
         if not path.exists():
             raise OptionError("check", f"inventory {path} does not exist: write one with fab init --hosts-at ...")
-        hosts = inventory_choice.load(configured, lambda note: print(note, file=sys.stderr))
+        hosts = inventory.load(configured, lambda note: print(note, file=sys.stderr))
         with console.status(f"asking {len(hosts)} hosts over SSH"):
             results = hostcheck.ask(hosts)
     else:
@@ -166,9 +168,9 @@ def init(console, configured: str | None, *, check: bool = False, out: str | Non
 
 
 def unnamed_path(configured: str | None) -> Path:
-    """The inventory fab reads when FABRIC_INVENTORY names none: fabric.yaml's (train.inventory_choice).
+    """The inventory fab reads when FABRIC_INVENTORY names none: fabric.yaml's (train.onboard.inventory).
     `configured` is Fabric's `inventory` setting, which FABRIC_INVENTORY sets when given."""
-    return out_path(configured or inventory_choice.DEFAULT)
+    return out_path(configured or inventory.DEFAULT)
 
 
 def summary(report: hostcheck.Report, path: Path, read_unnamed: bool = False) -> str:

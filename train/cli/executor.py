@@ -6,7 +6,7 @@ rendezvous, ranks in host order), so tandem's fabric.yaml names `ClusterExecutor
 executor (`tasks.executor_class`, Invoke's supported way to change it): it reads the same
 `--hosts` value Fabric's executor reads, hands the names to the task through the config
 (`cluster_hosts`) and calls the task once. `cluster_task` resolves them through the inventory,
-checks every option first (train.options) and ends the task with its exit status (train.exits).
+checks every option first (train.cli.options) and ends the task with its exit status (train.errors).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from invoke.exceptions import ParseError
 from rich.console import Console
 from rich.text import Text
 
-from . import inventory_choice
-from .cluster import UNREACHABLE, ClusterError, Host, select
-from .exits import BAD_INPUT, FAILED, REFUSED, OptionError, Refused
+from ..cluster import UNREACHABLE, ClusterError, Host, select
+from ..errors import BAD_INPUT, FAILED, REFUSED, OptionError, Refused
+from ..onboard import inventory
 
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)  # bad input: one line on stderr
@@ -40,7 +40,7 @@ class TandemTask(fabric.tasks.Task):
     """Fabric's task, its options long only (but SHORT_FLAGS) and their values text. Invoke derives
     short flags from each task's own option names (`-c` was --comm in one task, --checkpoint in
     another), and converts a value to its default's type while parsing, where a bad one ends in a
-    traceback; the task's parsers (train.options) convert it instead, and say what they accept."""
+    traceback; the task's parsers (train.cli.options) convert it instead, and say what they accept."""
 
     def __init__(self, body, **kwargs):
         super().__init__(body, **{**kwargs, "auto_shortflags": False})
@@ -61,7 +61,7 @@ def task(*args, **kwargs):
 
 def bad_input_exits_2(program) -> None:
     """Invoke's parser refuses an unknown option or a flag without its value with exit 1; tandem says
-    2 for every bad input (train.exits). The fabfile is loaded before the tasks' options are parsed,
+    2 for every bad input (train.errors). The fabfile is loaded before the tasks' options are parsed,
     and Invoke has no setting for it, so the running program's parse step is wrapped from there."""
     parse = program.parse_tasks
     if getattr(parse, "exits_2", False):
@@ -108,8 +108,8 @@ def cluster_hosts(c) -> list[Host]:
 
 def cluster_task(body=None, /, *, checks=(), **parsers):
     """Run the task body once for all selected hosts, its options checked first: each named in
-    `parsers` converted by its parser (train.options), then every check(hosts, values) of `checks`.
-    Ends the task with its exit status (train.exits): 2 for bad input, before any host is reached,
+    `parsers` converted by its parser (train.cli.options), then every check(hosts, values) of `checks`.
+    Ends the task with its exit status (train.errors): 2 for bad input, before any host is reached,
     3 for a refusal an --accept-... option overrides, 1 for any other ClusterError, and 1 for a host
     its SSH connection could not reach (train.cluster.HostConnection), in one line with the fix."""
     if body is None:
@@ -123,7 +123,7 @@ def cluster_task(body=None, /, *, checks=(), **parsers):
     def wrapper(c, *args, **kwargs):
         if isinstance(c, Connection):  # Fabric's own executor: one call per host
             say_error("fab expanded --hosts into one call per host: tandem's fabric.yaml sets "
-                      "tasks.executor_class: train.tasks.ClusterExecutor; run fab from the checkout")
+                      "tasks.executor_class: train.cli.executor.ClusterExecutor; run fab from the checkout")
             sys.exit(BAD_INPUT)
         values: dict = {}
         try:
@@ -147,7 +147,7 @@ def cluster_task(body=None, /, *, checks=(), **parsers):
         except UNREACHABLE as err:
             if getattr(err, "tandem_host", None) is None:  # not an SSH connection tandem opened: as it is
                 raise
-            from .hostfixes import ssh  # the fix for each way SSH fails, as `fab init` says it
+            from ..onboard.fixes import ssh  # the fix for each way SSH fails, as `fab init` says it
 
             say_error(ssh(err.tandem_host, err), errors if values.get("json") else console)
             sys.exit(FAILED)
@@ -177,6 +177,6 @@ def known_hosts(c) -> list[Host]:
 
 
 def inventory_hosts(c) -> list[Host]:
-    """The inventory's hosts (train.inventory_choice), which inventory said once on stderr when the user did
+    """The inventory's hosts (train.onboard.inventory), which inventory said once on stderr when the user did
     not name it with FABRIC_INVENTORY."""
-    return inventory_choice.load(c.config.get("inventory"), lambda note: errors.print(note, markup=False))
+    return inventory.load(c.config.get("inventory"), lambda note: errors.print(note, markup=False))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-DEFAULTS = Path(__file__).resolve().parent.parent / "roles" / "tandem" / "defaults" / "main.yml"
+DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "tandem" / "defaults" / "main.yml"
 _REFERENCE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -34,7 +34,7 @@ def read(path: Path = DEFAULTS) -> dict[str, str]:
             raise ValueError(f"{path}: {seen[-1]} refers to {name}, which it does not define")
         value = _REFERENCE.sub(lambda m: resolve(m[1], (*seen, name)), str(raw[name]))
         if "{{" in value or "{%" in value:
-            raise ValueError(f"{path}: {name}: {raw[name]!r} is more Jinja than train/hostpaths.py reads "
+            raise ValueError(f"{path}: {name}: {raw[name]!r} is more Jinja than train/hosts/paths.py reads "
                              f"(plain values or {{{{ tandem_... }}}} references)")
         return value
 

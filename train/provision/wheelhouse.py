@@ -1,6 +1,6 @@
 """An offline wheelhouse of the training environment: download once, install on N hosts.
 
-    python -m train.wheelhouse [--python 3.13] [--accelerator cpu|cu128|cu130] [--dest DIR]
+    python -m train.provision.wheelhouse [--python 3.13] [--accelerator cpu|cu128|cu130] [--dest DIR]
 
 A wheelhouse is a directory of builds, one per (Python, machine, accelerator) the hosts may have:
 
@@ -29,7 +29,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-TOP = Path(__file__).resolve().parent.parent
+TOP = Path(__file__).resolve().parents[2]
 REQUIREMENTS = TOP / "requirements-train.txt"
 FAIRSEQ = "fairseq-fixed"
 # What building fairseq's wheel on a host needs besides the pins (torch, numpy): its setup.py's tools.
