@@ -319,10 +319,25 @@ def rejoin_hosts(known: list[Host], run_id: str | None) -> list[Host]:
     first trained in (train.run.rejoin)."""
     run = Run.load(run_id)
     lost = [n for n in rejoining.lost_hosts(run.members, run.hosts) if n in {h.name for h in known}]
+    if not lost:  # the record may be behind the hosts (a detached run): the hosts say whose keeper runs
+        lost = keeperless_hosts(run, select(known, [n for n in run.hosts if n in {h.name for h in known}]))
     if not lost:
         raise ClusterError(f"{run.run_id} trains on {', '.join(run.hosts)} and lost no host the inventory "
                            "has: nothing to rejoin")
     return select(known, rejoining.grown_hosts(run.members, run.hosts, lost))
+
+
+def keeperless_hosts(run: Run, hosts: list[Host]) -> list[str]:
+    """The run's hosts whose keeper no longer runs while another's does (a host cut off that gave up alone,
+    its restarts spent): the record is brought to the hosts that keep the run, so they take the others back."""
+    states = launch.states(run, hosts)
+    alive = [s.name for s in states if s.reachable and (s.keeper or {}).get("keeper")]
+    idle = [s.name for s in states if s.reachable and not (s.keeper or {}).get("keeper")]
+    if not alive or not idle:
+        return []
+    run.hosts = alive
+    run.save()
+    return idle
 
 
 def grow_running(run: Run, current: list[Host], joining: list[Host], known: list[Host], request: TrainRequest,
