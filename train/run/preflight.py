@@ -143,17 +143,18 @@ def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) ->
 
 def check(run: Run, hosts: list[Host], answers: dict[str, dict],
           pins_wanted: dict[str, str] | None = None, agent: str | None = None,
-          reference: str | None = None, adopting: bool = False) -> list[str]:
+          reference: str | None = None, adopting: bool = False, need: disk.DiskNeed | None = None) -> list[str]:
     """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out.
     `pins_wanted`: the training environment's pins (default: requirements-train.txt); `agent`: the
     agent's digest hosts must answer (default: this checkout's); `adopting`: the run's keepers run and
     take the new start (`--replace`), so its ranks training now are no reason to refuse; `reference`:
-    the host whose ranks the others must match (layout_problems; default: what most hosts have)."""
+    the host whose ranks the others must match (layout_problems; default: what most hosts have); `need`:
+    what the run writes on each host (default: its preset's, train.run.disk; fab train's start has it)."""
     pins_wanted = pinned() if pins_wanted is None else pins_wanted
     agent = controller_agent() if agent is None else agent
     problems = layout_problems(hosts, reference)
     first = hosts[0].name
-    need = disk.run_need(run.resolved_preset().options, batching.VOCAB, offsite=bool(run.checkpoints_to))
+    need = need or disk.run_need(run.resolved_preset().options, batching.VOCAB, offsite=bool(run.checkpoints_to))
     for host in hosts:
         a = answers[host.name]
         if a.get("agent") != agent:
