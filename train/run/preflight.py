@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..agent import pins
@@ -18,6 +19,7 @@ from ..plan import batch as batch_model
 from ..plan import batching
 from ..recipe import strategies
 from ..recipe.params import preset_params
+from ..recipe.presets import Value
 from ..recipe.record import Run
 from ..remote import agent_command, venv_of
 from . import disk
@@ -117,12 +119,13 @@ def layout_problems(hosts: list[Host], reference: str | None = None) -> list[str
     return problems
 
 
-def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) -> str | None:
+def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000,
+                   options: Mapping[str, Value] | None = None) -> str | None:
     """Why the run's max_tokens would not fit `host`'s smallest GPU (the memory model with its
-    margin, train.plan.batch), or None."""
+    margin, train.plan.batch), or None. `options`: the run's preset's, already resolved."""
     if not gpus:
         return None
-    options = run.resolved_preset().options
+    options = options if options is not None else run.resolved_preset().options
     if not options.get("max_tokens"):
         return None
     smallest = min(gpus, key=lambda g: g["memory_mib"])
@@ -154,7 +157,8 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict],
     agent = controller_agent() if agent is None else agent
     problems = layout_problems(hosts, reference)
     first = hosts[0].name
-    need = need or disk.run_need(run.resolved_preset().options, batching.VOCAB, offsite=bool(run.checkpoints_to))
+    options = run.resolved_preset().options  # the batch as the probe's GPU memory derived it
+    need = need or disk.run_need(options, batching.VOCAB, offsite=bool(run.checkpoints_to))
     for host in hosts:
         a = answers[host.name]
         if a.get("agent") != agent:
@@ -172,7 +176,7 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict],
         if host.gpus > 0 and "gpu_error" in a:  # its memory unknown, the batch would be sized by the others'
             problems.append(f"{host.name}: NVML could not read its GPUs ({a['gpu_error']}): check the driver "
                             "(`nvidia-smi` there); re-run provision.yml --tags nvidia_driver")
-        elif host.gpus > 0 and (too_big := memory_problem(run, host.name, a.get("gpus") or [])):
+        elif host.gpus > 0 and (too_big := memory_problem(run, host.name, a.get("gpus") or [], options=options)):
             problems.append(too_big)
         if a.get("data") is None:
             problems.append(f"{host.name}: no dataset at {run.data_dir}: run `fab prepare-data`")

@@ -177,8 +177,9 @@ def moved_here(request: TrainRequest, hosts: list[Host], console) -> TrainReques
 def gpu_memory_after_choice(run: Run, hosts: list[Host], answers: dict[str, dict]) -> list[str]:
     """The GPU memory check again once --comm auto chose (local SGD keeps copies of the model beside
     it: the batch that fitted sync may not fit it)."""
-    found = (preflight.memory_problem(run, h.name, answers.get(h.name, {}).get("gpus") or []) for h in hosts
-             if h.gpus > 0)
+    options = run.resolved_preset().options
+    found = (preflight.memory_problem(run, h.name, answers.get(h.name, {}).get("gpus") or [], options=options)
+             for h in hosts if h.gpus > 0)
     return [problem for problem in found if problem]
 
 
