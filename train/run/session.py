@@ -104,7 +104,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         if rederive:
             derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
         run.data_manifest = answers.get(hosts[0].name, {}).get("data") or run.data_manifest
-        problems = preflight.check(run, hosts, answers, adopting=bool(request.replace), need=planned.disk)
+        problems = preflight.check(run, hosts, answers, adopting=bool(request.replace), need=planned.disk_need)
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")

@@ -1,6 +1,7 @@
 """A start of a run, resolved in one place: the preset as the hosts train it, the batch, the checkpoint
 interval, the length and every host's command, read by every step after it (the keepers' spec, the
-start line, --dry-run); none of them resolves the preset or the batch again.
+start line, --dry-run); none of them resolves the preset or the batch again (the keepers' spec only for
+its smaller memberships: other worlds, each with its own update-freq).
 
 `fab train` resolves a start when what decides it is known: before the hosts are probed, from what
 can be known then (the batch without the GPUs' memory: what --dry-run prints, and every command
@@ -35,7 +36,7 @@ class Start:
     derived: Batch | None  # how max_tokens and update_freq came from the recipe (None: kept as they were)
     saves: interval.Checkpoints  # how often it saves, and why
     dataset: str
-    disk: disk.DiskNeed  # what it writes on each host's /data at most (preflight refuses a host without it)
+    disk_need: disk.DiskNeed  # what it writes on each host's /data at most (preflight refuses a host without it)
     commands: dict[str, str]  # each host's exact training command, rank 0's host first
 
     @property
@@ -77,5 +78,6 @@ def resolve(run: Run, hosts: list[Host], derived: Batch | None, read_log: bool) 
                  batch_size=int(batch_size) if batch_size else None,  # type: ignore[call-overload]
                  update_freq=run.update_freq, hosts=len(hosts), ranks_per_host=hosts[0].ranks,
                  ranks=sum(h.ranks for h in hosts), derived=derived,
-                 saves=saves, dataset=run.dataset, disk=disk.run_need(options, VOCAB, offsite=bool(run.checkpoints_to)),
+                 saves=saves, dataset=run.dataset,
+                 disk_need=disk.run_need(options, VOCAB, offsite=bool(run.checkpoints_to)),
                  commands=launch.host_commands(run, hosts, preset))

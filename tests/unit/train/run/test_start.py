@@ -38,7 +38,7 @@ def test_the_start_holds_what_the_keepers_run_and_preflight_checks():
     assert run.save_interval_updates == 50 and resolved.saves.every == 50  # the interval, chosen and set on the run
     assert resolved.commands == launch.host_commands(run, hosts)
     assert keepers.spec(run, hosts, commands=resolved.commands)["commands"]["v100a,v100b"] == resolved.commands
-    assert resolved.disk == disk.run_need(run.resolved_preset().options, VOCAB)
+    assert resolved.disk_need == disk.run_need(run.resolved_preset().options, VOCAB)
     assert (resolved.max_update, resolved.tokens_per_update) == (1000, 4096)
     assert resolved.said(None).startswith("batch 2 hosts x 1 rank x 2,048 tokens x update-freq 1 = 4,096 tokens "
                                           "per update; 4,096 tokens per update x 1,000 updates = 4.1 M tokens")
