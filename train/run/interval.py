@@ -202,9 +202,10 @@ def from_bench(report: Mapping | None, *, preset: str, overrides: list[str], pre
     return None
 
 
-def measured_step(run, hosts, resuming: bool) -> StepFigure | None:
+def measured_step(run, hosts, resuming: bool, options: Mapping | None = None) -> StepFigure | None:
     """The measured s/update for `fab train`'s start line (see the module docstring); None when
-    tandem has none. Never fails the start: a log out of reach is skipped."""
+    tandem has none. Never fails the start: a log out of reach is skipped. `options`: the run's
+    preset's, already resolved."""
     from ..cluster import world_size
     from ..plan import measurements
     from . import launch
@@ -221,7 +222,8 @@ def measured_step(run, hosts, resuming: bool) -> StepFigure | None:
     except (OSError, ValueError):
         report = None
     ranks = world_size(hosts)
-    max_tokens = int(run.resolved_preset().options.get("max_tokens") or 0) or None
+    max_tokens = int((options if options is not None else run.resolved_preset().options).get("max_tokens") or 0) \
+        or None
     return from_bench(report, preset=run.preset, overrides=list(run.overrides), precision=run.precision,
                       comm=run.comm, n_hosts=len(hosts), ranks=ranks, update_freq=run.update_freq,
                       max_tokens=max_tokens)
@@ -303,7 +305,7 @@ def choose(run, hosts, read_log: bool) -> Checkpoints:
     given = int(options.get("save_interval_updates") or 0) \
         if presets.overridden(run.overrides, "save_interval_updates") else None
     tokens = int(options.get("max_tokens") or 0) * max(1, run.update_freq) or None
-    figure = measured_step(run, hosts, read_log) or predicted_step(run.preset, tokens, run.gpu_name)
+    figure = measured_step(run, hosts, read_log, options) or predicted_step(run.preset, tokens, run.gpu_name)
     floor = replication_floor_s(disk.checkpoint_bytes(options, VOCAB), len(hosts) - 1, run.link_mbps)
     fixed = REFERENCE[run.preset].every if run.preset in REFERENCE else None
     stretched = floor if floor and floor > BOUND_S and given is None and figure and not fixed else None

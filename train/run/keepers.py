@@ -38,8 +38,10 @@ def memberships(hosts: list[Host]) -> list[list[Host]]:
     return [list(c) for n in range(len(hosts), 0, -1) for c in itertools.combinations(hosts, n)]
 
 
-def membership_commands(run: Run, hosts: list[Host]) -> tuple[dict, dict, dict]:
-    """({"a,b": {host: command}}, {"a,b": update_freq}, {"a,b": ranks}) for every membership of `hosts`."""
+def membership_commands(run: Run, hosts: list[Host],
+                        started: dict[str, str] | None = None) -> tuple[dict, dict, dict]:
+    """({"a,b": {host: command}}, {"a,b": update_freq}, {"a,b": ranks}) for every membership of `hosts`;
+    `started`: every host's command as the start resolved them (train.run.start), else built here too."""
     commands, update_freq, ranks = {}, {}, {}
     full = world_size(hosts)
     for members in memberships(hosts):
@@ -51,14 +53,16 @@ def membership_commands(run: Run, hosts: list[Host]) -> tuple[dict, dict, dict]:
                 trial, world, scaled_update_freq(run.update_freq, full, world))
             trial.save_interval_updates = interval.on_fewer_ranks(run, trial.update_freq)  # same minutes
         key = ",".join(trial.hosts)
-        commands[key] = host_commands(trial, members)
+        commands[key] = started if started is not None and world == full else host_commands(trial, members)
         update_freq[key], ranks[key] = trial.update_freq, world
     return commands, update_freq, ranks
 
 
-def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None = None, elastic: bool = True) -> dict:
-    """What every host's keeper is told (its own name apart)."""
-    commands, update_freq, ranks = membership_commands(run, hosts)
+def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None = None, elastic: bool = True,
+         commands: dict[str, str] | None = None) -> dict:
+    """What every host's keeper is told (its own name apart); `commands`: every host's, as the start
+    resolved them (default: built here)."""
+    commands, update_freq, ranks = membership_commands(run, hosts, commands)
     return {"run_id": run.run_id, "order": [h.name for h in hosts], "members": [h.name for h in hosts],
             "addresses": {h.name: h.cluster_address for h in hosts}, "port": run.master_port + PORT_OFFSET,
             "token": token or secrets.token_hex(16), "start": f"{time.time():.3f}", "reason": reason,
@@ -97,10 +101,12 @@ def run_token(run: Run, hosts: list[Host]) -> str | None:
     return None
 
 
-def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = True) -> None:
+def start(run: Run, hosts: list[Host], reason: str = "start", elastic: bool = True,
+          commands: dict[str, str] | None = None) -> None:
     """Every host's keeper launched with this start's spec (the run's token kept); the keepers start the
-    ranks among themselves, each running keeper starting again to take the new spec."""
-    told = spec(run, hosts, reason, token=run_token(run, hosts), elastic=elastic)
+    ranks among themselves, each running keeper starting again to take the new spec. `commands`: every
+    host's, as the start resolved them (train.run.start; default: built here)."""
+    told = spec(run, hosts, reason, token=run_token(run, hosts), elastic=elastic, commands=commands)
 
     problems = launch_keepers(run, hosts, told)
     if problems:

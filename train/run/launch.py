@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..cluster import ClusterError, Host, connect, rank_layout, ranks_label, run_all, run_each
 from ..hosts.remote import agent_command, train_threads, venv_of
 from ..recipe import logformat
+from ..recipe.presets import Preset
 from ..recipe.record import Run
 from . import command
 from .preflight import answer
@@ -27,19 +28,12 @@ def launches_for(run: Run, hosts: list[Host]) -> list[command.Launch]:
     )
 
 
-def host_commands(run: Run, hosts: list[Host]) -> dict[str, str]:
-    """Each host's exact training command: what `--dry-run` prints and `start` runs."""
-    preset = run.resolved_preset()
+def host_commands(run: Run, hosts: list[Host], preset: Preset | None = None) -> dict[str, str]:
+    """Each host's exact training command: what `--dry-run` prints and `start` runs. `preset`: the
+    run's, already resolved (train.run.start); default: resolved here."""
+    preset = preset or run.resolved_preset()
     pairs = zip(hosts, launches_for(run, hosts), strict=True)
     return {h.name: command.training_command(preset, launch) for h, launch in pairs}
-
-
-def batch(run: Run, hosts: list[Host]) -> str:
-    """The run's effective batch on `hosts` in words (command.batch_line): what `fab train` says."""
-    options = run.resolved_preset().options
-    max_tokens, batch_size = options.get("max_tokens"), options.get("batch_size")
-    return command.batch_line(len(hosts), hosts[0].ranks, int(max_tokens) if max_tokens else None,
-                              run.update_freq, int(batch_size) if batch_size else None)
 
 
 def start(run: Run, hosts: list[Host]) -> None:

@@ -87,10 +87,3 @@ def tokens_of_answer(result: HostResult, host: Host, n_langs: int = 2) -> tuple[
     tokens = dataset_tokens([int(w) for w in words[:-1]], int(words[-1]))
     return (tokens, "") if tokens else (None, f"not read on {host.name}: an empty dictionary")
 
-
-def of_run(run, hosts: list[Host], dataset_size: int | None, unread: str = "not read from the hosts") -> str:
-    """The length phrase of `run` on `hosts` (its max_tokens x update_freq x ranks, its max_update)."""
-    options = run.resolved_preset().options
-    max_tokens = int(options.get("max_tokens") or 0)
-    per_update = max_tokens * max(1, run.update_freq) * sum(h.ranks for h in hosts) if max_tokens else None
-    return length_phrase(per_update, run.max_update, dataset_size, run.dataset, unread)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..agent import pins
@@ -19,6 +20,7 @@ from ..plan import batch as batch_model
 from ..plan import batching
 from ..recipe import strategies
 from ..recipe.params import preset_params
+from ..recipe.presets import Value
 from ..recipe.record import Run
 from . import disk
 
@@ -117,12 +119,13 @@ def layout_problems(hosts: list[Host], reference: str | None = None) -> list[str
     return problems
 
 
-def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) -> str | None:
+def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000,
+                   options: Mapping[str, Value] | None = None) -> str | None:
     """Why the run's max_tokens would not fit `host`'s smallest GPU (the memory model with its
-    margin, train.plan.batch), or None."""
+    margin, train.plan.batch), or None. `options`: the run's preset's, already resolved."""
     if not gpus:
         return None
-    options = run.resolved_preset().options
+    options = options if options is not None else run.resolved_preset().options
     if not options.get("max_tokens"):
         return None
     smallest = min(gpus, key=lambda g: g["memory_mib"])
@@ -143,17 +146,19 @@ def memory_problem(run: Run, host: str, gpus: list[dict], vocab: int = 32000) ->
 
 def check(run: Run, hosts: list[Host], answers: dict[str, dict],
           pins_wanted: dict[str, str] | None = None, agent: str | None = None,
-          reference: str | None = None, adopting: bool = False) -> list[str]:
+          reference: str | None = None, adopting: bool = False, need: disk.DiskNeed | None = None) -> list[str]:
     """Every reason not to start, each naming the host and the cause. Pure: answers in, problems out.
     `pins_wanted`: the training environment's pins (default: requirements-train.txt); `agent`: the
     agent's digest hosts must answer (default: this checkout's); `adopting`: the run's keepers run and
     take the new start (`--replace`), so its ranks training now are no reason to refuse; `reference`:
-    the host whose ranks the others must match (layout_problems; default: what most hosts have)."""
+    the host whose ranks the others must match (layout_problems; default: what most hosts have); `need`:
+    what the run writes on each host (default: its preset's, train.run.disk; fab train's start has it)."""
     pins_wanted = pinned() if pins_wanted is None else pins_wanted
     agent = controller_agent() if agent is None else agent
     problems = layout_problems(hosts, reference)
     first = hosts[0].name
-    need = disk.run_need(run.resolved_preset().options, batching.VOCAB, offsite=bool(run.checkpoints_to))
+    options = run.resolved_preset().options  # the batch as the probe's GPU memory derived it
+    need = need or disk.run_need(options, batching.VOCAB, offsite=bool(run.checkpoints_to))
     for host in hosts:
         a = answers[host.name]
         if a.get("agent") != agent:
@@ -171,7 +176,7 @@ def check(run: Run, hosts: list[Host], answers: dict[str, dict],
         if host.gpus > 0 and "gpu_error" in a:  # its memory unknown, the batch would be sized by the others'
             problems.append(f"{host.name}: NVML could not read its GPUs ({a['gpu_error']}): check the driver "
                             "(`nvidia-smi` there); re-run provision.yml --tags nvidia_driver")
-        elif host.gpus > 0 and (too_big := memory_problem(run, host.name, a.get("gpus") or [])):
+        elif host.gpus > 0 and (too_big := memory_problem(run, host.name, a.get("gpus") or [], options=options)):
             problems.append(too_big)
         if a.get("data") is None:
             problems.append(f"{host.name}: no dataset at {run.data_dir}: run `fab prepare-data`")

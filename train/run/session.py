@@ -18,7 +18,7 @@ from ..plan.link import PeerUnreachable
 from ..recipe import presets, strategies
 from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
-from . import checkpoints, command, interval, keepers, launch, length, moved, offsite, pick, preflight
+from . import checkpoints, command, keepers, launch, length, moved, offsite, pick, preflight, start
 from . import rejoin as rejoining
 from .follow import follow
 from .status import closing_mfu, summarize, why_stopped_early
@@ -90,15 +90,13 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         console.print(f"[yellow]{ignored}[/]")
     rederive = not resuming or bool(request.resume_from)  # a moved run: the batch of its new world
     derived = batching.apply(run, hosts) if rederive else None  # GPU memory comes with the probe
-    saves = interval.choose(run, hosts, read_log=False)  # the commands carry the checkpoint interval
-    commands = launch.host_commands(run, hosts)
+    planned = start.resolve(run, hosts, derived, read_log=False)  # what can be known before the probe
     if request.dry_run:
         for host in hosts:
-            console.print(f"[bold]{host.name}[/]: {commands[host.name]}")
-        console.print(f"{launch.batch(run, hosts)}; {length.of_run(run, hosts, None)}; {saves.phrase()}; "
-                      f"ranks {placement(hosts)}")
-        if derived:
-            console.print(f"batch derived: {derived.line()}", markup=False)
+            console.print(f"[bold]{host.name}[/]: {planned.commands[host.name]}")
+        console.print(f"{planned.said()}; ranks {placement(hosts)}")
+        if planned.derived:
+            console.print(f"batch derived: {planned.derived.line()}", markup=False)
         return
     with console.status("preflight: versions, data, GPUs, disk, port on every host"):
         answers = preflight.probe(run, hosts)
@@ -106,7 +104,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         if rederive:
             derived = batching.apply(run, hosts, batching.gpu_gib_of(answers, hosts))
         run.data_manifest = answers.get(hosts[0].name, {}).get("data") or run.data_manifest
-        problems = preflight.check(run, hosts, answers, adopting=bool(request.replace))
+        problems = preflight.check(run, hosts, answers, adopting=bool(request.replace), need=planned.disk_need)
     if problems:
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
@@ -141,20 +139,19 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
             console.print(f"[cyan]{rejoining.record(run, [h.name for h in joining], at, hosts[0].ranks)}[/]")
     run.ranks_per_host = hosts[0].ranks  # the report's rank layout (every host runs as many: layout_problems)
     run.order = [h.name for h in hosts]  # every host the keepers know, rank order
-    saves = interval.choose(run, hosts, read_log=resuming)  # the batch, GPU and link are known now
+    resolved = start.resolve(run, hosts, derived, read_log=resuming)  # the batch, GPU and link are known now
     size, unread = length.tokens_of_probe(answers.get(hosts[0].name, {}), hosts[0]) \
         or length.read_dataset_tokens(hosts[0], run.data_dir)
     run.save()
     if unrecorded := pick.record_on_hosts(run, hosts):  # another controller finds the run there (train.run.pick)
         console.print(f"the run record is not on {'; '.join(unrecorded)}", style="yellow", markup=False)
-    keepers.start(run, hosts, elastic=request.elastic)  # the hosts keep the run from here on, followed or not
+    keepers.start(run, hosts, elastic=request.elastic, commands=resolved.commands)  # the hosts keep it, followed or not
     console.print(f"[green]✓[/] {run.run_id} started on {len(hosts)} hosts "
-                  f"({run.preset}; {launch.batch(run, hosts)}; {length.of_run(run, hosts, size, unread)}; "
-                  f"{saves.phrase()}; "
-                  + (f"{cost}; " if cost else "") + f"logs {run.remote_dir}/train.log on each)")
-    if derived:
-        console.print(f"batch derived: {derived.line()}", markup=False)
-    if over := saves.warning():
+                  f"({run.preset}; {resolved.said(size, unread)}; " + (f"{cost}; " if cost else "")
+                  + f"logs {run.remote_dir}/train.log on each)")
+    if resolved.derived:
+        console.print(f"batch derived: {resolved.derived.line()}", markup=False)
+    if over := resolved.saves.warning():
         console.print(f"[yellow]{over}[/]")
     if not request.detach:
         follow_to_the_end(run, hosts, request, known, console)
@@ -180,8 +177,9 @@ def moved_here(request: TrainRequest, hosts: list[Host], console) -> TrainReques
 def gpu_memory_after_choice(run: Run, hosts: list[Host], answers: dict[str, dict]) -> list[str]:
     """The GPU memory check again once --comm auto chose (local SGD keeps copies of the model beside
     it: the batch that fitted sync may not fit it)."""
-    found = (preflight.memory_problem(run, h.name, answers.get(h.name, {}).get("gpus") or []) for h in hosts
-             if h.gpus > 0)
+    options = run.resolved_preset().options
+    found = (preflight.memory_problem(run, h.name, answers.get(h.name, {}).get("gpus") or [], options=options)
+             for h in hosts if h.gpus > 0)
     return [problem for problem in found if problem]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from train.cluster import ClusterError, Host, placement, rank_layout, ranks_label, world_size
 from train.plan import model, predict
-from train.recipe import presets, record
+from train.recipe import record
 from train.run import command, launch, preflight
 
 
@@ -125,14 +125,6 @@ def test_the_batch_line_multiplies_tokens_update_freq_and_every_rank():
                                                  "8,192 tokens per update")  # what elastic keeps
     assert command.batch_line(2, 1, None, 1, batch_size=32).endswith("= 64 sentences per update")
     assert command.tokens_per_update(2048, 1, 4) == 8192
-
-
-def test_the_runs_batch_comes_from_its_preset_and_hosts():
-    run = record.Run(run_id="r1", hosts=["v100a", "v100b"], preset="tiny", overrides=["max_tokens=1024"],
-                     dataset="synthetic", update_freq=2)
-    assert launch.batch(run, [cpu("v100a", 2), cpu("v100b", 2)]) == (
-        "batch 2 hosts x 2 ranks x 1,024 tokens x update-freq 2 = 8,192 tokens per update")
-    assert presets.resolve("tiny").options["max_tokens"] == 2048
 
 
 # ---- the cost model counts every rank ----

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from train.cluster import Host, HostResult
 from train.recipe.presets import PRESETS
-from train.recipe.record import Run
 from train.run import length
 
 WMT16_TOKENS = 140_000_000  # ~4.5M pairs x ~31 tokens the longer side
@@ -36,13 +35,6 @@ def test_the_datasets_tokens_come_from_its_binaries():
     assert length.dataset_tokens([260_000_000, 280_000_000], 32_000) == 140_000_000
     assert length.dataset_tokens([400_000, 400_000], 70_000) == 100_000  # past uint16: 4 bytes
     assert length.dataset_tokens([], 32_000) is None
-
-
-def test_a_runs_length_is_its_batch_on_its_hosts():
-    hosts = [Host("v100a", "10.10.0.1"), Host("v100b", "10.10.0.2")]
-    run = Run(run_id="r", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic", update_freq=2)
-    assert length.of_run(run, hosts, 1_000_000) == (
-        "8,192 tokens per update x 300 updates = 2.5 M tokens ≈ 2.5 epochs of synthetic (1.0 M tokens)")
 
 
 def test_a_dataset_size_not_read_says_on_which_host_and_why():
