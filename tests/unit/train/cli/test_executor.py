@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TOP = Path(__file__).resolve().parents[3]
+TOP = Path(__file__).resolve().parents[4]
 FAB = str(Path(sys.executable).parent / "fab")
 
 

@@ -12,7 +12,7 @@ import pytest
 from train.onboard import peer_address
 from train.onboard.peer_address import Side
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ip"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ip"
 
 
 def shown(host: str) -> tuple[tuple[peer_address.Address, ...], tuple[peer_address.Route, ...]]:

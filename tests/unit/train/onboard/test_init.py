@@ -20,7 +20,7 @@ from train.onboard.init import render, write
 from train.onboard.spec import Found, InventorySpec, NewHost, spec_from_options
 from train.plan.link import nic_of
 
-TOP = Path(__file__).resolve().parents[3]
+TOP = Path(__file__).resolve().parents[4]
 FAB = str(Path(sys.executable).parent / "fab")
 
 

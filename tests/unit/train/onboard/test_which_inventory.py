@@ -14,7 +14,7 @@ import pytest
 from train.errors import BadInventory
 from train.onboard import inventory as inventory_choice
 
-TOP = Path(__file__).resolve().parents[3]
+TOP = Path(__file__).resolve().parents[4]
 FAB = str(Path(sys.executable).parent / "fab")
 EXAMPLE = TOP / "inventory" / "hosts.yml"
 

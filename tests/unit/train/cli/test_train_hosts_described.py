@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-TOP = Path(__file__).resolve().parents[3]
+TOP = Path(__file__).resolve().parents[4]
 FAB = str(Path(sys.executable).parent / "fab")
 
 
