@@ -11,7 +11,10 @@ and launches a keeper on each: a supervisor process in a session of its own (it 
 session and the controller) that restarts the keeper proper if it dies. The keepers heartbeat each
 other over HTTP on the cluster network (`port`, with the run's token), so a host is judged lost by
 its peers, never by a laptop. What they decide is train.agent.generation's; what moves checkpoints
-is train.agent.replica's. Every membership change is appended to RUN/keeper/timeline.jsonl on
+is train.agent.replica's. The class Keeper is the keeper's rounds, tying together its parts, a module
+each: its heartbeat's HTTP (keeper_heartbeat), its ranks (keeper_ranks), its checkpoint
+(keeper_checkpoint), etcd's agreement and its fence (keeper_agreement) and its notices and copies off
+the cluster (keeper_notices). Every membership change is appended to RUN/keeper/timeline.jsonl on
 each host, with its time, update and reason: `fab status`, following and the report read it.
 
 A reboot (a cloud maintenance event, a spot VM restarted) ends every process; `tandem-boot` (a
