@@ -2,12 +2,15 @@
 train.agent.state, which `fab status` and following ask: spec.json (what `fab train` told it),
 generation.json (the newest generation it knows), timeline.jsonl (every membership change, with its
 time, update and reason), keeper.pid (its supervisor), ended (why it ended: finished, stopped),
-offsite.json (its checkpoint copies off the cluster: train.agent.offsite_schedule)."""
+offsite.json (its checkpoint copies off the cluster: train.agent.offsite_schedule), keeper.log (what it
+said, a line each, with its time)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import time
 from pathlib import Path
 
 from train.agent.offsite_schedule import newest_copy
@@ -23,6 +26,17 @@ def read_json(path: Path, default=None):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return default
+
+
+def write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def say(text: str) -> None:
+    """A line of the keeper's log (its standard output), with its time."""
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}", flush=True)
 
 
 def read_timeline(kdir: Path) -> list[dict]:

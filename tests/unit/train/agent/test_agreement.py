@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.train.agent.test_keeper import command
-from train.agent import agreement, keeper, keeper_files
+from train.agent import agreement, keeper, keeper_agreement, keeper_files
+from train.agent.state import run_pids
 
 needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd-server is not installed (make test-setup)")
 
@@ -39,7 +40,7 @@ class Cluster:
         self.keepers, self.servers, self.etcd = {}, [], {}
         for host, run_dir in self.dirs.items():
             (run_dir / "keeper").mkdir(parents=True)
-            self.etcd[host] = keeper.etcd_member(str(run_dir), spec(self.dirs, host, port))
+            self.etcd[host] = keeper_agreement.etcd_member(str(run_dir), spec(self.dirs, host, port))
         for host, run_dir in self.dirs.items():
             k = keeper.Keeper(str(run_dir), spec(self.dirs, host, port))
             asks = k.ask
@@ -62,11 +63,11 @@ class Cluster:
             server.shutdown()
             server.server_close()
         for run_dir in self.dirs.values():
-            for pid in keeper.run_pids(str(run_dir)):
+            for pid in run_pids(str(run_dir)):
                 os.kill(pid, signal.SIGKILL)
         for pid in self.etcd.values():
             if pid:
-                keeper.stop_etcd_member(pid)
+                keeper_agreement.stop_etcd_member(pid)
 
 
 @pytest.fixture
@@ -79,23 +80,24 @@ def cluster(tmp_path):
 @needs_etcd
 def test_three_keepers_agree_on_one_generation_in_etcd_and_a_one_sided_partition_settles_on_one(cluster):
     cluster.rounds(6)
-    agreed = cluster.keepers["a"].agreement.current().generation
+    agreed = cluster.keepers["a"].consensus.agreement.current().generation
     assert agreed.members == ("a", "b", "c") and not agreed.pending
     assert all(k.generation == agreed for k in cluster.keepers.values())
-    assert all(keeper.run_pids(str(d)) for d in cluster.dirs.values())  # every host's ranks started
+    assert all(run_pids(str(d)) for d in cluster.dirs.values())  # every host's ranks started
     cluster.cut = {frozenset("ab")}  # a and b lose each other; both still hear c
     cut = time.monotonic()
-    while len(cluster.keepers["c"].agreement.current().generation.members) == 3 and time.monotonic() - cut < 30:
+    c = cluster.keepers["c"].consensus.agreement
+    while len(c.current().generation.members) == 3 and time.monotonic() - cut < 30:
         cluster.rounds(0.3)
     settled = time.monotonic() - cut
     cluster.rounds(10)  # and it stays settled
     after = [cluster.timeline(h) for h in HOSTS]
     changes = {g for t in after for g in t}
     assert len(changes) <= 3, changes  # the start, one generation without a or b (not dozens)
-    final = cluster.keepers["c"].agreement.current().generation
+    final = cluster.keepers["c"].consensus.agreement.current().generation
     assert final.members in (("a", "c"), ("b", "c")), final
     outside = ({"a", "b"} - set(final.members)).pop()
-    assert not keeper.run_pids(str(cluster.dirs[outside]))  # the host outside waits, its ranks stopped
+    assert not run_pids(str(cluster.dirs[outside]))  # the host outside waits, its ranks stopped
     print(f"one-sided partition (a-b cut, both hear c): one generation {final.members} {settled:.1f} s after the "
           f"cut (lost after 3 s here), {len(changes)} generations in all")
 
@@ -105,19 +107,19 @@ def test_a_keeper_cut_off_from_etcds_majority_starts_no_ranks(cluster):
     cluster.rounds(5)
     before = cluster.keepers["a"].generation
     for host in ("b", "c"):  # two of three members gone: a's side has no majority
-        keeper.stop_etcd_member(cluster.etcd.pop(host))
-    for pid in keeper.run_pids(str(cluster.dirs["a"])):
+        keeper_agreement.stop_etcd_member(cluster.etcd.pop(host))
+    for pid in run_pids(str(cluster.dirs["a"])):
         os.kill(pid, signal.SIGKILL)  # a's ranks die: with etcd it would be restarted
     k = cluster.keepers["a"]
-    k.agreement.etcd.timeout_s = 0.5
+    k.consensus.agreement.etcd.timeout_s = 0.5
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
         k.step()
         time.sleep(0.3)
-    assert not k.agreed_now and k.generation == before
-    assert not keeper.run_pids(str(cluster.dirs["a"]))
+    assert not k.consensus.agreed_now and k.generation == before
+    assert not run_pids(str(cluster.dirs["a"]))
     with pytest.raises(agreement.Unavailable):
-        k.agreement.current()
+        k.consensus.agreement.current()
 
 
 def test_an_odd_number_of_members_on_the_runs_first_hosts_on_the_cluster_network():

@@ -248,7 +248,7 @@ def test_a_lost_rank_0_host_is_named_at_its_last_heard_update_and_not_elastic_st
 
 
 def test_how_ranks_ended_is_the_logs_last_word_on_it_not_a_traceback_frame():
-    from train.agent.keeper import how_ranks_ended
+    from train.agent.keeper_ranks import how_ranks_ended
 
     lines = ['  File "/opt/tandem/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1028, in main',
              "torch.distributed.elastic.multiprocessing.api.SignalException: Process 3033 got signal: 15"]

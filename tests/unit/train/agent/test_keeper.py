@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.labtools import wait_for
-from train.agent import keeper, keeper_files, replica
+from train.agent import keeper, keeper_files, keeper_ranks, replica
+from train.agent.state import run_pids
 
 FAKE = Path(__file__).with_name("fake_rank.py")
 HOSTS = {"v100a": "127.0.0.1", "v100b": "127.0.0.2"}
@@ -51,7 +52,7 @@ def crash(run_dir: Path) -> None:
     pid = keeper_files.supervisor_pid(str(run_dir))
     if pid:
         os.killpg(pid, signal.SIGKILL)
-    for p in keeper.run_pids(str(run_dir)):
+    for p in run_pids(str(run_dir)):
         os.kill(p, signal.SIGKILL)
 
 
@@ -69,7 +70,7 @@ def test_the_keepers_go_on_without_a_silent_host_take_it_back_and_survive_rank_0
     a, b = dirs["v100a"], dirs["v100b"]
     for host, d in dirs.items():
         launch(d, spec(dirs, host, port, 100000))
-    wait_for(lambda: members(a) == [(1, ("v100a", "v100b"))] and keeper.run_pids(str(b)))
+    wait_for(lambda: members(a) == [(1, ("v100a", "v100b"))] and run_pids(str(b)))
     wait_for(lambda: (replica.manifest(b) or {}).get("update", 0) >= 20)  # v100b holds rank 0's saves
     started = time.monotonic()
     crash(b)
@@ -77,30 +78,30 @@ def test_the_keepers_go_on_without_a_silent_host_take_it_back_and_survive_rank_0
     lost_in = time.monotonic() - started
     entry = keeper_files.read_timeline(a / "keeper")[-1]
     assert "v100b lost at update" in entry["why"] and entry["lost"] == ["v100b"]
-    wait_for(lambda: keeper.run_pids(str(a)))
+    wait_for(lambda: run_pids(str(a)))
     print(f"v100b silent: v100a alone in generation 2 after {lost_in:.1f} s")
     launch(b, spec(dirs, "v100b", port, 100000) | {"start": "s1"})  # rebooted: its keeper again, same spec
     wait_for(lambda: (3, ("v100a", "v100b")) in members(a))
     grown = keeper_files.read_timeline(a / "keeper")[-1]
     assert "v100b rejoined at update" in grown["why"] and grown["source"] == "v100a"
-    wait_for(lambda: keeper.run_pids(str(b)) and (replica.manifest(b) or {}).get("generation") == 3)
+    wait_for(lambda: run_pids(str(b)) and (replica.manifest(b) or {}).get("generation") == 3)
     crash(a)
     wait_for(lambda: (4, ("v100b",)) in members(b))
     resumed = keeper_files.read_timeline(b / "keeper")[-1]
     assert resumed["source"] == "v100b" and resumed["from_update"] >= grown["from_update"]
     wait_for(lambda: "resuming from update" in (b / "train.log").read_text().rsplit("resuming", 1)[-1] or True)
     assert keeper.stop(str(b), wait_s=5) in ("stopped", "killed")
-    wait_for(lambda: keeper_files.supervisor_pid(str(b)) is None and not keeper.run_pids(str(b)))
+    wait_for(lambda: keeper_files.supervisor_pid(str(b)) is None and not run_pids(str(b)))
 
 
 def test_a_stop_on_one_host_stops_every_host_and_a_finished_run_ends_every_keeper(two_hosts):
     dirs, port = two_hosts
     for host, d in dirs.items():
         launch(d, spec(dirs, host, port, 100000))
-    wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
+    wait_for(lambda: all(run_pids(str(d)) for d in dirs.values()))
     keeper.stop(str(dirs["v100a"]), wait_s=5)
     b = str(dirs["v100b"])
-    wait_for(lambda: not keeper.run_pids(b) and keeper_files.supervisor_pid(b) is None)
+    wait_for(lambda: not run_pids(b) and keeper_files.supervisor_pid(b) is None)
     assert "stopped (fab stop on v100a)" in (dirs["v100b"] / "keeper" / "ended").read_text()
     for host, d in dirs.items():  # fab train again: a new start, which ends at update 40
         launch(d, spec(dirs, host, port, 40) | {"start": "s2"})
@@ -132,12 +133,12 @@ def test_a_member_starts_from_the_holders_newest_when_it_saved_again_before_stop
     (tmp_path / "keeper").mkdir()
     k = keeper.Keeper(str(tmp_path), spec_)
     want = {"host": "v100a", "generation": 2, "update": 80, "sha256": "old", "size": 10}
-    assert k.newest_of_holder(want) == want
+    assert k.holding.newest_of_holder(want) == want
     k.views["v100a"] = View("v100a", None, Checkpoint(2, 90, "new", 12))
-    assert k.newest_of_holder(want) == {"host": "v100a", "generation": 2, "update": 90, "sha256": "new", "size": 12,
-                                       "lineage": []}
+    assert k.holding.newest_of_holder(want) == {"host": "v100a", "generation": 2, "update": 90, "sha256": "new",
+                                               "size": 12, "lineage": []}
     k.views["v100a"] = View("v100a", None, Checkpoint(2, 70, "older", 12))
-    assert k.newest_of_holder(want) == want
+    assert k.holding.newest_of_holder(want) == want
 
 
 def test_fab_train_right_after_fab_stop_replaces_the_keeper_that_lingers_for_its_peers(two_hosts):
@@ -147,14 +148,14 @@ def test_fab_train_right_after_fab_stop_replaces_the_keeper_that_lingers_for_its
     dirs, port = two_hosts
     for host, d in dirs.items():
         launch(d, spec(dirs, host, port, 100000))
-    wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
+    wait_for(lambda: all(run_pids(str(d)) for d in dirs.values()))
     lingering = {h: keeper_files.supervisor_pid(str(d)) for h, d in dirs.items()}
     for d in dirs.values():
         assert keeper.stop(str(d), wait_s=5) in ("stopped", "killed")
     assert all(keeper_files.supervisor_pid(str(d)) for d in dirs.values())  # still lingering
     for host, d in dirs.items():  # fab train again, at once
         launch(d, spec(dirs, host, port, 100000) | {"start": "s2"})
-    wait_for(lambda: all(keeper.run_pids(str(d)) for d in dirs.values()))
+    wait_for(lambda: all(run_pids(str(d)) for d in dirs.values()))
     assert all(keeper_files.supervisor_pid(str(d)) not in (None, lingering[h]) for h, d in dirs.items())
     for d in dirs.values():
         keeper.stop(str(d), wait_s=5)
@@ -172,7 +173,7 @@ def test_a_keeper_never_resumes_from_or_serves_a_checkpoint_whose_bytes_do_not_m
              "port": port, "token": "t", "commands": {}}
     (tmp_path / "keeper").mkdir()
     k = keeper.Keeper(str(tmp_path), spec_)
-    assert k.checkpoint is not None and k.checkpoint.sha256 == held["sha256"]
+    assert k.holding.checkpoint is not None and k.holding.checkpoint.sha256 == held["sha256"]
     server = k.listen()
     try:
         snap = replica.paths(tmp_path)[1]
@@ -188,7 +189,7 @@ def test_a_keeper_never_resumes_from_or_serves_a_checkpoint_whose_bytes_do_not_m
         server.shutdown()
         server.server_close()
     again = keeper.Keeper(str(tmp_path), spec_)  # a restart: hashed before resuming
-    assert again.checkpoint is None
+    assert again.holding.checkpoint is None
     aside = replica.set_aside_list(tmp_path)
     assert len(aside) == 1 and aside[0]["why"] == "corrupt" and aside[0]["update"] == 40
 
@@ -217,7 +218,7 @@ def test_a_host_whose_own_copy_is_the_source_and_corrupt_says_it_cannot_get_it(t
         f.seek(10)
         f.write(b"X")
     gen = Generation(number=2, members=tuple(HOSTS), reason="t", time=0.0, source={"host": "v100a", **held})
-    assert not k.ready_checkpoint(gen)
+    assert not k.holding.ready(gen)
     assert k.view().cannot_get == held["sha256"] and "does not match" in k.view().cannot_get_why
 
 
@@ -225,10 +226,10 @@ def test_consecutive_generations_meet_at_different_rendezvous_ports():
     """A cut-off host's torchrun of generation N, alive until its keeper hears of N+1, must not reach
     N+1's rendezvous (it would join as a node it no longer is, and the generation stalls)."""
     line = "cd /d && torchrun --nnodes 3 --node_rank 2 --master_addr 10.0.0.1 --master_port 29500 -m x --port 7"
-    ports = [int(keeper.rendezvous_moved(line, n).split("--master_port ")[1].split()[0]) for n in range(1, 9)]
+    ports = [int(keeper_ranks.rendezvous_moved(line, n).split("--master_port ")[1].split()[0]) for n in range(1, 9)]
     assert all(a != b for a, b in zip(ports, ports[1:], strict=False))  # consecutive ones differ
     assert set(ports) <= set(range(29500, 29511))  # inside the firewall's rendezvous ports
-    assert keeper.rendezvous_moved(line, 5).replace(f"--master_port {ports[4]}", "--master_port 29500") == line
+    assert keeper_ranks.rendezvous_moved(line, 5).replace(f"--master_port {ports[4]}", "--master_port 29500") == line
 
 
 def test_a_host_cut_off_from_the_majority_stops_its_ranks_once_the_others_go_on_without_it(tmp_path):
@@ -240,12 +241,12 @@ def test_a_host_cut_off_from_the_majority_stops_its_ranks_once_the_others_go_on_
     k = keeper.Keeper(str(tmp_path), spec_)
     os.system(command(tmp_path, True, 10_000))
     try:
-        wait_for(lambda: keeper.run_pids(str(tmp_path)), timeout=10)
-        k.fence(100.0)
-        k.fence(102.0)
+        wait_for(lambda: run_pids(str(tmp_path)), timeout=10)
+        k.fence.cut_off(100.0)
+        k.fence.cut_off(102.0)
         time.sleep(0.5)
-        assert keeper.run_pids(str(tmp_path))  # a short etcd hiccup stops nothing
-        k.fence(104.5)
-        wait_for(lambda: not keeper.run_pids(str(tmp_path)), timeout=15)
+        assert run_pids(str(tmp_path))  # a short etcd hiccup stops nothing
+        k.fence.cut_off(104.5)
+        wait_for(lambda: not run_pids(str(tmp_path)), timeout=15)
     finally:
         crash(tmp_path)

@@ -26,6 +26,7 @@ import pytest
 from tests.labtools import wait_for
 from train.agent import keeper, keeper_files, preemption, replica
 from train.agent.checkpoint_info import read as checkpoint_read
+from train.agent.state import run_pids
 
 # --- the clouds' metadata servers, as documented
 
@@ -317,7 +318,7 @@ def test_a_spot_notice_has_rank_0_save_now_and_the_run_go_on_without_that_host(t
             monkeypatch.delenv("TANDEM_TEST_METADATA_URL")
             launch(dirs, "v100a", port)
             a, b = dirs["v100a"], dirs["v100b"]
-            wait_for(lambda: keeper.run_pids(str(a)) and keeper.run_pids(str(b)) and logged_update(a / "train.log") > 5)
+            wait_for(lambda: run_pids(str(a)) and run_pids(str(b)) and logged_update(a / "train.log") > 5)
             assert replica.manifest(a) is None  # no save yet: --save-every 100000
             when = time.time() + 60
             state["action"] = {"action": "terminate", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))}
@@ -332,8 +333,8 @@ def test_a_spot_notice_has_rank_0_save_now_and_the_run_go_on_without_that_host(t
             said = (a / "keeper" / "keeper.log").read_text()
             at = time.strftime("%H:%M:%SZ", time.gmtime(int(when)))
             assert f"v100b: AWS spot notice (terminate at {at}): saving now, going on without v100b" in said
-            wait_for(lambda: not keeper.run_pids(str(b)))  # its ranks of generation 1 stopped
-            wait_for(lambda: keeper.run_pids(str(a)) and "resuming from update" in (a / "train.log").read_text())
+            wait_for(lambda: not run_pids(str(b)))  # its ranks of generation 1 stopped
+            wait_for(lambda: run_pids(str(a)) and "resuming from update" in (a / "train.log").read_text())
             assert "goes on without this host" in (b / "keeper" / "keeper.log").read_text()
             print(f"v100b's notice: generation 2 (v100a from update {entry['from_update']}) after {took:.1f} s")
     finally:
@@ -342,6 +343,6 @@ def test_a_spot_notice_has_rank_0_save_now_and_the_run_go_on_without_that_host(t
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-            for p in keeper.run_pids(str(d)):
+            for p in run_pids(str(d)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
