@@ -29,7 +29,8 @@ from unittest import mock
 
 import psutil
 
-from train.agent import profile, stop
+from train.agent.keeper import stop
+from train.agent.trainer import profile
 from train.plan import batch as batch_model
 from train.plan import mfu
 from train.recipe import logformat, presets
@@ -41,7 +42,7 @@ BASE_300 = ["max_update=300", "log_interval=10", "no_save=true"]
 BIG_16 = ["max_update=16", "log_interval=2", "no_save=true"]  # a lent GPU's 8 minutes: medians of updates 9-16
 # an epoch of the WMT16-shaped corpus at 50,972 x 9 (275 batches): every batch once, the longest pairs' too
 BIG_32 = ["max_update=32", "log_interval=2", "no_save=true"]
-SWITCHES_OFF = ["fused_adam=false", "flat_master_copy=false"]  # train/agent/fast_steps.py
+SWITCHES_OFF = ["fused_adam=false", "flat_master_copy=false"]  # train/agent/trainer/fast_steps.py
 # name → (preset, precision, overrides). Throughput runs keep no checkpoints (GBs for big).
 RUNS: dict[str, tuple[str, str, list[str]]] = {
     "base-fp16": ("transformer_wmt_en_de", "fp16", ["max_update=600", "log_interval=10"]),
@@ -83,7 +84,8 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     "big-fp16-mefp16": (BIG, "fp16", [*BIG_30, "memory_efficient_fp16=true"]),
     # bf16's master copy is per tensor (fairseq does not flatten it): fused Adam's case
     "big-bf16-after": (BIG, "bf16", BIG_30),
-    # the next switches, not yet measured (train/agent/fused_loss.py, train/agent/compiled_layers.py): the
+    # the next switches, not yet measured (train/agent/trainer/fused_loss.py, train/agent/trainer/compiled_layers.py):
+    # the
     # loss from the logits, the layers through torch.compile (compiled on the first update: the second
     # half's median leaves that out), and both; side by side with the "-after" runs
     "big-fp16-fusedloss": (BIG, "fp16", [*BIG_30, "fused_loss=true"]),
@@ -107,7 +109,7 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
 VOCAB = 32000  # the memory model's and MFU's vocabulary where the data's is not read
 
 # Runs with torch's cuDNN attention left on, as fairseq-train alone would run (see
-# train.agent.fairseq_train.attention_without_cudnn), to compare side by side.
+# train.agent.trainer.fairseq_train.attention_without_cudnn), to compare side by side.
 RUN_ENV: dict[str, dict[str, str]] = {name: {"TANDEM_CUDNN_ATTENTION": "1"} for name in RUNS if name.endswith("-cudnn")}
 RUN_ENV.update({name: {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"} for name in RUNS
                 if name.endswith("-before")})
@@ -218,7 +220,7 @@ def sample_stacks(run_dir: Path, log_path: Path, first: int, seconds: int, out: 
     while updates_logged(log_path) < first and time.monotonic() < deadline:
         time.sleep(1)
     workers = [p for p in psutil.process_iter(["cmdline"])
-               if "train.agent.fairseq_train" in " ".join(p.info["cmdline"] or []) and str(run_dir) in
+               if "train.agent.trainer.fairseq_train" in " ".join(p.info["cmdline"] or []) and str(run_dir) in
                " ".join(p.info["cmdline"] or []) and "torchrun" not in " ".join(p.info["cmdline"] or [])]
     if not workers or not Path(spy).exists():
         out.write_text(f"no py-spy run: workers {[w.pid for w in workers]}, py-spy at {spy}\n")
@@ -264,7 +266,7 @@ def run_one(name: str, data: Path, work: Path, venv: str, gpus: int, timeout_s: 
         line = command.training_command(preset, launch)
     spy = None
     if profile_window and out:
-        # tandem's entry point (train/agent/fairseq_train.py) profiles a window of updates; py-spy
+        # tandem's entry point (train/agent/trainer/fairseq_train.py) profiles a window of updates; py-spy
         # samples after it, so that the two do not measure each other
         first, count = profile_window
         env["TANDEM_PROFILE"] = f"{first}:{count}:{out}/profile-{name}"

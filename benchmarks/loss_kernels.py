@@ -1,4 +1,4 @@
-"""fairseq's label-smoothed loss against tandem's from the logits (train/agent/fused_loss.py), side
+"""fairseq's label-smoothed loss against tandem's from the logits (train/agent/trainer/fused_loss.py), side
 by side on one device: time of a forward and backward, the memory each holds beyond its logits, and
 what one forward and backward costs as torch's profiler sees it: the operations it runs (on a GPU
 the kernels it launches) and the bytes it allocates per entry of the logits.
@@ -37,7 +37,7 @@ def fairseqs(logits, target, smoothing):
 
 
 def tandems(logits, target, smoothing, compiled=None):
-    from train.agent import fused_loss
+    from train.agent.trainer import fused_loss
 
     compiled = logits.is_cuda if compiled is None else compiled
     return fused_loss.label_smoothed_loss(logits, target, smoothing, PAD, compiled=compiled)

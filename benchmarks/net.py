@@ -1,11 +1,11 @@
 """`fab bench-net`: how fast can the hosts talk, and does all_reduce get that speed?
 
 1. iperf3 between every ordered pair of hosts (train.plan.link; raw JSON kept).
-2. train.agent.allreduce on every host at once (every rank training runs: one per GPU, a CPU
+2. train.agent.measure.allreduce on every host at once (every rank training runs: one per GPU, a CPU
    host's `cpu_ranks`; NCCL under torchrun when every host has GPUs, gloo otherwise: the lab),
    with the NCCL settings provisioning wrote to /etc/tandem/env (the cluster NIC, the TCP sockets
    per peer from the iperf3 stream count that reached the link; `nccl_sockets` tries others for
-   this run: train.agent.nccl_sockets), buffer sizes from `--min-size` to
+   this run: train.agent.measure.nccl_sockets), buffer sizes from `--min-size` to
    `--max-size` by powers of two: the host-side agent roles/train_env installed, started
    detached with a pid file, followed from here, and killed by that pid on error or Ctrl-C.
    A host with several ranks first measures them alone (intra-host: NVLink, PCIe or shared
@@ -35,8 +35,8 @@ import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 
-from train.agent import allreduce, iperf, nccl_sockets
-from train.agent.allreduce import parse_size
+from train.agent.measure import allreduce, iperf, nccl_sockets
+from train.agent.measure.allreduce import parse_size
 from train.cluster import ClusterError, Host, placement, run_all, run_each, world_size
 from train.hosts.remote import venv_of
 from train.plan import link, measurements
@@ -163,7 +163,7 @@ def host_info(hosts: list[Host]) -> dict[str, dict]:
 def allreduce_commands(hosts: list[Host], sizes: str, iters: int, warmup: int, budget_s: float,
                        port: int, timeout: float, gap_s: float = 0.0, intra: bool = True, backend: str = "auto",
                        nccl_sockets: str | None = None) -> dict[str, str]:
-    """Each host's detached all_reduce job: train.agent.allreduce's launcher (installed by roles/train_env,
+    """Each host's detached all_reduce job: train.agent.measure.allreduce's launcher (installed by roles/train_env,
     as roles/verify runs it), its output and pid file in REMOTE_DIR. `intra`: a host with several
     ranks measures them alone first. `backend`: nccl runs torchrun with one worker per GPU; the
     launcher reads /etc/tandem/env first (the NIC, NCCL's sockets), `nccl_sockets` replaces its sockets."""
@@ -236,7 +236,7 @@ def run_allreduce(hosts: list[Host], sizes: str, iters: int = 5, warmup: int = 1
 
 
 def intra_reports(outputs: dict[str, str]) -> dict[str, dict]:
-    """{host: the all_reduce among its own ranks}: the `INTRA {...}` line train.agent.allreduce prints
+    """{host: the all_reduce among its own ranks}: the `INTRA {...}` line train.agent.measure.allreduce prints
     on a host with several ranks before the cross-host run (none on one-rank hosts)."""
     found = {}
     for name, text in outputs.items():

@@ -275,7 +275,7 @@ def summary(report: dict) -> str:
 def wait_done(run: Run, hosts: list[Host], updates: int, timeout: float, say=print,
               poll: float = 3.0, every_s: float = 30.0) -> None:
     """Until rank 0's processes are gone (the run finished, or a rank died: the log says which)."""
-    state_cmd = agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 0)
+    state_cmd = agent_command(hosts[0], "keeper.state", "--run", run.remote_dir, "--tail", 0)
     deadline = time.monotonic() + timeout
     said, last = time.monotonic(), None
     with connect(hosts[0]) as conn:

@@ -250,7 +250,7 @@ class Follower:
     def __init__(self, run: Run, hosts: list[Host]):
         self.run, self.hosts = run, hosts
         self.conn = connect(hosts[0])
-        self.command = agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 0)
+        self.command = agent_command(hosts[0], "keeper.state", "--run", run.remote_dir, "--tail", 0)
 
     def update(self) -> int:
         result = self.conn.run(self.command, hide=True, warn=True, in_stream=False)

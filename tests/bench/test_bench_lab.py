@@ -36,7 +36,7 @@ def leftovers(cfg) -> dict[str, str]:
     out = {}
     caps = network.current_caps(cfg)
     for name in cfg.names:
-        procs = processes(cfg, name, "fairseq_train|torchrun|train.agent.allreduce|iperf3")
+        procs = processes(cfg, name, "fairseq_train|torchrun|train.agent.measure.allreduce|iperf3")
         if caps[name] or procs:
             out[name] = f"tbf {caps[name]}\n" * bool(caps[name]) + procs
     return out
@@ -239,7 +239,7 @@ def test_interrupted_bench_step_leaves_no_cap_and_no_process(data_ready):
 
 def test_a_killed_controller_mid_bench_step_leaves_no_cap_and_no_rank_within_two_minutes(data_ready):
     """The controller's `fab` dies mid-sweep (SIGKILL: no `finally`; or a laptop asleep, offline): each
-    host's lease (train.agent.lease) is no longer renewed, and after its minute the host stops the
+    host's lease (train.agent.measure.lease) is no longer renewed, and after its minute the host stops the
     benchmark's ranks and removes the cap by itself."""
     env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
     proc = subprocess.Popen([FAB, "bench-step", "--rates", "100mbit,none", "--updates", "500"], cwd=TOP, env=env,

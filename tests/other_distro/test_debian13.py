@@ -46,7 +46,7 @@ def test_debian_13_hosts_get_an_environment_for_their_own_python(debian13):
     print(f"provisioned 2 Debian 13 hosts in {debian13.first.seconds:.0f} s")
     for name in cfg.names:
         assert ssh(cfg, name, ". /etc/os-release && echo $VERSION_ID").stdout.strip() == "13"
-        probed = json.loads(ssh(cfg, name, "/opt/tandem/venv/bin/python -m train.agent.probe").stdout)
+        probed = json.loads(ssh(cfg, name, "/opt/tandem/venv/bin/python -m train.agent.measure.probe").stdout)
         assert probed["python"].startswith("3.13.") and probed["torch"] == "2.13.0+cu130", probed
         assert probed["cuda"] == "13.0", probed  # the wheelhouse's CUDA build, not the controller's CPU one
         assert probed["fairseq"] == "0.12.3.1" and "import_error" not in probed, probed

@@ -113,7 +113,7 @@ def test_host_state(provisioned, name):
     assert versions[1] == want["fairseq-fixed"]
     assert versions[2] == want["numpy"]
     # tandem's host-side agent, and only it, is installed once, on the venv's path
-    probed = json.loads(host.check_output(f"{venv} -m train.agent.probe"))
+    probed = json.loads(host.check_output(f"{venv} -m train.agent.measure.probe"))
     assert probed["fairseq"] == want["fairseq-fixed"] and "import_error" not in probed
     assert host.file("/opt/tandem/lib/train/agent/stop.py").exists
     assert not host.file("/opt/tandem/lib/train/run").exists and not host.file("/opt/tandem/lib/benchmarks").exists
@@ -274,7 +274,7 @@ def test_drifted_packages_are_named_by_fab_train_and_restored_by_provisioning(pr
     assert "tensorboardX 2.6.5 (was missing)" in text.lower().replace("tensorboardx", "tensorboardX")
     assert "v100a: restored" not in text
     assert run.recap()["v100a"]["changed"] == 0
-    probed = ssh(provisioned.cfg, "v100b", "/opt/tandem/venv/bin/python -m train.agent.probe "
+    probed = ssh(provisioned.cfg, "v100b", "/opt/tandem/venv/bin/python -m train.agent.measure.probe "
                                            "--cache /opt/tandem/versions.json")
     assert json.loads(probed.stdout)["agent"] == preflight.controller_agent()  # the controller's agent again
 

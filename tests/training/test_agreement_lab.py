@@ -1,4 +1,4 @@
-"""The keepers' agreement on the real lab (train.agent.generation, keeper, replica): a split during
+"""The keepers' agreement on the real lab (train.agent.keeper.generation, keeper, replica): a split during
 which one side crashes (its generations outnumber the other's) is rejoined on the side with the
 most training, the other history set aside whole and shown by `fab status`; a keeper or its
 supervisor killed with SIGKILL leaves the ranks training; a corrupt copy is never resumed from, and
@@ -137,7 +137,7 @@ def test_a_corrupt_copy_is_never_resumed_and_no_host_starts_from_nothing_while_r
         python = supervise[1]  # the hosts' training environment
         ssh(cfg, "v100b", f"pkill -9 -f 'train.agent.[k]eeper .*{RUNS}/{run_id}'; "
                           f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'")  # v100b's every process of the run
-        ssh(cfg, "v100b", f"{python} -m train.agent.keeper launch --run {RUNS}/{run_id}")  # alone, cut off
+        ssh(cfg, "v100b", f"{python} -m train.agent.keeper.loop launch --run {RUNS}/{run_id}")  # alone, cut off
         wait_for(lambda: "does not match its manifest's sha256" in keeper_log(cfg, "v100b", run_id), 120)
         time.sleep(30)  # lost after 20 s of silence: v100b would start now if it were allowed to
         from_nothing = [e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"]]

@@ -1,4 +1,4 @@
-"""The hosts' agreement on a lab of three (etcd's majority decides, train.agent.agreement): a VM
+"""The hosts' agreement on a lab of three (etcd's majority decides, train.agent.keeper.etcd): a VM
 replaced at another address takes the lost host's place in the running run (`fab train --replace`);
 a one-sided partition trains on the two hosts that reach each other without taking turns; a third
 host whose link flaps is counted and left out while the others train. In `make test` (~7 min with

@@ -1,4 +1,4 @@
-"""The hosts keep a run alive by themselves (train.agent.keeper), on the real lab: a laptop that loses
+"""The hosts keep a run alive by themselves (train.agent.keeper.loop), on the real lab: a laptop that loses
 a host or its own network changes nothing; a detached run goes on without a host whose cables are
 pulled and takes it back when they are plugged in; rank 0's host rebooted comes back by itself.
 Each scenario prints its measured times (docs/training.md, "What happens when...")."""

@@ -56,7 +56,7 @@ def test_an_overflow_on_one_rank_is_skipped_by_both_and_the_weights_agree(data_r
     assert sorted(a) == sorted(b) == [3, 5, 10, 15, 20], (a, b)
     assert a == b, "the ranks' weights differ after the synchronous start or at a sync"
     assert len(set(a.values())) == len(a), "the weights did not change between syncs"
-    show = (f"import torch; from train.agent.comm_local_sgd import weights_digest; "
+    show = (f"import torch; from train.agent.trainer.comm_local_sgd import weights_digest; "
             f"print(weights_digest(torch.load('{RUNS}/{run_id}/checkpoints/checkpoint_last.pt', "
             f"weights_only=False)['model']))")
     saved = ssh(cfg, "v100a", f'/opt/tandem/venv/bin/python -c "{show}"').stdout.strip().splitlines()[-1]

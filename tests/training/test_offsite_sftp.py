@@ -1,5 +1,5 @@
 """Checkpoint copies off the cluster to an sftp:// target, against a real sshd: v100b stands in for the
-machine with a disk that outlives the VMs (train.agent.offsite, paramiko under fsspec), reached with
+machine with a disk that outlives the VMs (train.agent.offsite.upload, paramiko under fsspec), reached with
 the training user's own key. The check names the host and the fix when the target cannot be reached."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ RUN_DIR = "/data/tandem/runs/sftp-test"
 
 
 def offsite(cfg, host: str, *args: str):
-    return ssh(cfg, host, shlex.join([PYTHON, "-m", "train.agent.offsite", *args]))
+    return ssh(cfg, host, shlex.join([PYTHON, "-m", "train.agent.offsite.upload", *args]))
 
 
 @pytest.fixture

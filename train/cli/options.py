@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .. import hostvars
-from ..agent import offsite_target
-from ..agent.allreduce import parse_size
+from ..agent.measure.allreduce import parse_size
+from ..agent.offsite import target
 from ..cluster import CLUSTER_GROUP, Host
 from ..errors import BadInventory, OptionError
 from ..plan.link import rate_bits
@@ -182,10 +182,10 @@ def backup(value: object) -> str:
 
 
 def checkpoints_to(value: object) -> str:
-    """Where the hosts copy checkpoints off the cluster (train.agent.offsite_target), or off. Its error
+    """Where the hosts copy checkpoints off the cluster (train.agent.offsite.target), or off. Its error
     never repeats a secret the URL held."""
     text = str(value).strip()
-    return text if text.lower() in ("off", "none") else offsite_target.parse(text).url
+    return text if text.lower() in ("off", "none") else target.parse(text).url
 
 
 minutes = number(unit=" of minutes")

@@ -1,6 +1,6 @@
 """What `fab init` asks each host before provisioning, in one shell line, and its answers as Facts.
 
-Nothing of tandem's is on a fresh host yet (train.agent.probe, which `fab train`'s preflight runs,
+Nothing of tandem's is on a fresh host yet (train.agent.measure.probe, which `fab train`'s preflight runs,
 lives in the training venv), so the questions are plain POSIX shell, as roles/preflight and
 roles/network ask them: passwordless sudo (`sudo -n true`), /etc/os-release, train_env_python's
 version, `nvidia-smi -L` (and the NVIDIA GPUs on the PCI bus, which need no driver), whether the

@@ -95,7 +95,7 @@ from ..recipe.params import ARCH_DIMS, preset_params
 # and gradients (2 + 2) beside fp32 master weights and gradients (4 + 4) and Adam's two moments (8).
 BYTES_PER_PARAM = {("fp16", "adam"): 20, ("bf16", "adam"): 20, ("fp32", "adam"): 16,
                    ("fp16", "sgd"): 12, ("bf16", "sgd"): 12, ("fp32", "sgd"): 8}
-# FP16Optimizer's flat fp32 master copy through tandem's one-kernel copies (train/agent/fast_steps.py,
+# FP16Optimizer's flat fp32 master copy through tandem's one-kernel copies (train/agent/trainer/fast_steps.py,
 # flat_master_copy, on unless set false) keeps one fp16 staging buffer the size of the model besides
 FLAT_COPY_BYTES = 2
 # Sentence length: bytes a target token keeps for the backward pass per attention head, decoder layer

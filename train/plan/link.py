@@ -2,7 +2,7 @@
 
 Everything here runs on the hosts over ssh (train.cluster.run_each, in parallel). The pure
 parts are separate so the unit tests cover them without a cluster: tc's rates and commands
-here, iperf3's command lines, its JSON parser and which pairs to measure in train.agent.iperf
+here, iperf3's command lines, its JSON parser and which pairs to measure in train.agent.measure.iperf
 (the network role measures with the same).
 
 - iperf3: a server on every host (`--daemon`, pid file /tmp/tandem-bench-iperf3-USER.pid, stopped
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import shlex
 
-from train.agent import iperf as iperf3
-from train.agent.iperf import Pair, link_mbps, ordered_pairs
+from train.agent.measure import iperf as iperf3
+from train.agent.measure.iperf import Pair, link_mbps, ordered_pairs
 from train.cluster import ClusterError, GroupResult, Host, run_each
 
 __all__ = ["Pair", "link_mbps", "ordered_pairs"]  # the pair figures, for benchmarks.net and predict
@@ -184,7 +184,7 @@ def remove_caps(hosts: list[Host]) -> dict[str, str | None]:
     return left
 
 
-# ---- iperf3 (commands and parser: train.agent.iperf, shared with roles/network) ----
+# ---- iperf3 (commands and parser: train.agent.measure.iperf, shared with roles/network) ----
 
 def client_commands(batch: list[tuple[str, str]], by_name: dict[str, Host], port: int, seconds: float,
                     omit: int) -> dict[str, str]:

@@ -274,7 +274,7 @@ def rank_end(lines: list[str]) -> RankEnd | None:
     how = f"killed by {signal.group(1)}" if signal else f"exited with code {code.group(1) if code else '?'}"
     last_words = before.splitlines()[-80:]  # what the rank said just before it ended
     frozen = next((m for line in last_words if (m := FROZEN.search(line))), None)
-    if frozen:  # train.agent.monitor's watchdog: the SIGKILL was tandem's, the cause a freeze
+    if frozen:  # train.agent.measure.monitor's watchdog: the SIGKILL was tandem's, the cause a freeze
         how = f"frozen (stopped {frozen.group(1)} s), killed by tandem's watchdog"
     raised = [m.group(1) for line in meaningful(last_words) if (m := EXCEPTION.search(line))]
     return RankEnd(int(rank.group(1)) if rank else None, how, when.group(1) if when else "",

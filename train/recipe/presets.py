@@ -73,7 +73,7 @@ COMMON: dict[str, Value] = {
     "seed": 1,
     # A rank whose peer died waits in all_reduce for gloo's 30 min (NCCL's 10): fairseq's heartbeat
     # kills a rank that makes no progress for this long instead, and the process group's timeout
-    # (train.agent.fairseq_train) ends a collective that waits longer. At least this; more where
+    # (train.agent.trainer.fairseq_train) ends a collective that waits longer. At least this; more where
     # a checkpoint save takes longer (failure_timeout_s).
     "heartbeat_timeout": 45,
 }
@@ -145,7 +145,7 @@ PRESETS: dict[str, dict[str, Value]] = {
 # update_freq, fp16/bf16, cpu.)
 EXTRA_OPTIONS: dict[str, type] = {
     # W&B through fairseq's own logging (its key: WANDB_API_KEY in the controller's environment, passed to
-    # the hosts' keepers in memory only: train.agent.tracker)
+    # the hosts' keepers in memory only: train.agent.trainer.tracker)
     "wandb_project": str,
     "attention_dropout": float,
     "activation_dropout": float,
@@ -199,10 +199,10 @@ EXTRA_OPTIONS: dict[str, type] = {
     **strategies.options(),
     "report_accuracy": bool,
     "tokens_per_update": int,  # tandem's own: the batch to derive max_tokens/update_freq for (train.plan.batch)
-    # tandem's own, on GPUs (train/agent/fast_steps.py): torch's fused AdamW for fairseq's Adam, and
+    # tandem's own, on GPUs (train/agent/trainer/fast_steps.py): torch's fused AdamW for fairseq's Adam, and
     # fp16's master copy in a few kernels instead of a few per tensor; on unless set false. Off unless
-    # set true (not yet measured on a GPU): the loss from the logits (train/agent/fused_loss.py), each
-    # Transformer layer through torch.compile (train/agent/compiled_layers.py)
+    # set true (not yet measured on a GPU): the loss from the logits (train/agent/trainer/fused_loss.py), each
+    # Transformer layer through torch.compile (train/agent/trainer/compiled_layers.py)
     "fused_adam": bool,
     "flat_master_copy": bool,
     "fused_loss": bool,

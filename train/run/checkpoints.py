@@ -1,4 +1,4 @@
-"""Where a run's checkpoints live besides the hosts' keepers' copies (train.agent.replica): the
+"""Where a run's checkpoints live besides the hosts' keepers' copies (train.agent.keeper.replica): the
 controller's bounded backup of rank 0's newest (`--backup`), read back onto a host where a resume
 finds no host holding one; what each host holds (`held`); the push host to host (train.hosts.peercopy's
 rsync line, the one prepare-data spreads datasets with) that benchmarks/push_lab.py measures.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..agent import checkpoint_info
+from ..agent.trainer import checkpoint_info
 from ..cluster import ClusterError, Host, connect, get_whole, on_each, run_all
 from ..hosts.peercopy import copy_to_peers, to_peers_command
 from ..hosts.remote import agent_command
@@ -126,10 +126,10 @@ def push_between_hosts(source: Host, peers: list[Host], save_dir: str) -> None:
 
 def held(run: Run, hosts: list[Host]) -> dict[str, int]:
     """{host: the update of the checkpoint_last.pt it holds}, read on each host from the file's
-    small pickle (train.agent.checkpoint_info: no tensor crosses the link, none is loaded); a host
+    small pickle (train.agent.trainer.checkpoint_info: no tensor crosses the link, none is loaded); a host
     that holds none, or none whole, or does not answer, is left out."""
     path = f"{run.remote_dir}/checkpoints/checkpoint_last.pt"
-    results = run_all(hosts, agent_command(hosts[0], "checkpoint_info", path), timeout=60)
+    results = run_all(hosts, agent_command(hosts[0], "trainer.checkpoint_info", path), timeout=60)
     found = {}
     for host in hosts:
         result = results[host.name]
@@ -194,7 +194,7 @@ class Backup:
     """While a run is followed, in the background: per `policy`, rank 0's newest checkpoint_last.pt
     copied to the controller (the last resort, for a resume where no host holds one), one at a time
     under CONTROLLER_COPY; `wait` only at the end. The hosts' keepers copy each save host to host
-    themselves (train.agent.replica)."""
+    themselves (train.agent.keeper.replica)."""
 
     def __init__(self, run: Run, policy: BackupPolicy | None = None, say=print):
         self.run, self.policy, self.say = run, policy or BackupPolicy.parse(DEFAULT_BACKUP), say

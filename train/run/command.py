@@ -8,7 +8,7 @@ prints it. For rank 1 of two CPU hosts (tiny preset) it reads:
     { TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0 \\
     setsid nohup /opt/tandem/venv/bin/torchrun --nnodes 2 --node_rank 1 \\
       --master_addr 10.77.0.11 --master_port 29500 --nproc_per_node 1 \\
-      -m train.agent.fairseq_train /data/synthetic/bin --save-dir /data/runs/r1/checkpoints \\
+      -m train.agent.trainer.fairseq_train /data/synthetic/bin --save-dir /data/runs/r1/checkpoints \\
       --task translation ... --arch transformer ... --max-update 300 ... \\
       --distributed-world-size 2 --distributed-init-method env:// --distributed-no-spawn \\
       --cpu --distributed-backend gloo --ddp-backend legacy_ddp --distributed-rank 1 \\
@@ -158,7 +158,7 @@ def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:
     if launch.cpu:
         args += ["--cpu", "--distributed-backend", "gloo"]
     chosen = preset.options.get("ddp_backend")
-    # legacy_ddp on CPU hosts unless the preset asks for another (pytorch_ddp: train.agent.fairseq_train)
+    # legacy_ddp on CPU hosts unless the preset asks for another (pytorch_ddp: train.agent.trainer.fairseq_train)
     backend = strategy.ddp_backend(str(chosen or ("legacy_ddp" if launch.cpu else "pytorch_ddp")))
     if chosen and backend != chosen:
         raise ValueError(f"--comm {strategy} all-reduces through {backend}; the run sets ddp_backend={chosen}")
@@ -174,7 +174,7 @@ def environment(launch: Launch, preset: Preset | None = None,
                 user_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables set for the training processes. On GPU hosts a rank whose peer vanished must
     not wait in NCCL for its 10-minute default: the process group times out with fairseq's
-    heartbeat (train.agent.fairseq_train sets it from TANDEM_PG_TIMEOUT_S), and NCCL's watchdog
+    heartbeat (train.agent.trainer.fairseq_train sets it from TANDEM_PG_TIMEOUT_S), and NCCL's watchdog
     then tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) instead of leaving it blocked.
     The heartbeat is sized to the largest collective on the measured link (presets.failure_timeout_s).
     GPU ranks run torch's allocator with expandable segments (ALLOCATOR: the GPU memory model of
@@ -202,8 +202,8 @@ def environment(launch: Launch, preset: Preset | None = None,
 
 
 # tandem's switches for faster steps on GPUs: option -> (variable, on unless set). fused_adam and
-# flat_master_copy (train/agent/fast_steps.py) are measured on an H100 and on by default; fused_loss
-# (train/agent/fused_loss.py) and compile_layers (train/agent/compiled_layers.py) wait for theirs
+# flat_master_copy (train/agent/trainer/fast_steps.py) are measured on an H100 and on by default; fused_loss
+# (train/agent/trainer/fused_loss.py) and compile_layers (train/agent/trainer/compiled_layers.py) wait for theirs
 # (benchmarks/README.md, "Next on a GPU").
 FAST_STEP_SWITCHES = {
     "fused_adam": ("TANDEM_FUSED_ADAM", True),
@@ -243,12 +243,12 @@ def switches_cpu_hosts_ignore(overrides: list[str], options: dict, hosts: list[s
 
 
 def trainer_argv(launch: Launch, preset: Preset) -> list[str]:
-    """tandem's entry point (train/agent/fairseq_train.py): fairseq-train with what fairseq 0.12
+    """tandem's entry point (train/agent/trainer/fairseq_train.py): fairseq-train with what fairseq 0.12
     alone gets wrong fixed. Its heartbeat leaves a rank blocked on a vanished peer alive; on GPUs
     cuDNN's attention rebuilds its plan for each new batch shape (~120 ms of host time per update
     on an H100), bf16 means a TPU and every rank dies; on CPU hosts pytorch_ddp gets a GPU device
     id."""
-    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.fairseq_train"]
+    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.trainer.fairseq_train"]
 
 
 def foreground_command(preset: Preset, launch: Launch) -> list[str]:
@@ -295,13 +295,13 @@ def training_command(preset: Preset, launch: Launch) -> str:
     )
 
 
-# A peer silent this long has vanished (train.agent.monitor.PeerWatch): under the 60 s a lost host
+# A peer silent this long has vanished (train.agent.measure.monitor.PeerWatch): under the 60 s a lost host
 # must be noticed in, whatever the heartbeat a slow link's collectives need
 PEER_LOST_AFTER_S = 45
 
 
 def monitor_command(launch: Launch, preset: Preset | None = None) -> list[str]:
-    """The sampler beside the training (train/agent/monitor.py): NIC, CPU, memory, GPUs to
+    """The sampler beside the training (train/agent/measure/monitor.py): NIC, CPU, memory, GPUs to
     samples.jsonl every 2 s; it ends by itself when the run's processes are gone. Without the
     inventory's cluster_nic it samples the NIC provisioning detected (TANDEM_CLUSTER_NIC). As the
     host's watchdog it kills a rank left stopped (frozen) 15 s beyond the heartbeat that ends its
@@ -309,7 +309,7 @@ def monitor_command(launch: Launch, preset: Preset | None = None) -> list[str]:
     nic = ["--nic", launch.nic] if launch.nic else []
     peers = ["--peers", ",".join(launch.peers), "--peer-lost-after", str(PEER_LOST_AFTER_S)] if launch.peers else []
     heartbeat = int((preset.options if preset else {}).get("heartbeat_timeout") or COMMON["heartbeat_timeout"])
-    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.monitor",
+    return [f"{launch.venv.rstrip('/')}/bin/python", "-m", "train.agent.measure.monitor",
             "--out", f"{launch.log_dir}/samples.jsonl", *nic, "--watch", launch.save_dir,
             "--frozen-after", str(heartbeat + 15), "--log", launch.log_path, "--pid-file", launch.pid_file, *peers]
 

@@ -7,9 +7,9 @@ measure), and rank 0 keeps several: last, best, `keep_best_checkpoints` best_los
 `keep_interval_updates` interval files, epoch files unless `no_epoch_checkpoints`, plus one being
 written (fairseq saves to a temporary name, then renames). Every host is counted as rank 0: after a
 loss any survivor may become it, and peers hold rank 0's copies (host to host). The keepers add the
-history set aside after a split (train.agent.replica.SET_ASIDE_KEPT) and, when the run copies its
+history set aside after a split (train.agent.keeper.replica.SET_ASIDE_KEPT) and, when the run copies its
 checkpoints off the cluster (--checkpoints-to), the one an upload under way keeps (a hard link to a
-save fairseq has replaced since: train.agent.offsite_schedule).
+save fairseq has replaced since: train.agent.offsite.schedule).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..agent.replica import SET_ASIDE_KEPT
+from ..agent.keeper.replica import SET_ASIDE_KEPT
 from ..recipe.params import preset_params
 
 # the histories the keepers set aside after a split (a copy arriving from a peer lands on a host that
@@ -29,7 +29,7 @@ OFFSITE_FILES = 1  # the save an upload off the cluster sends, held (hard link) 
 CHECKPOINT_BYTES_PER_PARAM = {"adam": 12, "nag": 8, "sgd": 8, "adagrad": 8}
 CHECKPOINT_OVERHEAD_BYTES = 16e6  # fairseq's cfg, meters, the iterator's state: ~MBs
 LOG_BYTES_PER_LINE = 2_000  # train.log's JSON line + tensorboard's event per log_interval
-SAMPLES_BYTES = 0.5e9  # train.agent.monitor's samples and torchrun's own logs over days
+SAMPLES_BYTES = 0.5e9  # train.agent.measure.monitor's samples and torchrun's own logs over days
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The update-freq of a membership: the effective batch (tokens per update: max_tokens x update-freq x
-ranks) kept when the hosts' keepers (train.agent.keeper) go on without a lost host or take it back,
+ranks) kept when the hosts' keepers (train.agent.keeper.loop) go on without a lost host or take it back,
 scaled by ranks, not hosts (2 hosts x 2 ranks -> v100a's 2 ranks: x2; 3 -> 2 hosts: x1.5, rounded up
 to x2), with fairseq's learning-rate schedule continuing from the checkpoint's update count.
 train.run.keepers gives each membership its update-freq with this.

@@ -1,7 +1,7 @@
 """Following a run from the controller: a live progress bar from rank 0's log, and the keepers'
 membership changes as they happen.
 
-Following changes nothing on the hosts: their keepers (train.agent.keeper) replicate checkpoints,
+Following changes nothing on the hosts: their keepers (train.agent.keeper.loop) replicate checkpoints,
 go on without a lost host and take it back. Ctrl-C detaches (the training goes on). The one thing
 following adds is the controller's own copy of the newest checkpoint (`--backup`), read-only.
 """
@@ -93,7 +93,7 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
            known: list[Host] | None = None, **_) -> list[HostState]:
     """Show progress until the run's keepers end (finished, stopped, or given up); returns the final
     states. Following only reads: the hosts' keepers lose, restart and take back hosts by themselves
-    (train.agent.keeper); each membership change they record is said as it appears. A host this
+    (train.agent.keeper.loop); each membership change they record is said as it appears. A host this
     machine cannot reach is only shown as such; every host unreachable is this machine's network."""
     def say(colour: str):
         return lambda text: console.print(f"[{colour}]{text}[/]")

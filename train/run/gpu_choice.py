@@ -38,8 +38,8 @@ def said(busy: dict[str, list[int]]) -> str:
 
 
 def free_gpu(host: Host, runs_dir: str) -> int | None:
-    """Ask `host` which runs train on which GPUs (train.agent.busy_gpus) and choose."""
-    result = run_all([host], agent_command(host, "busy_gpus", "--runs", runs_dir), timeout=60)[host.name]
+    """Ask `host` which runs train on which GPUs (train.agent.measure.busy_gpus) and choose."""
+    result = run_all([host], agent_command(host, "measure.busy_gpus", "--runs", runs_dir), timeout=60)[host.name]
     lines = result.stdout.strip().splitlines() if result.ok else []
     try:
         answer = json.loads(lines[-1])

@@ -1,4 +1,4 @@
-"""The controller's side of the hosts' keepers (train.agent.keeper): what each is told, started, stopped.
+"""The controller's side of the hosts' keepers (train.agent.keeper.loop): what each is told, started, stopped.
 
 `fab train` writes one spec per host into RUN/keeper/spec.json: the run's hosts in rank order, their
 cluster addresses, the heartbeat port and token, and every membership's exact training commands,
@@ -19,8 +19,8 @@ import os
 import secrets
 import time
 
-from ..agent import tracker
-from ..agent.generation import change_line  # noqa: F401 (what following and status say)
+from ..agent.keeper.generation import change_line  # noqa: F401 (what following and status say)
+from ..agent.trainer import tracker
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
 from ..hosts.remote import agent_command
 from ..plan import batching
@@ -83,7 +83,7 @@ def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
         conn.run(f"mkdir -p {kdir}", hide=True, in_stream=False)
         conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
         flags = ["--keys-on-stdin"] if keys else []
-        launch = agent_command(host, "keeper", "launch", "--run", run.remote_dir, *flags)
+        launch = agent_command(host, "keeper.loop", "launch", "--run", run.remote_dir, *flags)
         return conn.run(launch, hide=True, in_stream=io.StringIO(json.dumps(keys) + "\n") if keys else False)
 
     return on_each(hosts, one).problems()
@@ -134,8 +134,8 @@ def add(run: Run, current: list[Host], joining: list[Host]) -> None:
 
 def stop(run: Run, hosts: list[Host], wait_s: float = 20):
     """Every host's keeper told to stop (its peers hear it), then its ranks: launch.stop's answers."""
-    return run_all(hosts, agent_command(hosts[0], "keeper", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}"),
-                   timeout=wait_s + 15)
+    stop_keeper = agent_command(hosts[0], "keeper.loop", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}")
+    return run_all(hosts, stop_keeper, timeout=wait_s + 15)
 
 
 # --- what the controller reads of them (fab train following, fab status, the report)

@@ -60,9 +60,9 @@ class HostState:
     tail: list[str]
     error: str | None = None
     ended: logformat.RankEnd | None = None  # torchrun's word on a rank that failed
-    stopped_by_user: bool = False  # `fab stop` ended it (train.agent.stop's mark)
+    stopped_by_user: bool = False  # `fab stop` ended it (train.agent.keeper.stop's mark)
     ranks: str = ""  # the global ranks this host runs: "0", "2-3" (train.cluster.ranks_label)
-    keeper: dict | None = None  # what its keeper knows (train.agent.keeper.show): generation, timeline, ended
+    keeper: dict | None = None  # what its keeper knows (train.agent.keeper.loop.show): generation, timeline, ended
 
     def describe(self, finished: bool) -> str:
         """This rank's state in a word or three: running, finished, stopped by fab stop, died: how."""
@@ -78,9 +78,10 @@ class HostState:
 
 
 def states(run: Run, hosts: list[Host]) -> list[HostState]:
-    """Each host's train.agent.state: its processes alive?, and its log's last lines parsed."""
+    """Each host's train.agent.keeper.state: its processes alive?, and its log's last lines parsed."""
     # a host whose sshd answers but hangs (frozen VM) must not hold up `fab status`: 15 s at most
-    results = run_all(hosts, agent_command(hosts[0], "state", "--run", run.remote_dir, "--tail", 400), timeout=15)
+    state = agent_command(hosts[0], "keeper.state", "--run", run.remote_dir, "--tail", 400)
+    results = run_all(hosts, state, timeout=15)
     out = []
     for host, span in zip(hosts, rank_layout([h.ranks for h in hosts]), strict=True):
         result = results[host.name]
@@ -98,11 +99,11 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
 
 
 def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
-    """Stop every rank on every host (train.agent.stop: every process naming the run's save dir);
+    """Stop every rank on every host (train.agent.keeper.stop: every process naming the run's save dir);
     confirm none is left. Returns {host: stopped|killed|none}; raises naming the hosts that could
     not be reached or stopped."""
     # the keeper first (it would start the ranks again), told on every host: its peers hear it too
-    stop_keeper = agent_command(hosts[0], "keeper", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}")
+    stop_keeper = agent_command(hosts[0], "keeper.loop", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}")
     results = run_all(hosts, stop_keeper, timeout=wait_s + 30)
     outcome, problems = {}, []
     for host in hosts:

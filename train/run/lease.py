@@ -1,4 +1,4 @@
-"""The controller's side of train.agent.lease: what a benchmark changes on the hosts is undone by the
+"""The controller's side of train.agent.measure.lease: what a benchmark changes on the hosts is undone by the
 hosts themselves when the controller stops renewing it (killed, asleep, offline).
 
     with HostLease(hosts, "bench-RUN", undo={host: "stop the ranks; remove the cap"}):
@@ -31,7 +31,7 @@ class HostLease:
 
     def holder_command(self, host: Host) -> str:
         # the file's $HOME expands on the host: outside the quoting agent_command applies to the rest
-        hold = agent_command(host, "lease", "hold", "--ttl", f"{self.ttl_s:g}", "--undo", self.undo[host.name])
+        hold = agent_command(host, "measure.lease", "hold", "--ttl", f"{self.ttl_s:g}", "--undo", self.undo[host.name])
         hold += f' --file "{self.file}"'
         return (f'mkdir -p {LEASES} && touch "{self.file}" && '
                 f'{{ setsid nohup {hold} >> "{self.file}.log" 2>&1 < /dev/null & }}')

@@ -66,7 +66,7 @@ def read_dataset_tokens(host: Host, data_dir: str, langs: tuple[str, str] = ("en
 
 
 def tokens_of_probe(answer: dict, host: Host) -> tuple[int | None, str] | None:
-    """read_dataset_tokens from what preflight's probe of `host` already said (train.agent.probe's
+    """read_dataset_tokens from what preflight's probe of `host` already said (train.agent.measure.probe's
     training_files): no round trip of its own. None where the probe did not say (an older agent)."""
     files = answer.get("training_files")
     if not isinstance(files, dict):

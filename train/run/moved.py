@@ -1,5 +1,5 @@
 """`fab train --resume-from URL --hosts NEW`: a run whose VMs are all gone goes on on other VMs from
-its newest whole copy off the cluster (train.agent.offsite_copies wrote it, the old hosts' keepers).
+its newest whole copy off the cluster (train.agent.offsite.copies wrote it, the old hosts' keepers).
 
 Rank 0's new host reads the store with its own credentials and fetches the copy straight into the
 run's directory (the GB checkpoint never passes through the controller, which may hold no credentials
@@ -46,7 +46,7 @@ def _on(host: Host, command: str, timeout: float) -> dict | None:
 def newest_copy(host: Host, url: str, run_id: str | None) -> dict:
     """The newest whole copy of `run_id` (None: of any run) under `url`, as rank 0's new host finds it."""
     args = ["newest", url, *([run_id] if run_id else [])]
-    copy = _on(host, agent_command(host, "offsite", *args), timeout=300)
+    copy = _on(host, agent_command(host, "offsite.upload", *args), timeout=300)
     if not copy:
         which = f"of {run_id}" if run_id else "of any run"
         raise ClusterError(f"{host.name}: {url} holds no whole copy {which} (a copy counts once its manifest.json "
@@ -96,7 +96,7 @@ def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run
     started = time.monotonic()
     with console.status(f"{rank0.name}: fetching {size / 1e9:.2f} GB from the store (sha256 checked; at most "
                         f"{FETCH_TIMEOUT_S // 60} min)"):
-        _on(rank0, agent_command(rank0, "offsite", "fetch", copy["where"], into), timeout=FETCH_TIMEOUT_S)
+        _on(rank0, agent_command(rank0, "offsite.upload", "fetch", copy["where"], into), timeout=FETCH_TIMEOUT_S)
     took = time.monotonic() - started
     console.print(f"{rank0.name} fetched {size / 1e9:.2f} GB in {took:.0f} s ({size / 1e6 / max(took, 1e-3):.0f} MB/s)",
                   markup=False)

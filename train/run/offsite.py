@@ -1,8 +1,8 @@
 """The controller's side of checkpoint copies off the cluster (`fab train --checkpoints-to URL`): the
 target checked from every host before a start, what the keepers are told, what `fab status` says.
 
-The hosts upload (train.agent.offsite_schedule, with their own credentials): the controller carries only
-the URL, which holds no secret (train.agent.offsite_target refuses one).
+The hosts upload (train.agent.offsite.schedule, with their own credentials): the controller carries only
+the URL, which holds no secret (train.agent.offsite.target refuses one).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..agent.offsite_target import BadTarget, parse
+from ..agent.offsite.target import BadTarget, parse
 from ..cluster import Host, run_each
 from ..errors import OptionError, Refused
 from ..hosts.remote import agent_command
@@ -41,14 +41,14 @@ def choose(run: Run, url: str | None, every_min: float | None) -> None:
 
 
 def told(run: Run) -> dict | None:
-    """The keepers' spec entry (train.agent.offsite_schedule), or None when no copy leaves the cluster."""
+    """The keepers' spec entry (train.agent.offsite.schedule), or None when no copy leaves the cluster."""
     if not run.checkpoints_to:
         return None
     return {"url": run.checkpoints_to, "every_s": round(60 * (run.checkpoints_every_min or DEFAULT_EVERY_MIN))}
 
 
 def problems(answers, url: str) -> list[str]:
-    """`host: what failed and the fix` for each host whose check (python -m train.agent.offsite check) failed."""
+    """`host: what failed and the fix` for each host whose check (python -m train.agent.offsite.upload check) failed."""
     out = []
     for name, result in answers.items():
         if not result.reachable:
@@ -68,7 +68,7 @@ def check(run: Run, hosts: list[Host]) -> None:
     """Write, read back and delete a small object from every host, with each host's credentials;
     Refused (exit 3) naming each host that cannot, what failed and the fix."""
     url = run.checkpoints_to
-    commands = {h.name: agent_command(h, "offsite", "check", url, "--host", h.name) for h in hosts}
+    commands = {h.name: agent_command(h, "offsite.upload", "check", url, "--host", h.name) for h in hosts}
     answers = run_each(hosts, commands, timeout=CHECK_TIMEOUT_S)
     if failed := problems(answers, url):
         raise Refused(f"checkpoint copies cannot go to {url} from every host, nothing started:\n  "

@@ -1,6 +1,6 @@
 """Every reason not to start, asked of every host in one round trip before anything starts.
 
-`probe` runs train.agent.probe on each host (versions, pinned packages, the agent's digest, GPUs,
+`probe` runs train.agent.measure.probe on each host (versions, pinned packages, the agent's digest, GPUs,
 the dataset's checksum, free disk, the rendezvous port); `check` turns the answers into problems,
 each naming the host, the cause and the fix. Pure: answers in, problems out.
 """
@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..agent import pins
-from ..agent.probe import agent_digest, versions_differ
+from ..agent.measure import pins
+from ..agent.measure.probe import agent_digest, versions_differ
 from ..cluster import TOP, ClusterError, Host, HostResult, run_all
 from ..hosts.remote import agent_command, venv_of
 from ..plan import batch as batch_model
@@ -48,12 +48,12 @@ def answer(result: HostResult) -> dict | None:
 
 
 def probe(run: Run, hosts: list[Host]) -> dict[str, dict]:
-    """Every host's answers to train.agent.probe, in one round trip; an unreachable host raises,
+    """Every host's answers to train.agent.measure.probe, in one round trip; an unreachable host raises,
     naming it and why."""
     # --cache: provisioning's record of the versions (torch, fairseq), valid while no package, Python or
     # driver changed: importing torch to ask again takes seconds on every host, at every start
     cache = f"{Path(venv_of(hosts[0])).parent}/versions.json"
-    results = run_all(hosts, agent_command(hosts[0], "probe", "--data", run.data_dir, "--port", run.master_port,
+    results = run_all(hosts, agent_command(hosts[0], "measure.probe", "--data", run.data_dir, "--port", run.master_port,
                                            "--run", run.remote_dir, "--packages", "--cache", cache))
     answers, problems = {}, []
     for host in hosts:

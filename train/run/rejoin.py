@@ -2,7 +2,7 @@
 `--hosts` naming them): which hosts, in which order (the run's first rank 0 is rank 0 again), the
 update-freq back to the effective batch the run started with, the membership entry and the line
 said. On a running run the hosts' keepers take a returning host back by themselves
-(train.agent.keeper); `--rejoin` only starts the keeper of a host whose own does not run.
+(train.agent.keeper.loop); `--rejoin` only starts the keeper of a host whose own does not run.
 
 The parts take data and return data: tests/unit/train/run/test_rejoin.py.
 """

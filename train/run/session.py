@@ -184,7 +184,7 @@ def gpu_memory_after_choice(run: Run, hosts: list[Host], answers: dict[str, dict
 
 
 def wandb_key_given(overrides: tuple[str, ...], environ) -> None:
-    """W&B needs its key from here (the hosts never store it: train.agent.tracker), or offline logging."""
+    """W&B needs its key from here (the hosts never store it: train.agent.trainer.tracker), or offline logging."""
     if presets.overridden(overrides, "wandb_project") and not environ.get("WANDB_API_KEY") \
             and not environ.get("WANDB_MODE"):
         raise OptionError("set", "wandb_project needs WANDB_API_KEY in this shell's environment (the hosts' "
@@ -328,9 +328,12 @@ def rejoin_hosts(known: list[Host], run_id: str | None) -> list[Host]:
 def keeperless_hosts(run: Run, hosts: list[Host]) -> list[str]:
     """The run's hosts whose keeper no longer runs while another's does (a host cut off that gave up alone,
     its restarts spent): the record is brought to the hosts that keep the run, so they take the others back."""
-    states = launch.states(run, hosts)
-    alive = [s.name for s in states if s.reachable and (s.keeper or {}).get("keeper")]
-    idle = [s.name for s in states if s.reachable and not (s.keeper or {}).get("keeper")]
+    def keeps(keeper: dict) -> bool:  # alive, and not ending (an ended keeper lingers a few seconds)
+        return bool(keeper.get("keeper")) and not keeper.get("ended")
+
+    states = [s for s in launch.states(run, hosts) if s.reachable]
+    alive = [s.name for s in states if keeps(s.keeper or {})]
+    idle = [s.name for s in states if not keeps(s.keeper or {})]
     if not alive or not idle:
         return []
     run.hosts = alive

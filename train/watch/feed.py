@@ -41,7 +41,7 @@ class Reading:
     error: str | None = None
     answered_at: float | None = None  # time.time() of the last answer
     ranks: int | None = None  # ranks on this host (train.cluster.Host.ranks); None: one per GPU, at least one
-    membership: list[dict] = field(default_factory=list)  # its keeper's record (train.agent.keeper), oldest first
+    membership: list[dict] = field(default_factory=list)  # its keeper's record (train.agent.keeper.loop), oldest first
 
 
 def read_command(run_dir: str, offsets: dict[str, int], with_log: bool) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..agent.generation import change_line
+from ..agent.keeper.generation import change_line
 from ..cluster import ranks_label
 from ..recipe.logformat import progress
 from ..report import answers

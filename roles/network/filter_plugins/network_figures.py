@@ -1,7 +1,7 @@
 """Filters for the network role: iperf3's command lines and its JSON turned into per-pair figures,
 and whether the figures measured before still hold (measuring takes a while, most reruns change nothing).
 
-Both come from tandem's own train.agent.iperf, the implementation benchmarks.link uses too: this
+Both come from tandem's own train.agent.measure.iperf, the implementation benchmarks.link uses too: this
 file only adapts it to Ansible (registered loop results in, plain dicts out).
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
-from train.agent import iperf, nccl_sockets
+from train.agent.measure import iperf, nccl_sockets
 from train.provision import remeasure
 
 DOCUMENTATION = """
 name: network_figures
-short_description: iperf3 commands and results to per-pair figures (train.agent.iperf)
+short_description: iperf3 commands and results to per-pair figures (train.agent.measure.iperf)
 """
 
 
@@ -67,7 +67,7 @@ def measure_inputs(hosts: list, hostvars, qdisc_var: str, seconds, port, streams
 
 
 def nccl_socket_lines(setting, streams) -> list[str]:
-    """/etc/tandem/env's NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD lines (train.agent.nccl_sockets):
+    """/etc/tandem/env's NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD lines (train.agent.measure.nccl_sockets):
     from `streams`, the iperf3 stream count that measured the link, unless `network_nccl_sockets` says."""
     return nccl_sockets.env_lines(setting, int(streams))
 

@@ -1,12 +1,12 @@
-"""versions_differ: every host's train.agent.probe answer compared with the first host's, by the
-comparison `fab train`'s preflight and roles/verify make (train.agent.probe.versions_differ);
+"""versions_differ: every host's train.agent.measure.probe answer compared with the first host's, by the
+comparison `fab train`'s preflight and roles/verify make (train.agent.measure.probe.versions_differ);
 pip_restored: what a pip install replaced, so a re-run that restores drifted pins says so."""
 
 from __future__ import annotations
 
 import re
 
-from train.agent import probe
+from train.agent.measure import probe
 
 DOCUMENTATION = """
 name: train_env_versions

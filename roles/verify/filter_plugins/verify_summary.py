@@ -1,13 +1,13 @@
 """verify_summary: every host's probed state + the network figures + the all_reduce -> one table
 and the list of problems (empty when the cluster is ready).
 
-The version comparison is train.agent.probe's, the one `fab train`'s preflight makes."""
+The version comparison is train.agent.measure.probe's, the one `fab train`'s preflight makes."""
 
 from __future__ import annotations
 
 import json
 
-from train.agent.probe import versions_differ
+from train.agent.measure.probe import versions_differ
 from train.provision import remeasure
 
 DOCUMENTATION = """
@@ -73,7 +73,7 @@ def host_row(host: str, h: dict, net: dict, out: list[float], into: list[float])
 
 def ranks_per_host(hosts: list, hostvars) -> list:
     """Every host's training ranks, as train.cluster.Host.ranks counts them: one per GPU, a CPU
-    host's `cpu_ranks` (default 1). train.agent.allreduce's --ranks-per-host."""
+    host's `cpu_ranks` (default 1). train.agent.measure.allreduce's --ranks-per-host."""
     out = []
     for host in hosts:
         v = hostvars[host]
@@ -83,7 +83,7 @@ def ranks_per_host(hosts: list, hostvars) -> list:
 
 
 def intra_allreduce(hosts: list, hostvars, result_var: str = "__verify_allreduce") -> dict:
-    """{host: the all_reduce among that host's own ranks}: the `INTRA {...}` line train.agent.allreduce
+    """{host: the all_reduce among that host's own ranks}: the `INTRA {...}` line train.agent.measure.allreduce
     prints on a host with several ranks (GPUs, or cpu_ranks) before the cross-host run. Empty on
     one-rank hosts."""
     found = {}

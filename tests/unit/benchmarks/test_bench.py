@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import net, step
-from train.agent import allreduce
+from train.agent.measure import allreduce
 from train.cluster import ClusterError, GroupResult, Host, HostResult
 from train.plan import link, measurements, model
 from train.recipe import strategies
@@ -340,9 +340,9 @@ def test_the_fab_tasks_are_the_benchmarks_door_and_refuse_a_bad_option_before_to
 
 def launched_ranks(job: str) -> list[str]:
     """What a host's bench-net job becomes on the host: its launcher line, parsed as the launcher parses it,
-    turned into the ranks' command (train.agent.allreduce.launch, without the exec)."""
+    turned into the ranks' command (train.agent.measure.allreduce.launch, without the exec)."""
     argv = shlex.split(job.split("setsid nohup ", 1)[1].split(" > ", 1)[0])
-    assert argv[1:3] == ["-m", "train.agent.allreduce"], argv
+    assert argv[1:3] == ["-m", "train.agent.measure.allreduce"], argv
     return allreduce.ranks_command(allreduce.parser().parse_args(argv[3:]), argv[0])
 
 
@@ -354,7 +354,7 @@ def test_gpu_hosts_all_reduce_through_nccl_under_torchrun_with_provisionings_env
     jobs = net.allreduce_commands(gpus, "1M..1G", 5, 1, 20, 29501, 1800, backend=net.backend_for(gpus),
                                   nccl_sockets="4x4")
     launcher = shlex.split(jobs["v100b"].split("setsid nohup ", 1)[1].split(" > ", 1)[0])
-    assert launcher[:11] == ["/opt/tandem/venv/bin/python", "-m", "train.agent.allreduce", "--node-rank", "1",
+    assert launcher[:11] == ["/opt/tandem/venv/bin/python", "-m", "train.agent.measure.allreduce", "--node-rank", "1",
                              "--ranks-per-host", "8,8", "--master-addr", "10.0.0.1", "--master-port", "29501"]
     for flag, value in (("--env-file", "/etc/tandem/env"), ("--backend", "nccl"), ("--nccl-sockets", "4x4")):
         assert launcher[launcher.index(flag) + 1] == value
@@ -367,7 +367,7 @@ def test_gpu_hosts_all_reduce_through_nccl_under_torchrun_with_provisionings_env
     cpu = two_hosts()
     lab = launched_ranks(net.allreduce_commands(cpu, "1M..256M", 5, 1, 20, 29501, 1800,
                                                 backend=net.backend_for(cpu))["v100a"])
-    assert lab[:3] == ["/opt/tandem/venv/bin/python", "-m", "train.agent.allreduce"]
+    assert lab[:3] == ["/opt/tandem/venv/bin/python", "-m", "train.agent.measure.allreduce"]
     assert lab[lab.index("--backend") + 1] == "gloo"
     assert net.backend_for([*two_hosts(gpus=8)[:1], *cpu[1:]]) == "gloo"  # NCCL needs a GPU for every rank
 

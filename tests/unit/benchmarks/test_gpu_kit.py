@@ -18,7 +18,8 @@ from benchmarks import gpu_kit
 # What runs on the GPU machine: on_gpu.sh's driver, the training entry point, the sampler beside it.
 # fairseq itself is left out: here it also imports what this venv happens to have (wandb, scipy...);
 # on_gpu.sh imports it there before any run.
-GPU_MODULES = ["benchmarks.gpu", "train.report.page", "train.agent.fairseq_train", "train.agent.monitor"]
+GPU_MODULES = ["benchmarks.gpu", "train.report.page", "train.agent.trainer.fairseq_train",
+               "train.agent.measure.monitor"]
 OURS = {"train", "benchmarks", "lab", "tandem", "fairseq", "fairseq_cli"}  # tandem's; fairseq comes apart
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from train.agent import iperf
-from train.agent.allreduce import Result, bus_factor, parse_size, table
+from train.agent.measure import iperf
+from train.agent.measure.allreduce import Result, bus_factor, parse_size, table
 
 ROLES = Path(__file__).resolve().parents[3] / "roles"
 
@@ -100,7 +100,7 @@ def test_verify_summary_names_every_problem():
 
 
 def test_verify_shows_each_hosts_gpus_among_themselves_beside_the_cross_host_figure():
-    """2 hosts x 2 GPUs: each host's INTRA line (train.agent.allreduce) is read from its own output;
+    """2 hosts x 2 GPUs: each host's INTRA line (train.agent.measure.allreduce) is read from its own output;
     a host whose GPUs cannot all-reduce among themselves is named."""
     intra = {"ok": True, "backend": "nccl", "world_size": 2,
              "results": [{"size": 64 * 2**20, "time_ms": 1.0, "busbw": 120.5}]}
@@ -119,7 +119,7 @@ def test_verify_shows_each_hosts_gpus_among_themselves_beside_the_cross_host_fig
 
 
 def test_verify_runs_every_rank_of_every_host_one_per_gpu_cpu_ranks_on_cpu_hosts():
-    """train.agent.allreduce's --ranks-per-host, as train.cluster.Host.ranks counts them."""
+    """train.agent.measure.allreduce's --ranks-per-host, as train.cluster.Host.ranks counts them."""
     filters = load("verify", "verify_summary")
     hostvars = {"a": {"gpus": 0, "cpu_ranks": 2}, "b": {"gpus": "0", "cpu_ranks": "2"}, "c": {"gpus": 4},
                 "d": {"gpus": 4, "cpu_ranks": 2}, "e": {}}

@@ -1,5 +1,5 @@
 """`--comm local-sgd:H`: every rank trains H updates on its own, then the ranks average their
-parameters (fairseq's BMUF, `--use-bmuf`, one flat all-reduce: train.agent.comm_local_sgd).
+parameters (fairseq's BMUF, `--use-bmuf`, one flat all-reduce: train.agent.trainer.comm_local_sgd).
 H× fewer bytes; the optimization changes, so `fab bench-quality` measures what it costs. The
 outer step is a plain average by default (block momentum 0): BMUF's outer Nesterov momentum at
 1 − 1/ranks (its paper's setting, 0.5 for two) left the lab's 13× tiny model on its plateau
@@ -14,7 +14,7 @@ on half the batch from the first update left the valid loss 8–12% behind sync'
 updates (benchmarks/README.md, "What was tried").
 
 The model is a plain fairseq model: checkpoints, resume and evaluation are unchanged (BMUF's
-outer state rides in the checkpoint: train.agent.comm_local_sgd).
+outer state rides in the checkpoint: train.agent.trainer.comm_local_sgd).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .registry import register
 DEFAULT_PERIOD = 16
 OUTER_STEP_OPTIONS = ("block_momentum", "block_lr")  # fairseq's BMUF options (--set), dropped for the others
 SYNC_UPDATES_OPTION = "local_sgd_sync_updates"  # tandem's own (--set), never passed to fairseq
-SYNC_UPDATES_VARIABLE = "TANDEM_LOCAL_SGD_SYNC_UPDATES"  # train.agent.comm_local_sgd
+SYNC_UPDATES_VARIABLE = "TANDEM_LOCAL_SGD_SYNC_UPDATES"  # train.agent.trainer.comm_local_sgd
 
 
 def sync_start(options: Mapping[str, object]) -> int:
@@ -94,7 +94,7 @@ class LocalSGD(Strategy):
     def extra_bytes_per_param(self, options: Mapping[str, object]) -> int:
         """Local SGD's sync concatenates the fp32 parameters into one flat buffer (4 B); with outer
         momentum (`block_momentum`) BMUF also keeps the last synced model, the momentum and the delta
-        (3 × 4 B; a plain average keeps none: train.agent.comm_local_sgd). Transformer big: 0.84 GB,
+        (3 × 4 B; a plain average keeps none: train.agent.trainer.comm_local_sgd). Transformer big: 0.84 GB,
         3.3 GB with momentum."""
         momentum = float(options.get(OUTER_STEP_OPTIONS[0], 0) or 0)  # type: ignore[arg-type]
         return 4 + (12 if momentum else 0)

@@ -4,7 +4,7 @@ step leaves out is added to the next one's gradient). A matrix n × m sends R ×
 two factors P and Q) instead of n × m; vectors (biases, LayerNorms), and matrices too small to gain
 2×, go dense as sync sends them. Transformer base at R = 4: 3.1 MB per update instead of 242 MB (fp32).
 
-It runs on pytorch_ddp (DDP's comm hook: train.agent.comm_powersgd registers it on fairseq's
+It runs on pytorch_ddp (DDP's comm hook: train.agent.trainer.comm_powersgd registers it on fairseq's
 DistributedDataParallel, gloo and NCCL alike), so its all-reduces overlap the backward pass as sync's
 do; the factors cost two small matmuls and an orthogonalization per matrix, which the byte model
 leaves out. Its first updates are sync's (torch's `start_powerSGD_iter`): until the learning rate's
@@ -25,7 +25,7 @@ from .registry import register
 DEFAULT_RANK = 4
 MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed only where that gains 2x
 START_OPTION = "powersgd_start_updates"  # tandem's own (--set), never passed to fairseq
-VARIABLE = "TANDEM_POWERSGD"  # RANK:START, read by train.agent.comm_powersgd
+VARIABLE = "TANDEM_POWERSGD"  # RANK:START, read by train.agent.trainer.comm_powersgd
 MIN_START = 2  # torch: error feedback needs start_powerSGD_iter > 1
 
 

@@ -1,7 +1,7 @@
 """A stand-in for a host's ranks in the keepers' tests: it "trains" one update every 0.2 s, logs each
 as fairseq does, and on rank 0 saves a checkpoint every `--save-every` updates (a torch-style zip,
 written to a temporary name and renamed, as fairseq does), resuming from the one it finds. As
-train.agent.fairseq_train's rank 0, it writes its pid for the keeper and saves at the end of the
+train.agent.trainer.fairseq_train's rank 0, it writes its pid for the keeper and saves at the end of the
 update it is in when it gets SIGUSR2."""
 
 import argparse

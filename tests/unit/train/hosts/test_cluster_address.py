@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from benchmarks import net
-from train.agent import iperf
+from train.agent.measure import iperf
 from train.cluster import Host, load_hosts
 from train.hosts.peercopy import cluster_address
 from train.plan import link

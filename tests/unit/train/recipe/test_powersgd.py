@@ -106,7 +106,7 @@ def test_fairseq_parses_its_command():
     launch = launches("r1", hosts, master_port=29500, data_dir="/d", run_dir="/r", venv="/v", comm="powersgd:4")[0]
     argv = foreground_command(resolve("tiny"), launch)
     args = options.parse_args_and_arch(options.get_training_parser(),
-                                       argv[argv.index("train.agent.fairseq_train") + 1:])
+                                       argv[argv.index("train.agent.trainer.fairseq_train") + 1:])
     assert args.ddp_backend == "pytorch_ddp" and args.ddp_comm_hook == "none"
 
 

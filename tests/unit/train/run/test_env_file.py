@@ -77,7 +77,7 @@ def test_the_monitor_samples_the_nic_provisioning_detected_not_eth0(tmp_path):
 
 
 def test_without_a_nic_anywhere_the_monitor_says_so_instead_of_guessing(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "train.agent.monitor", "--out", str(tmp_path / "s.jsonl"),
+    done = subprocess.run([sys.executable, "-m", "train.agent.measure.monitor", "--out", str(tmp_path / "s.jsonl"),
                            "--watch", str(tmp_path)], capture_output=True, text=True, timeout=30,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[4])})
     assert done.returncode == 2 and "cluster_nic" in done.stderr

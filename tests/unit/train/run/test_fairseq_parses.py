@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from train.agent import fairseq_train
+from train.agent.trainer import fairseq_train
 from train.recipe import presets
 from train.run import command
 
@@ -32,7 +32,7 @@ def launches_for(hosts: int, gpus: int, precision: str) -> list[command.Launch]:
 
 def per_process_argv(launch: command.Launch, preset: presets.Preset, local_rank: int) -> tuple[list[str], bool]:
     """fairseq's arguments for one process, as torchrun would start it, and whether it goes through
-    tandem's entry point (train.agent.fairseq_train) rather than fairseq-train."""
+    tandem's entry point (train.agent.trainer.fairseq_train) rather than fairseq-train."""
     argv = command.foreground_command(preset, launch)
     if "--no-python" in argv:  # several GPUs: bash -c 'exec TRAINER ARGS --distributed-rank "$RANK" ...'
         inner = argv[argv.index("-c") + 1]
@@ -43,7 +43,7 @@ def per_process_argv(launch: command.Launch, preset: presets.Preset, local_rank:
         words = argv[argv.index("--nproc_per_node") + 2 :]
         if words[0] == "-m":  # torchrun -m MODULE: its own python runs the module
             words = ["python", *words]
-    if words[1:3] == ["-m", "train.agent.fairseq_train"]:
+    if words[1:3] == ["-m", "train.agent.trainer.fairseq_train"]:
         return words[3:], True
     assert words[0].endswith("/bin/fairseq-train"), words[:3]
     return words[1:], False
@@ -85,7 +85,7 @@ def test_fairseq_reads_the_command_as_tandem_meant(preset_name, precision, layou
         assert parsed.ddp_backend == "pytorch_ddp"  # overlaps the all-reduce with the backward pass
         if gpus > 1:
             assert parsed.device_id == local_rank
-    assert through_tandem  # every run: tandem's entry point (train/agent/fairseq_train.py)
+    assert through_tandem  # every run: tandem's entry point (train/agent/trainer/fairseq_train.py)
 
 
 def test_fairseq_alone_takes_bf16_for_a_tpu():
@@ -103,7 +103,7 @@ def test_gpu_hosts_default_to_fp16_cpu_hosts_to_fp32(gpus, expected):
 
 def test_pytorch_ddp_on_cpu_hosts_goes_through_tandems_entry_point():
     """fairseq alone gives DDP a GPU device id on CPU hosts; the preset's ddp_backend must win over
-    tandem's legacy_ddp default, and the run must start through train.agent.fairseq_train."""
+    tandem's legacy_ddp default, and the run must start through train.agent.trainer.fairseq_train."""
     launch = launches_for(2, 0, "fp32")[-1]
     args, through_tandem = per_process_argv(launch, presets.resolve("tiny", ["ddp_backend=pytorch_ddp"]), 0)
     parsed = parse(args, through_tandem)

@@ -52,7 +52,7 @@ def test_a_dataset_size_not_read_says_on_which_host_and_why():
 
 def test_the_size_comes_with_preflights_probe_of_rank_0s_host(tmp_path):
     """No SSH round trip of its own: the probe already read the binaries' sizes."""
-    from train.agent.probe import training_files
+    from train.agent.measure.probe import training_files
 
     (tmp_path / "train.en-de.en.bin").write_bytes(b"\0" * 2_000)
     (tmp_path / "train.en-de.de.bin").write_bytes(b"\0" * 2_400)

@@ -1,5 +1,5 @@
 """The controller's side of copies off the cluster (train.run.offsite): the hosts' checks (the real
-`python -m train.agent.offsite check` run here, as on a host) turned into one refusal naming each host,
+`python -m train.agent.offsite.upload check` run here, as on a host) turned into one refusal naming each host,
 what failed and the fix; the run's target chosen and told to the keepers without a secret; `fab status`'s
 line of the newest copy."""
 
@@ -18,7 +18,7 @@ from train.run import keepers, offsite
 
 def checked_here(url: str, host: str) -> HostResult:
     """The check as a host answers it: its stdout and exit status."""
-    done = subprocess.run([sys.executable, "-m", "train.agent.offsite", "check", url, "--host", host],
+    done = subprocess.run([sys.executable, "-m", "train.agent.offsite.upload", "check", url, "--host", host],
                           capture_output=True, text=True, timeout=120)
     return HostResult(host, stdout=done.stdout, stderr=done.stderr, exited=done.returncode)
 

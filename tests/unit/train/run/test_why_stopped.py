@@ -8,7 +8,7 @@ from train.run.status import run_state, why_stopped_early
 TORCHRUN_SIGKILL = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-train.agent.fairseq_train FAILED
+train.agent.trainer.fairseq_train FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>

@@ -36,7 +36,7 @@ LOG = ["2026-11-25 04:00:00 | INFO | fairseq_cli.train | training on 1 devices (
 
 
 def samples(host: str, gpu_name: str | None, util: float = 97.0) -> list[dict]:
-    """The monitor's samples (train.agent.monitor) every 2 s up to the last log line."""
+    """The monitor's samples (train.agent.measure.monitor) every 2 s up to the last log line."""
     gpu = {"index": 0, "util_percent": util, "mem_used_mb": 65_300.0, "mem_total_mb": 81_559.0}
     if gpu_name:
         gpu["name"] = gpu_name

@@ -1,0 +1,133 @@
+"""Three keepers agree through a real etcd cluster (three `etcd` members on loopback addresses,
+train.agent.keeper.etcd): one generation at a time, written by compare-and-swap; a one-sided
+partition of the heartbeats settles on one generation instead of two leaders taking turns; a keeper
+whose side cannot reach etcd's majority starts no ranks. The keepers run in this process, rounds
+driven by the test, their heartbeats real HTTP (a partition: a peer's answers dropped)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.unit.train.agent.keeper.test_keeper import command
+from train.agent.keeper import consensus, files, loop
+from train.agent.keeper import etcd as agreement
+from train.agent.keeper.state import run_pids
+
+needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd-server is not installed (make test-setup)")
+
+HOSTS = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
+
+
+def spec(dirs: dict[str, Path], me: str, port: int) -> dict:
+    order = list(HOSTS)
+    subsets = [["a", "b", "c"], ["a", "b"], ["a", "c"], ["b", "c"], ["a"], ["b"], ["c"]]
+    return {"run_id": f"r{port}", "me": me, "order": order, "members": order, "addresses": HOSTS, "port": port,
+            "token": "t", "start": "s1", "reason": "start", "lost_after_s": 3, "ended_grace_s": 3, "poll_s": 0.3,
+            "commands": {",".join(m): {h: command(dirs[h], h == m[0], 100000) for h in m} for m in subsets}}
+
+
+class Cluster:
+    """Three keepers, their etcd members and heartbeat servers; `cut` drops heartbeats between pairs."""
+
+    def __init__(self, tmp_path: Path, port: int):
+        self.dirs = {h: tmp_path / h / "r1" for h in HOSTS}
+        self.cut: set[frozenset[str]] = set()
+        self.keepers, self.servers, self.etcd = {}, [], {}
+        for host, run_dir in self.dirs.items():
+            (run_dir / "keeper").mkdir(parents=True)
+            self.etcd[host] = consensus.etcd_member(str(run_dir), spec(self.dirs, host, port))
+        for host, run_dir in self.dirs.items():
+            k = loop.Keeper(str(run_dir), spec(self.dirs, host, port))
+            asks = k.ask
+            k.ask = lambda peer, me=host, asks=asks: None if frozenset((me, peer)) in self.cut else asks(peer)
+            self.keepers[host] = k
+            self.servers.append(k.listen())
+
+    def rounds(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for k in self.keepers.values():
+                k.step()
+            time.sleep(0.3)
+
+    def timeline(self, host: str) -> list[tuple[int, tuple[str, ...]]]:
+        return [(e["generation"], tuple(e["hosts"])) for e in files.read_timeline(self.dirs[host] / "keeper")]
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
+        for run_dir in self.dirs.values():
+            for pid in run_pids(str(run_dir)):
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.etcd.values():
+            if pid:
+                consensus.stop_etcd_member(pid)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = Cluster(tmp_path, 29700 + os.getpid() % 200)
+    yield made
+    made.close()
+
+
+@needs_etcd
+def test_three_keepers_agree_on_one_generation_in_etcd_and_a_one_sided_partition_settles_on_one(cluster):
+    cluster.rounds(6)
+    agreed = cluster.keepers["a"].consensus.agreement.current().generation
+    assert agreed.members == ("a", "b", "c") and not agreed.pending
+    assert all(k.generation == agreed for k in cluster.keepers.values())
+    assert all(run_pids(str(d)) for d in cluster.dirs.values())  # every host's ranks started
+    cluster.cut = {frozenset("ab")}  # a and b lose each other; both still hear c
+    cut = time.monotonic()
+    c = cluster.keepers["c"].consensus.agreement
+    while len(c.current().generation.members) == 3 and time.monotonic() - cut < 30:
+        cluster.rounds(0.3)
+    settled = time.monotonic() - cut
+    cluster.rounds(10)  # and it stays settled
+    after = [cluster.timeline(h) for h in HOSTS]
+    changes = {g for t in after for g in t}
+    assert len(changes) <= 3, changes  # the start, one generation without a or b (not dozens)
+    final = cluster.keepers["c"].consensus.agreement.current().generation
+    assert final.members in (("a", "c"), ("b", "c")), final
+    outside = ({"a", "b"} - set(final.members)).pop()
+    assert not run_pids(str(cluster.dirs[outside]))  # the host outside waits, its ranks stopped
+    print(f"one-sided partition (a-b cut, both hear c): one generation {final.members} {settled:.1f} s after the "
+          f"cut (lost after 3 s here), {len(changes)} generations in all")
+
+
+@needs_etcd
+def test_a_keeper_cut_off_from_etcds_majority_starts_no_ranks(cluster):
+    cluster.rounds(5)
+    before = cluster.keepers["a"].generation
+    for host in ("b", "c"):  # two of three members gone: a's side has no majority
+        consensus.stop_etcd_member(cluster.etcd.pop(host))
+    for pid in run_pids(str(cluster.dirs["a"])):
+        os.kill(pid, signal.SIGKILL)  # a's ranks die: with etcd it would be restarted
+    k = cluster.keepers["a"]
+    k.consensus.agreement.etcd.timeout_s = 0.5
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        k.step()
+        time.sleep(0.3)
+    assert not k.consensus.agreed_now and k.generation == before
+    assert not run_pids(str(cluster.dirs["a"]))
+    with pytest.raises(agreement.Unavailable):
+        k.consensus.agreement.current()
+
+
+def test_an_odd_number_of_members_on_the_runs_first_hosts_on_the_cluster_network():
+    assert [len(agreement.members(list("abcdefgh"[:n]))) for n in range(3, 9)] == [3, 3, 5, 5, 5, 5]
+    assert not agreement.uses_etcd(["a", "b"]) and agreement.uses_etcd(["a", "b", "c"])
+    argv = agreement.member_command({**spec({h: Path("/d") for h in HOSTS}, "b", 29600), "run_id": "run-7"}, "/d/etcd")
+    said = dict(zip(argv[1::2], argv[2::2], strict=False))
+    assert said["--listen-client-urls"] == "http://127.0.0.2:29601"
+    assert said["--initial-cluster"] == "a=http://127.0.0.1:29602,b=http://127.0.0.2:29602,c=http://127.0.0.3:29602"
+    assert said["--initial-cluster-token"] == "tandem-run-7-s1"  # a cluster of its own each start

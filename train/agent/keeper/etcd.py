@@ -1,0 +1,168 @@
+"""Agreement among three or more hosts, by etcd (Raft): who leads, and the one current generation.
+
+With three hosts or more a run's first 3 (or 5) hosts each run an etcd member for the run (its data
+in RUN/keeper/etcd/START/, on the cluster network at the keepers' port + 1 and + 2), started by the
+keeper (`member_command`). Each `fab train` start forms a cluster of its own (a replaced VM changes
+the members), its first generation numbered after the ones the hosts recorded. Every keeper talks
+to etcd through its v3 JSON gateway (`/v3/kv/range`,
+`/v3/kv/txn`, `/v3/lease/*`: plain HTTP, keys and values base64), its own member first:
+- the *leader* is the keeper whose lease holds the key `leader`: a txn puts it with the keeper's
+  lease only while the key does not exist (create_revision 0). A leader whose host is cut off from
+  etcd's majority cannot keep its lease alive: it stops leading when the lease's time is up, and a
+  host on the majority's side takes the key;
+- the *generation* (train.agent.keeper.generation.Generation, JSON) is the key `generation`, written by
+  compare-and-swap on its mod_revision: one agreed generation at a time, never two.
+A side of a partition without etcd's majority can neither read nor write: its keepers start no
+ranks. What the leader decides (who trains, from which checkpoint) stays train.agent.keeper.generation's;
+two hosts have no majority and keep the heartbeats' rule (train.agent.keeper.generation's docstring).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from train.agent.keeper.generation import Generation
+
+LEADER, GENERATION = "leader", "generation"
+CLIENT_OFFSET, PEER_OFFSET = 1, 2  # etcd's ports: the keepers' heartbeat port + these
+
+
+class Unavailable(RuntimeError):
+    """No etcd member answered with a majority behind it (this side of a partition, or none up yet)."""
+
+
+def members(order: list[str]) -> list[str]:
+    """The hosts that run an etcd member: the run's first 3, or 5 from five hosts on (an odd number:
+    an even one adds no failure it survives)."""
+    return list(order[: 5 if len(order) >= 5 else 3])
+
+
+def uses_etcd(order: list[str]) -> bool:
+    return len(order) >= 3
+
+
+def start_key(spec: dict) -> str:
+    """Each `fab train` start forms an etcd cluster of its own (its hosts may differ from the last
+    start's: a replaced VM): its data directory and cluster token are named by the start."""
+    return re.sub(r"[^0-9A-Za-z]", "-", str(spec.get("start") or "0"))
+
+
+def member_command(spec: dict, data_dir: str, etcd: str = "etcd") -> list[str]:
+    """The etcd member this host runs for the run (a host among `members`)."""
+    me, port, addresses = spec["me"], int(spec["port"]), spec["addresses"]
+    peer = f"http://{addresses[me]}:{port + PEER_OFFSET}"
+    client = f"http://{addresses[me]}:{port + CLIENT_OFFSET}"
+    cluster = ",".join(f"{h}=http://{addresses[h]}:{port + PEER_OFFSET}" for h in members(spec["order"]))
+    return [etcd, "--name", me, "--data-dir", data_dir, "--listen-peer-urls", peer,
+            "--initial-advertise-peer-urls", peer, "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--initial-cluster", cluster, "--initial-cluster-state", "new",
+            "--initial-cluster-token", f"tandem-{spec['run_id']}-{start_key(spec)}",
+            # a few heartbeats on a LAN; elections within ~1 s of a member's loss
+            # (no --log-level: etcd 3.3, Ubuntu 22.04's, does not know it)
+            "--heartbeat-interval", "100", "--election-timeout", "1000"]
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@dataclass
+class Agreed:
+    """The generation etcd holds now, and the revision to compare-and-swap it on."""
+
+    generation: Generation | None
+    revision: int  # its mod_revision; 0 when there is none yet
+
+
+class Etcd:
+    """A small etcd v3 client over its JSON gateway: the calls tandem makes, no more."""
+
+    def __init__(self, endpoints: list[str], timeout_s: float = 2.0):
+        self.endpoints, self.timeout_s = list(endpoints), timeout_s
+        self.api = "/v3"  # etcd 3.4+; 3.3 (Ubuntu 22.04's) serves the same calls under /v3beta
+
+    def call(self, path: str, body: dict) -> dict:
+        errors = []
+        for endpoint in self.endpoints:
+            request = urllib.request.Request(f"{endpoint}{self.api}{path}", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+                    said = json.loads(answer.read())
+            except urllib.error.HTTPError as err:
+                if err.code == 404 and self.api == "/v3":
+                    self.api = "/v3beta"
+                    return self.call(path, body)
+                errors.append(f"{endpoint}: HTTP {err.code} {err.reason}")
+                continue
+            except (OSError, ValueError) as err:  # refused, timed out (no quorum: a request waits)
+                errors.append(f"{endpoint}: {type(err).__name__}: {err}")
+                continue
+            if self.endpoints[0] != endpoint:  # the next call goes where this one was answered
+                self.endpoints.remove(endpoint)
+                self.endpoints.insert(0, endpoint)
+            return said.get("result", said)
+        raise Unavailable("; ".join(errors) or "no etcd endpoint")
+
+    def get(self, key: str) -> tuple[str | None, int]:
+        """(the value, its mod_revision), (None, 0) when the key does not exist."""
+        kvs = self.call("/kv/range", {"key": _b64(key)}).get("kvs") or []
+        if not kvs:
+            return None, 0
+        return base64.b64decode(kvs[0].get("value", "")).decode(), int(kvs[0]["mod_revision"])
+
+    def put_if(self, key: str, value: str, revision: int, lease: int | None = None) -> bool:
+        """Put `value` if the key's mod_revision is still `revision` (0: the key does not exist)."""
+        put = {"key": _b64(key), "value": _b64(value), **({"lease": str(lease)} if lease else {})}
+        target = {"target": "CREATE", "create_revision": "0"} if revision == 0 else \
+            {"target": "MOD", "mod_revision": str(revision)}
+        said = self.call("/kv/txn", {"compare": [{"key": _b64(key), "result": "EQUAL", **target}],
+                                        "success": [{"requestPut": put}]})
+        return bool(said.get("succeeded"))
+
+    def grant(self, ttl_s: int) -> int:
+        return int(self.call("/lease/grant", {"TTL": ttl_s})["ID"])
+
+    def keepalive(self, lease: int) -> int:
+        """The lease's time left in seconds after renewing it; 0 when it expired (then it is gone)."""
+        return int(self.call("/lease/keepalive", {"ID": str(lease)}).get("TTL", 0))
+
+
+class Agreement:
+    """One keeper's part in the agreement: its lease, whether it leads, the agreed generation."""
+
+    def __init__(self, spec: dict):
+        port = int(spec["port"]) + CLIENT_OFFSET
+        own = [spec["me"]] if spec["me"] in members(spec["order"]) else []
+        others = [h for h in members(spec["order"]) if h not in own]
+        self.etcd = Etcd([f"http://{spec['addresses'][h]}:{port}" for h in own + others])
+        self.me = spec["me"]
+        self.ttl_s = max(2, int(float(spec.get("lost_after_s", 20)) / 2))
+        self.lease: int | None = None
+
+    def leads(self) -> bool:
+        """Renew this keeper's lease and take the `leader` key when free. True while this keeper holds
+        it and its lease is surely alive; False when another does or etcd cannot answer."""
+        try:
+            if self.lease is None or self.etcd.keepalive(self.lease) <= 0:
+                self.lease = self.etcd.grant(self.ttl_s)
+            holder, _ = self.etcd.get(LEADER)
+            if holder is None and self.etcd.put_if(LEADER, self.me, 0, self.lease):
+                holder = self.me
+        except Unavailable:  # cut off from etcd's majority: never leads (it could not write anyway)
+            return False
+        return holder == self.me
+
+    def current(self) -> Agreed:
+        """The agreed generation. Unavailable when this side cannot reach etcd's majority."""
+        value, revision = self.etcd.get(GENERATION)
+        return Agreed(Generation.of(json.loads(value)) if value else None, revision)
+
+    def propose(self, gen: Generation, revision: int) -> bool:
+        """Make `gen` the agreed generation if none was agreed since `revision`."""
+        return self.etcd.put_if(GENERATION, json.dumps(gen.to_dict()), revision)

@@ -1,0 +1,72 @@
+"""The keepers' heartbeat (train.agent.keeper.loop): HTTP on the cluster network at the run's port, each
+request carrying the run's token. GET /state answers a keeper's view of the run
+(train.agent.keeper.generation.View, JSON); GET /checkpoint sends this host's snapshot to a peer that copies
+it (409 when its bytes no longer match its manifest)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from train.agent.keeper import replica
+from train.agent.keeper.generation import View
+
+
+def serve(spec: dict, run_dir: str, state: Callable[[], dict], serves: Callable[[], bool]) -> ThreadingHTTPServer:
+    """The heartbeat of host spec["me"], in a thread: `state()` what a peer hears (a View's dict), `serves()` whether
+    the snapshot may be sent."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # one line a poll would drown the keeper's own log
+            pass
+
+        def do_GET(self):
+            if self.headers.get("X-Tandem-Token") != spec["token"]:
+                self.send_error(403)
+                return
+            if self.path == "/state":
+                body = json.dumps(state()).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path == "/checkpoint":
+                snap = replica.paths(run_dir)[1]
+                if not serves():
+                    self.send_error(409, "this host's checkpoint does not match its manifest")
+                    return
+                try:
+                    f = snap.open("rb")
+                except OSError:
+                    self.send_error(404)
+                    return
+                with f:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
+                    self.end_headers()
+                    self.wfile.flush()
+                    with contextlib.suppress(OSError):
+                        self.connection.sendfile(f)
+            else:
+                self.send_error(404)
+
+    server = ThreadingHTTPServer((spec["addresses"][spec["me"]], int(spec["port"])), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="heartbeat").start()
+    return server
+
+
+def ask(spec: dict, peer: str) -> View | None:
+    """What `peer`'s keeper says, or None when it does not answer."""
+    url = f"http://{spec['addresses'][peer]}:{spec['port']}/state"
+    request = urllib.request.Request(url, headers={"X-Tandem-Token": spec["token"]})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            return View.of(json.loads(answer.read()))
+    except (OSError, ValueError, KeyError):
+        return None

@@ -1,0 +1,181 @@
+"""The checkpoint one host's keeper (train.agent.keeper.loop) holds: its snapshot of rank 0's saves
+(train.agent.keeper.replica's), hashed before it is resumed from or served, the copies it fetches from its
+peers in the background (retried later and later, refused after FETCH_TRIES), and the one the
+generation it joins starts from."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from train.agent.keeper import replica
+from train.agent.keeper.files import say
+from train.agent.keeper.generation import Checkpoint, Generation, View, copies_from, descends_from
+
+FETCH_TRIES = 3  # copies of one checkpoint that fail before this host says it cannot get it
+
+
+class Holding:
+    """What this host holds (`checkpoint`), what its ranks' saves were last seen at (`seen`), and its
+    copy from a peer under way (`fetching`). `views`: the keeper's views of the hosts, shared."""
+
+    def __init__(self, run_dir: str, spec: dict, views: dict[str, View], ticks=time.monotonic):
+        self.run_dir, self.spec, self.views, self.ticks = run_dir, spec, views, ticks
+        self.me: str = spec["me"]
+        self.checkpoint = Checkpoint.of(self.verified())  # hashed before it is resumed from or served
+        if self.checkpoint is None and replica.manifest(run_dir) is None and replica.paths(run_dir)[0].exists():
+            _, made = replica.snapshot(run_dir, 0, None)  # a checkpoint from before keepers
+            self.checkpoint = Checkpoint.of(made)
+        self.seen: tuple[int, int] | None = None
+        self.fetching: threading.Thread | None = None
+        self.fetch_error = ""
+        self.fetch_failures: dict[str, int] = {}  # sha256 -> copies of it that did not arrive whole
+        self.fetch_after = 0.0  # ticks: the next try waits (1, 2, 4 ... 60 s after each failure)
+        self.corrupt = False
+
+    def verified(self) -> dict | None:
+        """This host's snapshot's manifest, its bytes hashed against it; a snapshot that does not match
+        (a flipped byte on disk) is set aside as corrupt and this host holds none."""
+        held = replica.manifest(self.run_dir)
+        if held is None or replica.verify(self.run_dir, held):
+            return held
+        aside = replica.set_aside(self.run_dir, held, why="corrupt")
+        say(f"checkpoint of update {held['update']} does not match its manifest's sha256: set aside at {aside}; "
+                 "this host holds none until a peer's copy arrives")
+        return None
+
+    def recheck(self) -> None:
+        """A peer asked for a copy that no longer matches its manifest: hashed again, set aside if so."""
+        if self.corrupt:
+            self.corrupt, self.checkpoint = False, Checkpoint.of(self.verified())
+
+    def serves(self) -> bool:
+        """Whether the snapshot a peer asks for still matches its manifest (hashed once a file)."""
+        held = replica.manifest(self.run_dir)
+        if held is not None and replica.verify(self.run_dir, held, cached=True):
+            return True
+        self.corrupt = True
+        return False
+
+    def snapshot(self, generation: int, lineage) -> None:
+        """On rank 0's host, each new save becomes the snapshot peers fetch."""
+        self.seen, made = replica.snapshot(self.run_dir, generation, self.seen, lineage)
+        if made:
+            self.checkpoint = Checkpoint.of(made)
+            say(f"checkpoint of update {made['update']} ({made['size']:,} bytes) ready for the peers")
+
+    def resumed(self) -> None:
+        """This host's ranks started from what it holds: no save of theirs is seen yet."""
+        self.seen = replica.seen_now(self.run_dir)
+
+    def cannot_get(self) -> tuple[str, str]:
+        """The checkpoint this host cannot get (its sha256, "" when none) and why, as its heartbeat says it."""
+        failed = [sha for sha, n in self.fetch_failures.items() if n >= FETCH_TRIES]
+        return (failed[-1], self.fetch_error) if failed else ("", "")
+
+    def busy(self) -> bool:
+        return self.fetching is not None and self.fetching.is_alive()
+
+    def ready(self, gen: Generation) -> bool:
+        """This host holds `gen`'s checkpoint (or none, when it starts from none); False while a fetch runs."""
+        want = self.newest_of_holder(gen.source)
+        mine = self.checkpoint
+        if want is None:
+            if mine is not None:  # ranks elsewhere start from scratch: one finding a checkpoint would hang
+                aside = replica.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
+                say(f"generation {gen.number} starts from no checkpoint: this host's is set aside at {aside}")
+                self.checkpoint = None
+            replica.clear(self.run_dir)
+            return True
+        if mine is not None and mine.sha256 == want["sha256"]:
+            if not replica.verify(self.run_dir, mine.to_dict()):  # hashed before it is resumed from
+                self.checkpoint = Checkpoint.of(self.verified())
+                # this host cannot get the source whole (its own copy is it): its heartbeat says so, and the
+                # leader starts from the next best instead of waiting for a copy that no longer exists
+                self.fetch_failures[want["sha256"]] = FETCH_TRIES
+                self.fetch_error = f"{self.me}'s copy of update {want['update']} does not match its manifest"
+                return False
+            replica.restore(self.run_dir)
+            return True
+        if self.busy():
+            return False
+        if want["host"] == self.me:  # its snapshot moved on since: the newest it holds is the one now
+            return mine is not None and replica.restore(self.run_dir) is None
+        if mine is not None and not descends_from(want, mine):
+            aside = replica.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
+            say(f"checkpoint of generation {mine.generation}, update {mine.update}: another history than the "
+                     f"one generation {gen.number} goes on with (update {want['update']}), set aside whole at {aside}")
+            self.checkpoint = None
+        self.fetch_from(want)
+        return False
+
+    def set_aside_kept(self) -> int:
+        return int(self.spec.get("set_aside_kept", replica.SET_ASIDE_KEPT))
+
+    def newest_of_holder(self, want: dict | None) -> dict | None:
+        """The checkpoint to start from: `want`, or the newer one its holder snapshotted since (its
+        ranks of the previous generation saved again before they stopped). The holder resumes from
+        its newest; so does every member, all from the same file."""
+        holder = self.views.get(want["host"]) if want and want["host"] != self.me else None
+        newer = holder.checkpoint if holder else None
+        if newer is not None and newer.key() > (want["update"], want["generation"]) \
+                and newer.sha256 not in self.refused():
+            return {"host": want["host"], **newer.to_dict()}
+        return want
+
+    def refused(self) -> set[str]:
+        return {sha for sha, n in self.fetch_failures.items() if n >= FETCH_TRIES}
+
+    def fetch_from(self, want: dict) -> None:
+        """Copy `want` from its holder in the background; a copy that fails waits 1, 2, 4 ... 60 s before
+        the next try, and after FETCH_TRIES this host's heartbeat says it cannot get it (the leader
+        then starts from the next best checkpoint)."""
+        if self.ticks() < self.fetch_after or want["sha256"] in self.refused():
+            return
+        url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
+
+        def fetch() -> None:
+            started = time.monotonic()
+            try:
+                got = replica.fetch(url, self.spec["token"], self.run_dir, want)
+                self.checkpoint, self.fetch_error = Checkpoint.of(got), ""
+                self.fetch_failures.pop(want["sha256"], None)
+                self.seen = replica.seen_now(self.run_dir)
+                say(f"checkpoint of update {want['update']} from {want['host']}: {want['size']:,} bytes, "
+                         f"sha256 checked, in {time.monotonic() - started:.1f} s")
+            except replica.FetchError as err:
+                failures = self.fetch_failures[want["sha256"]] = self.fetch_failures.get(want["sha256"], 0) + 1
+                self.fetch_error = str(err)
+                self.fetch_after = self.ticks() + min(60.0, 2.0 ** (failures - 1))
+                gave_up = f"; {failures} tries: this host cannot get it" if failures >= FETCH_TRIES else ""
+                say(f"checkpoint copy failed (the previous one is kept): {err}{gave_up}")
+
+        self.fetching = threading.Thread(target=fetch, daemon=True, name="fetch")
+        self.fetching.start()
+
+    def replicate(self, gen: Generation, seen: dict[str, View]) -> None:
+        """Each new checkpoint of rank 0's is held by a majority of the generation's hosts: the next
+        len // 2 hosts after rank 0's fetch it, each from the one before it (one copy a link, over the
+        cluster network; every host at every save would send GBs x hosts beside the all-reduce)."""
+        holder = copies_from(gen.members, self.me)
+        before = seen.get(holder) if holder else None
+        theirs = before.checkpoint if before else None
+        if theirs is None or (self.checkpoint and theirs.key() <= self.checkpoint.key()) or self.busy():
+            return
+        self.fetch_from({"host": holder, **theirs.to_dict()})
+
+    def final_copy_pending(self, gen: Generation | None, seen: dict[str, View]) -> bool:
+        """The run is done, and the host after rank 0 does not hold rank 0's last save yet: both keepers
+        stay (the one fetching, the one serving) until it does, or that host is lost."""
+        if gen is None or len(gen.members) < 2:
+            return False
+        first, second = gen.members[0], gen.members[1]
+        if first not in seen or second not in seen:
+            return False
+        last = self.checkpoint if self.me == first else seen[first].checkpoint
+        held = self.checkpoint if self.me == second else seen[second].checkpoint
+        if last is None or (held is not None and held.key() >= last.key()):
+            return False
+        if self.me == second:
+            self.replicate(gen, seen)
+        return True

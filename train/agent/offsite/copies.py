@@ -1,0 +1,201 @@
+"""A run's checkpoint copies in a store off the cluster (train.agent.offsite.target), whole or not at all.
+
+Layout, under the target's prefix:
+
+    RUN/u1200/checkpoint_last.pt, run.json, manifest.json      checkpoint_last of update 1200 (resumes)
+    RUN/best/u1100/checkpoint_best.pt, run.json, manifest.json checkpoint_best, when it changed
+
+Each copy's files go first, streamed in blocks (multipart on S3; memory stays flat for a GB file) and
+hashed on the way; then manifest.json, naming each file's sha256 and size, the update, the time and what
+a resume needs (the run's preset, dataset, world size, tokens per update; run.json is the whole record).
+A copy without its manifest, or with a file of another size, never counts (`whole_copies`); older
+copies are deleted only once the new manifest is written, the newest KEEP kept. `fetch` checks every
+file's sha256 before it takes its place in the destination.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from train.agent.keeper.replica import received
+from train.agent.offsite.target import Target, parse
+
+MANIFEST = "manifest.json"
+KEEP = 2  # whole copies of each kind kept in the store (the newest first)
+BLOCK = 8 << 20  # bytes read and written at a time
+KINDS = {"last": "", "best": "best"}  # a kind of copy -> its folder under RUN/
+COPY = re.compile(r"u(\d+)")
+
+
+class OffsiteError(RuntimeError):
+    """A store that could not be written or read, or a copy that is not whole: what failed, in one line."""
+
+
+def said(err: Exception) -> str:
+    """An exception as one line a user can act on (s3fs maps AccessDenied to PermissionError, etc.)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"{type(err).__name__}: {text}"[:400]
+
+
+def copy_dir(target: Target, run_id: str, kind: str, update: int) -> str:
+    return target.path(run_id, KINDS[kind], f"u{update}")
+
+
+def put(fs, local: Path, remote: str, sha256: str | None = None) -> dict:
+    """Stream `local` to `remote`, hashing it; {sha256, size}. OffsiteError when the bytes read are not
+    `sha256` (the file changed under us) or the store holds another size afterwards."""
+    digest, size = hashlib.sha256(), 0
+    with local.open("rb") as src, fs.open(remote, "wb") as out:
+        while block := src.read(BLOCK):
+            digest.update(block)
+            out.write(block)
+            size += len(block)
+    if sha256 and digest.hexdigest() != sha256:
+        raise OffsiteError(f"{local}: its bytes changed while uploaded (sha256 {digest.hexdigest()[:12]}, "
+                           f"expected {sha256[:12]}); uploaded again at the next try")
+    stored = fs.size(remote)
+    if stored != size:
+        raise OffsiteError(f"{remote}: the store holds {stored} bytes of {size}")
+    return {"sha256": digest.hexdigest(), "size": size}
+
+
+def upload(target: Target, run_id: str, kind: str, update: int, files: dict[str, Path],
+           expected: dict[str, str] | None = None, facts: dict | None = None, fs=None) -> dict:
+    """One copy: `files` (name -> local path) under RUN/[best/]u<update>/, then its manifest; then the
+    copies beyond KEEP removed. Returns the manifest with `where` (the copy's URL). A copy of this update
+    already whole there is left as it is; a torn one is redone (its manifest removed first)."""
+    fs = fs or target.filesystem()
+    where = copy_dir(target, run_id, kind, update)
+    held = read_manifest(fs, where)
+    if held and sizes_match(fs, where, held) and all(
+            held["files"].get(n, {}).get("sha256") == s for n, s in (expected or {}).items()):
+        return {**held, "where": target.url_of(run_id, KINDS[kind], f"u{update}")}
+    if held:
+        fs.rm_file(f"{where}/{MANIFEST}")
+    fs.makedirs(where, exist_ok=True)  # sftp's open makes no folders (s3, gs: no-op; a directory: made)
+    stored = {name: put(fs, path, f"{where}/{name}", (expected or {}).get(name)) for name, path in files.items()}
+    manifest = {"format": 1, "run": run_id, "kind": kind, "update": update, "time": round(time.time(), 1),
+                "files": stored, **(facts or {})}
+    fs.pipe_file(f"{where}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+    prune(fs, target, run_id, kind)
+    return {**manifest, "where": target.url_of(run_id, KINDS[kind], f"u{update}")}
+
+
+def read_manifest(fs, where: str) -> dict | None:
+    try:
+        data = json.loads(fs.cat_file(f"{where}/{MANIFEST}"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
+
+
+def sizes_match(fs, where: str, manifest: dict) -> bool:
+    """Every file the manifest names is there, with its size."""
+    try:
+        held = {Path(e["name"]).name: e["size"] for e in fs.ls(where, detail=True)}
+    except OSError:
+        return False
+    return all(held.get(name) == f.get("size") for name, f in manifest["files"].items())
+
+
+def _copies(fs, target: Target, run_id: str, kind: str) -> list[tuple[int, str]]:
+    """(update, path) of every folder that may be a copy, whole or not, newest first."""
+    try:
+        names = fs.ls(target.path(run_id, KINDS[kind]), detail=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = [(int(m.group(1)), n.rstrip("/")) for n in names if (m := COPY.fullmatch(Path(n.rstrip("/")).name))]
+    return sorted(found, reverse=True)
+
+
+def prune(fs, target: Target, run_id: str, kind: str, keep: int = KEEP) -> None:
+    """Beyond the newest `keep` whole copies, every copy of that kind goes (a torn one older than the
+    newest whole too); nothing is removed until that many whole copies exist beside it."""
+    whole = 0
+    for _, where in _copies(fs, target, run_id, kind):
+        manifest = read_manifest(fs, where)
+        if whole >= keep or (whole and manifest is None):
+            fs.rm(where, recursive=True)
+        elif manifest is not None and sizes_match(fs, where, manifest):
+            whole += 1
+
+
+def runs(fs, target: Target) -> list[str]:
+    try:
+        return [Path(n.rstrip("/")).name for n in fs.ls(target.root, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def whole_copies(url: str, run_id: str | None = None, kind: str = "last") -> list[dict]:
+    """Every whole copy (manifest present, sizes match) of `run_id` (None: of every run under the URL),
+    newest first (by update, then time); each its manifest with `where`, the copy's URL for `fetch`."""
+    target = parse(url)
+    fs = target.filesystem()
+    found = []
+    for run in [run_id] if run_id else runs(fs, target):
+        for update, where in _copies(fs, target, run, kind):
+            manifest = read_manifest(fs, where)
+            if manifest is not None and sizes_match(fs, where, manifest):
+                found.append({**manifest, "where": target.url_of(run, KINDS[kind], f"u{update}")})
+    return sorted(found, key=lambda m: (m.get("update", 0), m.get("time", 0)), reverse=True)
+
+
+def newest(url: str, run_id: str | None = None, kind: str = "last") -> dict | None:
+    """The newest whole copy (whole_copies' first), or None."""
+    copies = whole_copies(url, run_id, kind)
+    return copies[0] if copies else None
+
+
+def fetch(copy_url: str, dest: str | Path) -> dict:
+    """Copy a whole copy (its URL: `where`) into directory `dest`, each file streamed to a temporary name,
+    its sha256 and size checked, then renamed into place. Returns its manifest; OffsiteError naming the
+    file when one does not match (nothing of it is left in `dest`)."""
+    target = parse(copy_url)
+    fs = target.filesystem()
+    manifest = read_manifest(fs, target.root)
+    if manifest is None:
+        raise OffsiteError(f"{copy_url}: no {MANIFEST} (not a whole copy)")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, want in manifest["files"].items():
+        partial = dest / f".{name}.incoming"
+        try:
+            with fs.open(target.path(name), "rb") as src:
+                size, sha256 = received(src, partial, BLOCK)
+            if (size, sha256) != (want["size"], want["sha256"]):
+                raise OffsiteError(f"{target.url_of(name)}: {size:,} bytes, sha256 {sha256[:12]}; its "
+                                   f"manifest says {want['size']:,} bytes, {want['sha256'][:12]}: not taken")
+            os.replace(partial, dest / name)
+        finally:
+            partial.unlink(missing_ok=True)
+    return {**manifest, "where": copy_url}
+
+
+def check(url: str, host: str = "") -> None:
+    """Write a small object under the target, read it back, delete it; OffsiteError saying what failed and
+    the fix (`host`: whose credentials were used)."""
+    target = parse(url)
+    if target.scheme == "file" and not os.path.isdir(target.root):  # an unmounted share: never the local disk
+        raise OffsiteError(f"{target.url}: no such directory on {host or 'the host'}: {target.fix(host or 'the host')}"
+                           " (tandem creates folders under it, never the directory itself)")
+    probe = target.path(f".tandem-check-{host or 'host'}-{os.getpid()}-{int(time.time())}")
+    body = f"tandem check from {host or 'a host'} at {time.time():.0f}\n".encode()
+    step = "opening"
+    try:
+        fs = target.filesystem()
+        step = "writing"
+        fs.pipe_file(probe, body)
+        step = "reading back"
+        if fs.cat_file(probe) != body:
+            raise OffsiteError("read back other bytes than written")
+        step = "deleting"
+        fs.rm_file(probe)
+    except Exception as err:  # every store raises its own: said with the fix
+        raise OffsiteError(f"{target.url}: {said(err)} {step} {probe.rsplit('/', 1)[-1]}: "
+                           f"{target.fix(host or 'the host', err)}") from err

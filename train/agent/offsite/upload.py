@@ -1,0 +1,106 @@
+"""Checkpoint copies off the cluster, on a host (`fab train --checkpoints-to URL`).
+
+    python -m train.agent.offsite.upload check URL [--host NAME]   (fab train, on every host: write, read, delete)
+    python -m train.agent.offsite.upload newest URL [RUN]           (the newest whole copy: one JSON line, or null)
+    python -m train.agent.offsite.upload fetch COPY_URL DEST        (a copy into DEST, every sha256 checked)
+    python -m train.agent.offsite.upload upload --run DIR           (the keeper's child: RUN/keeper/offsite-job.json)
+
+Where and how: train.agent.offsite.target (the URL), train.agent.offsite.copies (the store's layout,
+whole copies, fetch), train.agent.offsite.schedule (when rank 0's host's keeper uploads). Each command
+prints one JSON line; a failure prints {"error": "..."} and exits 1 (a malformed URL: 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from train.agent.offsite import copies
+from train.agent.offsite.target import BadTarget
+
+JOB, RESULT = "offsite-job.json", "offsite-result.json"  # in RUN/keeper/: what to upload, what was
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def lower_priority() -> None:
+    """The upload yields to training: CPU niceness 10, the lowest best-effort disk priority."""
+    import psutil
+
+    me = psutil.Process()
+    try:
+        me.nice(10)
+        if hasattr(psutil, "IOPRIO_CLASS_BE"):
+            me.ionice(psutil.IOPRIO_CLASS_BE, 7)
+    except (psutil.Error, OSError):
+        pass
+
+
+def upload_job(run_dir: str) -> dict:
+    """Every copy the keeper's job file names, uploaded in order; the result (the manifests uploaded, or
+    the error) written beside it for the keeper, whole or not at all."""
+    kdir = Path(run_dir) / "keeper"
+    job = json.loads((kdir / JOB).read_text())
+    target = copies.parse(job["url"])
+    done, error = [], ""
+    try:
+        fs = target.filesystem()
+        for item in job["items"]:
+            made = copies.upload(target, job["run_id"], item["kind"], item["update"],
+                                 {name: Path(path) for name, path in item["files"].items()},
+                                 item.get("expected"), {**job.get("facts", {}), **item.get("facts", {})}, fs=fs)
+            done.append({k: made[k] for k in ("kind", "update", "time", "where")})
+            print(f"{item['kind']} of update {item['update']}: {made['where']}", flush=True)
+    except Exception as err:  # the keeper redoes the job later and says why
+        error = copies.said(err)
+        print(f"upload failed: {error}", flush=True)
+    result = {"id": job["id"], "done": done, "error": error}
+    _write_json(kdir / RESULT, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.agent.offsite.upload", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("check", help="write, read back and delete a small object under URL")
+    c.add_argument("url")
+    c.add_argument("--host", default="", help="this host's name in the run (said in the fix)")
+    n = sub.add_parser("newest", help="the newest whole copy of RUN (or of any run) under URL")
+    n.add_argument("url")
+    n.add_argument("run", nargs="?")
+    n.add_argument("--kind", choices=sorted(copies.KINDS), default="last")
+    f = sub.add_parser("fetch", help="a whole copy (its URL, `where`) into DEST, sha256 checked")
+    f.add_argument("url")
+    f.add_argument("dest")
+    u = sub.add_parser("upload", help="the keeper's job (RUN/keeper/offsite-job.json)")
+    u.add_argument("--run", required=True)
+    args = p.parse_args(argv)
+    try:
+        if args.what == "check":
+            copies.check(args.url, args.host)
+            print(json.dumps({"ok": True, "url": args.url}))
+        elif args.what == "newest":
+            print(json.dumps(copies.newest(args.url, args.run, args.kind)))
+        elif args.what == "fetch":
+            print(json.dumps(copies.fetch(args.url, args.dest)))
+        else:
+            lower_priority()
+            return 1 if upload_job(args.run)["error"] else 0
+    except BadTarget as err:
+        print(json.dumps({"error": str(err)}))
+        return 2
+    except Exception as err:  # every store raises its own (botocore's, google's, paramiko's): said in one line
+        print(json.dumps({"error": str(err) if isinstance(err, copies.OffsiteError) else copies.said(err)}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
