@@ -15,7 +15,7 @@ import sys
 import fabric.main
 
 from train import errors as exits
-from train.agent.nccl_sockets import option as nccl_sockets_option
+from train.agent.measure.nccl_sockets import option as nccl_sockets_option
 from train.cli import options
 from train.cli import version as tandem_version
 from train.cli.executor import bad_input_exits_2, cluster_task, console, errors, known_hosts, task
