@@ -16,7 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from train.report import members  # noqa: E402
-from train.report.answers import Analysis, loss_points, lr_at, nic_mbps  # noqa: E402
+from train.report.answers import Analysis  # noqa: E402
+from train.report.series import loss_points, lr_at, nic_mbps  # noqa: E402
 
 SIZE = (7.0, 3.6)
 DPI = 100
