@@ -318,7 +318,9 @@ def report(c, hosts, run=None, link_mbps=None):
     """Collect logs, samples, benchmarks and checkpoints from every host into reports/RUN/index.html."""
     from train.report.collect import report as make_report
 
-    make_report(pick.find(run, hosts, console.print), hosts, link_mbps, console)
+    the_run = pick.find(run, hosts, console.print)
+    copies, cost = run_status.for_report(the_run, hosts)
+    make_report(the_run, hosts, link_mbps, console, offsite=copies, cost=cost)
 
 
 def _quality_entries(text):

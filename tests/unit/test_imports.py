@@ -17,18 +17,24 @@ TOP = Path(__file__).resolve().parents[2]
 OWN = ("train", "benchmarks", "lab", "fabfile")  # tandem's top-level modules
 GRAPH = ("train", "benchmarks", "fabfile")  # whose imports must not go round in a circle
 LAYERS = {"train": ("benchmarks", "fabfile"), "benchmarks": ("fabfile",)}  # what each may not import
-# Packages inside train/, each with the packages above it that it may not import: what a run is
-# (train.recipe: the model's size, the communication strategies, the presets, the run record, the
-# fairseq log's format) sits below everything that plans, starts, reports or watches one; datasets
-# (train.data) are made and spread without a run; a run starts and is followed without its reports
-# (train.report reads runs, the arrow goes one way); a run is planned (train.plan: the batch, the
-# prediction) and watched (train.watch: the screen) without the code that starts it.
+# Packages inside train/, each with the packages above it that it may not reach, by an import of its own or
+# through any chain of them: what a run is (train.recipe: the model's size, the communication strategies,
+# the presets, the run record, the fairseq log's format) sits below everything that plans, starts, reports
+# or watches one; datasets (train.data) are made and spread without a run; a run is planned (train.plan:
+# the batch, the prediction) without anything that reads, watches or starts one. Above them run -> watch ->
+# report, by design: a run's report (train.report: its files read, its series and answers, the page) is made
+# without the code that watches or starts runs (`fab report` asks the hosts through train.run and hands the
+# report what they said); `fab watch` (train.watch) shows the report's analysis live, on the hosts' lines,
+# without the code that starts a run; `fab train` (train.run) follows its run with watch's host lines. Those
+# two use the report's analysis only, never its page (REPORT_PAGE: the plots, the HTML, the collection).
+REPORT_PAGE = ("train.report.page", "train.report.plots", "train.report.collect")
 TRAIN_LAYERS = {"train.recipe": ("train.run", "train.plan", "train.report", "train.watch", "train.data",
                                  "train.agent"),
                 "train.data": ("train.run",),
                 "train.plan": ("train.run", "train.report", "train.watch"),
-                "train.watch": ("train.run",),
-                "train.run": ("train.report",)}
+                "train.report": ("train.run", "train.watch"),
+                "train.watch": ("train.run", *REPORT_PAGE),
+                "train.run": REPORT_PAGE}
 AGENT = "train.agent"  # runs on the hosts: with train/__init__, the only tandem code there (roles/train_env)
 # Tests import no `_name` of any tandem module, nor reach one by attribute
 # (`fabfile._pick_run(...)`, `plots._x`, `monkeypatch.setattr("fabfile._x", ...)`).
@@ -202,18 +208,47 @@ def test_imports_point_down():
     assert not wrong, "imports that point up a layer:\n" + "\n".join(wrong)
 
 
+def _inside(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def layer_breaches(layers: dict[str, tuple[str, ...]]) -> list[str]:
+    """For each package and each package it may not import: the shortest chain of imports by which one of
+    its modules reaches one of the other's anyway (directly, or through any modules between), each link
+    with the statement that makes it. One chain a pair: the first to fix."""
+    graph, found = _graph(), []
+    for package, above in layers.items():
+        for up in above:
+            starts = sorted(m for m in graph if _inside(m, (package,)))
+            came_from, todo = dict.fromkeys(starts, ""), deque(starts)
+            while todo:
+                v = todo.popleft()
+                if _inside(v, (up,)):
+                    chain = [v]
+                    while came_from[chain[-1]]:
+                        chain.append(came_from[chain[-1]])
+                    chain.reverse()
+                    found.append(f"{package} reaches {up}: " + " -> ".join(chain) + "\n" + "\n".join(
+                        f"    {graph[a][b].where()}: {a} imports {graph[a][b].wanted}"
+                        for a, b in zip(chain, chain[1:], strict=False)))
+                    break
+                for w in sorted(graph[v]):
+                    if w not in came_from:
+                        came_from[w] = v
+                        todo.append(w)
+    return found
+
+
 def test_packages_inside_train_import_down():
-    """train.recipe imports nothing of the packages above it (no arrow back up, so no circle through it);
-    train.data nothing of train.run; train.plan nothing of train.run, report or watch; train.watch nothing
-    of train.run; train.run nothing of train.report."""
+    """No package inside train/ reaches one it may not import (TRAIN_LAYERS), directly or through any chain
+    of imports: train.recipe nothing of the packages above it (no arrow back up, so no circle through it);
+    train.data nothing of train.run; train.plan nothing of train.run, report or watch; train.report nothing
+    of train.watch or train.run; train.watch nothing of train.run; neither the report's page."""
     assert {"train.recipe.presets", "train.recipe.record", "train.recipe.logformat", "train.data.distribute",
             "train.run.session"} <= set(modules())  # the walk found the packages the rules name
     assert any(name.startswith("train.recipe.strategies.") for name in modules())
-    wrong = [f"{imp.where()}: {name} imports {imp.wanted}"
-             for package, above in TRAIN_LAYERS.items()
-             for name, path in modules().items() if name == package or name.startswith(package + ".")
-             for imp in imports(path) if any(imp.wanted == up or imp.wanted.startswith(up + ".") for up in above)]
-    assert not wrong, "imports that point up a layer inside train/:\n" + "\n".join(wrong)
+    wrong = layer_breaches(TRAIN_LAYERS)
+    assert not wrong, "imports that lead up a layer inside train/:\n" + "\n".join(wrong)
 
 
 def test_agent_imports_nothing_else_of_tandem():
@@ -316,14 +351,19 @@ def test_nothing_edits_the_module_search_path():
 
 
 def test_the_checks_see_what_they_look_for(tmp_path, monkeypatch):
-    """The checks above on made-up files: a cycle, a private name, a search path edit are each found."""
+    """The checks above on made-up files: a cycle, a private name, a search path edit, a package that reaches
+    one above it through another are each found."""
     for rel, text in {"train/__init__.py": "", "train/a.py": "def f():\n    from . import b\n",
                       "train/b.py": "from train.a import f\nfrom typing import TYPE_CHECKING\n"
                                     "if TYPE_CHECKING:\n    from train import c\n",
                       "train/c.py": "import train.b\n", "fabfile.py": "def _pick(): pass\n",
                       "tests/t.py": "import fabfile\nfrom train.a import _g\nfabfile._pick()\n"
                                     "def test(monkeypatch):\n    monkeypatch.setattr('fabfile._pick', None)\n",
-                      "roles/r/filter_plugins/p.py": "import sys\nsys." "path.insert(0, '.')\n"}.items():
+                      "roles/r/filter_plugins/p.py": "import sys\nsys." "path.insert(0, '.')\n",
+                      "train/run/follow.py": "from ..watch import lines\n",
+                      "train/watch/lines.py": "from . import screen\n",
+                      "train/watch/screen.py": "from train.report.answers import x\n",
+                      "train/report/answers.py": "x = 1\n"}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     monkeypatch.setattr(f"{__name__}.TOP", tmp_path)
@@ -334,5 +374,12 @@ def test_the_checks_see_what_they_look_for(tmp_path, monkeypatch):
             "imports train.a._g", "fabfile._pick", "'fabfile._pick'"]
         assert [u.rsplit(": ", 1)[0] for u in search_path_uses(tmp_path / "roles/r/filter_plugins/p.py")] == [
             "roles/r/filter_plugins/p.py:2"]
+        breaches = layer_breaches({"train.run": ("train.report",), "train.watch": ("train.run",)})
+        assert [b.splitlines() for b in breaches] == [[  # run reaches report through watch; watch never reaches run
+            "train.run reaches train.report: train.run.follow -> train.watch.lines -> train.watch.screen -> "
+            "train.report.answers",
+            "    train/run/follow.py:1: train.run.follow imports train.watch.lines",
+            "    train/watch/lines.py:1: train.watch.lines imports train.watch.screen",
+            "    train/watch/screen.py:1: train.watch.screen imports train.report.answers.x"]]
     finally:
         modules.cache_clear()

@@ -1,44 +1,42 @@
-"""The training report's analysis: collected run files in, numbers and answers out (no plotting).
+"""The training report's answers: a loaded run (train.report.run_data) and its series (train.report.series)
+in, the users' questions answered out, each an `Answer` with a one-line verdict and the numbers
+behind it (no plotting, no reading of files but cost.json and offsite.json).
 
-`load(run_dir)` reads what `fab report` collected under `reports/<run_id>/`:
-
-    run.json                the run (run_id, hosts, preset, overrides, ...); rank 0 = hosts[0]
-    logs/<host>.log         each host's fairseq log (rank 0's has the statistics lines)
-    samples/<host>.jsonl    the sampler's lines: {"t", "host", "nic", "tx_Bps", "rx_Bps",
-                            "cpu_percent", "mem_used_mb", "mem_total_mb", "gpus": null | [...]}
-    bench/*.json            optional: bench-net ({"link_mbps": ...}) and bench-step results
-    bleu.json               optional: sacrebleu's JSON ({"score": ...})
-    checkpoints.txt         optional: `ls -l --time-style=+%s <save_dir>` on rank 0
-    corpus.json             optional: {"train_lines", "train_mb", "vocab_size"}
-
-`analyze(data, link_mbps)` answers the users' questions, each an `Answer` with a one-line
-verdict and the numbers behind it. Definitions used throughout:
-
-- step time of a logged interval = 1 / `ups` of its `train_inner` line: the interval's wall
-  time over its updates, as fairseq measured it (validation and checkpoint saves inside the
-  interval included). The average step time is the plain mean of those values over every
-  `train_inner` line of rank 0's log (all restarts included).
-- NIC throughput of a host = max(tx, rx) of a sample, in Mbit/s (a full-duplex link carries
-  its rate each way). "While training" = samples inside a logged interval (its end time
-  minus its updates / ups, to its end time).
-- Log times (`YYYY-mm-dd HH:MM:SS`, the host's local time, no zone) are read as the
-  controller's local time; if that puts the log and the samples apart, they are shifted by
-  the whole quarter-hours that line them up (a host in another time zone).
+`analyze(data, link_mbps)` answers them all. The average step time is the plain mean of the logged
+intervals' step times (1 / `ups`) over every `train_inner` line of rank 0's log (all restarts included);
+the other definitions are train.report.series's. A run comes in through `load(run_dir)` (the collected
+files) or `from_texts(...)` (what `fab watch` reads live), train.report.run_data's, named here too.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from train.plan import batch as batch_model
 from train.plan import mfu as flops
-from train.recipe import presets
-from train.recipe.logformat import Log, Record, format_eta, logged_params, parse_log, progress, timestamp
+from train.recipe.logformat import format_eta, progress
+from train.report.run_data import RunData, read_json
+from train.report.run_data import from_texts as from_texts  # the way in, with load: a run, then analyze(...)
+from train.report.run_data import load as load
+from train.report.series import (
+    Interval,
+    during,
+    gaps,
+    intervals,
+    last_part,
+    link,
+    loss_points,
+    lr_at,
+    mean,
+    nic_usage,
+    pearson,
+    run_fill,
+    run_mfu,
+    slope,
+    step_against_nic,
+)
 
 # The link busy more than half the training time: the network takes most of each step, the same
 # definition `fab predict` uses (train.plan.model.Prediction.network_bound).
@@ -49,261 +47,6 @@ GPU_FULL_PERCENT = 90.0  # mean utilization at or above this: fully used
 # the field report's run, 15x slower behind a 100 Mb/s port, would be near 1%.
 MFU_LOW = 0.10
 PLATEAU_FRACTION = 0.01  # a loss change smaller than 1 % over the last part: not improving
-
-_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
-_START = re.compile(r"\| fairseq_cli\.train \| \{'_name'")
-
-
-# ---------------------------------------------------------------- inputs
-
-
-@dataclass
-class Checkpoint:
-    name: str
-    size: int  # bytes
-    mtime: int | None = None  # unix seconds
-
-
-@dataclass
-class RunData:
-    """Everything collected for one run, parsed."""
-
-    run_dir: Path
-    run: dict
-    hosts: list[str]
-    options: dict  # the resolved fairseq options (train.recipe.presets)
-    log: Log  # rank 0's
-    logs: dict[str, Log]
-    log_times: list[float]  # unix times of rank 0's timestamped lines
-    starts: list[float]  # unix times at which fairseq (re)started, from rank 0's log
-    params: int | None
-    samples: dict[str, list[dict]]
-    bench: list[dict]
-    bleu: dict | None
-    checkpoints: list[Checkpoint] | None
-    corpus: dict | None
-    tails: dict[str, str] = field(default_factory=dict)  # each host's last log line
-    time_shift_s: float = 0.0  # added to log times to line them up with the samples
-    rank0_logs: list[str] = field(default_factory=list)  # the hosts whose logs hold rank 0's progress, in turn
-
-    @property
-    def rank0(self) -> str | None:
-        return self.hosts[0] if self.hosts else None
-
-    def when(self, record: Record) -> float:
-        return log_time(record.time) + self.time_shift_s
-
-
-def log_time(text: str) -> float:
-    """A log timestamp as unix seconds (the controller's local time zone)."""
-    return timestamp(text).timestamp()
-
-
-def parse_checkpoints(text: str) -> list[Checkpoint]:
-    """`ls -l --time-style=+%s` lines → checkpoints (files only; `total` and dirs skipped).
-
-        -rw-r--r-- 1 root root 3662769 1795335330 checkpoint_best.pt
-    """
-    out = []
-    for line in text.splitlines():
-        fields = line.split(None, 6)
-        if len(fields) < 7 or not fields[0].startswith("-"):
-            continue
-        try:
-            size, mtime = int(fields[4]), int(fields[5])
-        except ValueError:
-            continue
-        out.append(Checkpoint(fields[6].strip(), size, mtime))
-    return out
-
-
-def read_samples(path: Path) -> list[dict]:
-    """The sampler's JSON lines, sorted by time; bad lines (a sampler killed mid-write) skipped."""
-    samples = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            sample = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(sample, dict) and isinstance(sample.get("t"), int | float):
-            samples.append(sample)
-    return sorted(samples, key=lambda s: s["t"])
-
-
-def _json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def resolve_options(run: dict) -> dict:
-    try:
-        return dict(presets.resolve(run.get("preset", ""), run.get("overrides") or []).options)
-    except presets.OverrideError:
-        return {}
-
-
-def load(run_dir: Path) -> RunData:
-    """Read a collected run directory (see the module docstring for its files)."""
-    run_dir = Path(run_dir)
-    run = _json(run_dir / "run.json") or {}
-    texts = {p.stem: p.read_text(errors="replace").splitlines() for p in sorted((run_dir / "logs").glob("*.log"))}
-    samples = {p.stem: read_samples(p) for p in sorted((run_dir / "samples").glob("*.jsonl"))}
-    bench = [b for p in sorted((run_dir / "bench").glob("*.json")) if (b := _json(p)) is not None]
-    ckpt = run_dir / "checkpoints.txt"
-    return from_texts(run, texts, samples, run_dir=run_dir, bench=bench, bleu=_json(run_dir / "bleu.json"),
-                      checkpoints=parse_checkpoints(ckpt.read_text()) if ckpt.exists() else None,
-                      corpus=_json(run_dir / "corpus.json"))
-
-
-def from_texts(run: dict, texts: dict[str, list[str]], samples: dict[str, list[dict]], *, run_dir: Path = Path(),
-               bench: list[dict] | None = None, bleu: dict | None = None, checkpoints: list[Checkpoint] | None = None,
-               corpus: dict | None = None) -> RunData:
-    """A run from its log lines and samples in memory: what `load` reads from files, and what
-    `fab watch` reads live from the hosts (the same analysis for both)."""
-    from train.report import members
-
-    hosts = list(run.get("hosts") or texts)
-    logs = {host: parse_log(lines) for host, lines in texts.items()}
-    rank0 = hosts[0] if hosts else None
-    lines = texts.get(rank0, []) if rank0 else []
-    # rank 0 moved to another host when its host was lost (Run.members): each rank 0's log in turn
-    ranks0 = [h for h in members.rank0_hosts(run.get("members")) if h in texts]
-    merged = len(ranks0) > 1 and rank0 in ranks0
-    if merged:
-        lines = [line for h in ranks0 for line in texts[h]]
-    log_times, starts, params = [], [], None
-    for line in lines:
-        if match := _TIME.match(line):
-            log_times.append(log_time(match.group(1)))
-            if _START.search(line):
-                starts.append(log_times[-1])
-        params = params or logged_params(line)
-    log = parse_log(lines) if merged else (logs.get(rank0) if rank0 else None)
-    data = RunData(
-        run_dir=Path(run_dir), run=run, hosts=hosts, options=resolve_options(run), log=log or Log(), logs=logs,
-        log_times=log_times, starts=starts, params=params, samples=samples, bench=list(bench or []),
-        bleu=bleu, checkpoints=checkpoints, corpus=corpus,
-        tails={h: next((x for x in reversed(t) if x.strip()), "") for h, t in texts.items()},
-    )
-    data.time_shift_s = time_shift(data)
-    data.rank0_logs = ranks0 if merged else ([rank0] if rank0 else [])
-    return data
-
-
-def time_shift(data: RunData) -> float:
-    """0 when the log and the samples overlap; else the quarter-hours that make them overlap."""
-    times = [s["t"] for ss in data.samples.values() for s in ss]
-    if not times or not data.log_times:
-        return 0.0
-    lo, hi = min(data.log_times), max(data.log_times)
-    if lo <= max(times) and min(times) <= hi:
-        return 0.0
-    shift = round((min(times) - lo) / 900) * 900
-    if lo + shift <= max(times) and min(times) <= hi + shift:
-        return float(shift)
-    return 0.0
-
-
-# ---------------------------------------------------------------- series
-
-
-@dataclass
-class Interval:
-    """One `train_inner` line: updates (first, last], seconds per update, its time span."""
-
-    update: int
-    updates: int
-    step_s: float
-    start: float
-    end: float
-    wps: float | None
-    loss: float | None
-    lr: float | None
-
-
-def intervals(data: RunData) -> list[Interval]:
-    """Rank 0's `train_inner` lines as intervals. An interval covers the updates since the
-    previous line, or since the checkpoint fairseq loaded when it (re)started in between."""
-    out: list[Interval] = []
-    starts = [s + data.time_shift_s for s in data.starts]
-    for r in data.log.of("train_inner"):
-        ups, update = r.get("ups"), r.update
-        if not ups or update is None:
-            continue
-        end = data.when(r)
-        prev = out[-1] if out else None
-        restarted = prev is None or update <= prev.update or any(prev.end < s <= end for s in starts)
-        if restarted:
-            loaded = [u for u in data.log.resumed_from if u < update]
-            base = loaded[-1] if loaded and prev is not None else (loaded[0] if loaded else 0)
-        else:
-            base = prev.update
-        n = max(update - base, 1)
-        step = 1.0 / ups
-        out.append(Interval(update, n, step, end - n * step, end, r.get("wps"), r.get("loss"), r.get("lr")))
-    return out
-
-
-def nic_mbps(sample: dict) -> float:
-    """A sample's NIC throughput: the busier direction, Mbit/s."""
-    return max(float(sample.get("tx_Bps") or 0), float(sample.get("rx_Bps") or 0)) * 8 / 1e6
-
-
-def during(samples: list[dict], spans: list[Interval]) -> list[dict]:
-    return [s for s in samples if any(iv.start <= s["t"] <= iv.end for iv in spans)]
-
-
-def mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def slope(xs: list[float], ys: list[float]) -> float | None:
-    """Least-squares slope of ys over xs (None with fewer than two distinct xs)."""
-    try:
-        return statistics.linear_regression(xs, ys).slope
-    except statistics.StatisticsError:
-        return None
-
-
-def pearson(xs: list[float], ys: list[float]) -> float | None:
-    """Pearson's r (None with fewer than three points, or when either side is constant)."""
-    if len(xs) < 3:
-        return None
-    try:
-        return statistics.correlation(xs, ys)
-    except statistics.StatisticsError:
-        return None
-
-
-def last_part(points: list[tuple[int, float]], fraction: float = 1 / 3, at_least: int = 3) -> list[tuple[int, float]]:
-    """The points in the last `fraction` of the updates they span, at least `at_least` of them."""
-    if not points:
-        return []
-    first, last = points[0][0], points[-1][0]
-    cut = last - (last - first) * fraction
-    part = [p for p in points if p[0] >= cut]
-    return part if len(part) >= at_least else points[-at_least:]
-
-
-def link(data: RunData, expected_mbps: float | None) -> tuple[float | None, str]:
-    """The link rate to compare with: the one `fab train` measured as this run started, else
-    the latest bench-net measurement, else the inventory's."""
-    at_start = data.run.get("link_mbps")
-    if isinstance(at_start, int | float) and at_start > 0:
-        return float(at_start), "measured by iperf3 as this run started"
-    measured = [b for b in data.bench if isinstance(b.get("link_mbps"), int | float) and b["link_mbps"] > 0]
-    if measured:
-        best = max(measured, key=lambda b: str(b.get("timestamp", "")))
-        return float(best["link_mbps"]), f"measured by bench-net (iperf3) {best.get('timestamp', '')}".strip()
-    if expected_mbps:
-        return float(expected_mbps), "the inventory's expected NIC speed (not measured)"
-    return None, "unknown (no bench-net result, no expected speed)"
-
-
-# ---------------------------------------------------------------- answers
 
 
 @dataclass
@@ -381,11 +124,6 @@ def answer_step_time(data: RunData, ivs: list[Interval]) -> Answer:
     return Answer("step_time", "What is the average step time?", text, numbers)
 
 
-def loss_points(data: RunData, kind: str) -> list[tuple[int, float]]:
-    return [(r.update, loss) for r in data.log.of(kind)
-            if r.update is not None and (loss := r.get("loss")) is not None]
-
-
 def answer_improving(data: RunData) -> Answer:
     valid = loss_points(data, "valid")
     q = "Is the model still improving?"
@@ -414,17 +152,6 @@ def answer_improving(data: RunData) -> Answer:
     return Answer("improving", q, text, {"slope_per_1000": per_k, "from_update": part[0][0],
                                          "to_update": part[-1][0], "points": len(part), "last_valid_loss": part[-1][1],
                                          "best_valid_loss": min(p[1] for p in valid)}, verdict)
-
-
-def gaps(data: RunData) -> list[tuple[int, float, float, float]]:
-    """(update, train loss, valid loss, valid − train) at each validation with a train loss before it."""
-    train = loss_points(data, "train_inner")
-    out = []
-    for u, v in loss_points(data, "valid"):
-        before = [t for t in train if t[0] <= u]
-        if before:
-            out.append((u, before[-1][1], v, v - before[-1][1]))
-    return out
 
 
 def answer_overfit(data: RunData) -> Answer:
@@ -498,51 +225,6 @@ def answer_gpus(data: RunData, ivs: list[Interval]) -> Answer:
                                     "absent_hosts": absent, "mfu": used, "gpu_name": name}, verdict)
 
 
-def run_fill(data: RunData) -> float | None:
-    """The run's median logged words an update over the tokens its batches may hold (train.plan.batch.fill):
-    max_tokens and update_freq as the run record has them (derived by fab train), ranks of its hosts."""
-    wpb = [w for r in data.log.of("train_inner") if (w := r.get("wpb"))]
-    run = data.run
-    max_tokens = run.get("max_tokens") or data.options.get("max_tokens")
-    ranks = len(run.get("hosts") or []) * int(run.get("ranks_per_host") or 1)
-    return batch_model.fill(statistics.median(wpb) if wpb else None, max_tokens, run.get("update_freq") or 1, ranks)
-
-
-def run_mfu(data: RunData, ivs: list[Interval], gpus: int) -> tuple[str | None, float | None]:
-    """The GPU's name (run.json's, from the probe; else the monitor's samples) and the run's MFU at its
-    median logged words/s (train.plan.mfu); None where the name or its peak is unknown."""
-    name = data.run.get("gpu_name") or next((g.get("name") for samples in data.samples.values() for s in samples
-                                            for g in s.get("gpus") or [] if g.get("name")), None)
-    wps = [iv.wps for iv in ivs if iv.wps]
-    vocab = (data.corpus or {}).get("vocab_size") or 32000
-    if not wps or not data.options:
-        return name, None
-    return name, flops.of_run(data.options, int(vocab), statistics.median(wps), gpus, name)
-
-
-def nic_usage(data: RunData, ivs: list[Interval]) -> dict[str, dict]:
-    """Per host: mean and peak NIC Mbit/s while training (all samples when none overlaps the log)."""
-    per_host = {}
-    for host, samples in data.samples.items():
-        training = during(samples, ivs)
-        values = [nic_mbps(s) for s in training or samples]
-        if values:
-            per_host[host] = {"mean_mbps": sum(values) / len(values), "peak_mbps": max(values),
-                              "samples": len(values), "while_training": bool(training)}
-    return per_host
-
-
-def step_against_nic(samples: list[dict], ivs: list[Interval]) -> tuple[list[float], list[float]]:
-    """Step time and the host's mean NIC throughput, interval by interval (those with samples)."""
-    xs, ys = [], []
-    for iv in ivs:
-        inside = [nic_mbps(s) for s in samples if iv.start <= s["t"] <= iv.end]
-        if inside:
-            xs.append(iv.step_s)
-            ys.append(sum(inside) / len(inside))
-    return xs, ys
-
-
 def answer_network(data: RunData, ivs: list[Interval], expected_mbps: float | None) -> Answer:
     q = "Was the network the bottleneck?"
     rate, source = link(data, expected_mbps)
@@ -606,17 +288,6 @@ def verdict_line(network: Answer, gpus: Answer) -> str:
         gpu = "no GPU (absent, not 0%)" if gpus.verdict == "absent" else "GPUs not measured"
     joint = "while" if network.verdict == "network-bound" and util is not None else "·"
     return f"{words}: {nic} {joint} {gpu}"
-
-
-def lr_at(update: float, opts: dict) -> float | None:
-    """fairseq's inverse_sqrt learning rate after `update` updates (None for other schedulers)."""
-    if opts.get("lr_scheduler") != "inverse_sqrt" or opts.get("lr") is None:
-        return None
-    lr, warmup = float(opts["lr"]), int(opts.get("warmup_updates") or 0)
-    init = float(opts.get("warmup_init_lr") if opts.get("warmup_init_lr") is not None else (0 if warmup else lr))
-    if warmup and update < warmup:
-        return init + update * (lr - init) / warmup
-    return lr * math.sqrt(warmup / update) if warmup and update > 0 else lr
 
 
 def answer_lr(data: RunData) -> Answer:
@@ -733,7 +404,7 @@ class Analysis:
 def answer_cost(data: RunData) -> Answer | None:
     """What the run has cost and what the idle cluster costs, from cost.json (train.run.idle, written
     by `fab report` with the inventory's prices); None when it was not collected."""
-    figures = _json(data.run_dir / "cost.json")
+    figures = read_json(data.run_dir / "cost.json")
     if figures is None:
         return None
     q = "What has the run cost so far, and what does the cluster cost now?"
@@ -756,7 +427,7 @@ def answer_cost(data: RunData) -> Answer | None:
 def answer_offsite(data: RunData) -> Answer | None:
     """The newest copy off the cluster (--checkpoints-to), from offsite.json (train.run.offsite.summary,
     written by `fab report` from the hosts' keepers); None for a run that copies nothing off the cluster."""
-    copies = _json(data.run_dir / "offsite.json")
+    copies = read_json(data.run_dir / "offsite.json")
     if copies is None:
         return None
     newest = copies.get("newest")

@@ -2,9 +2,9 @@
 
 reports/<run>/ gets logs/<host>.log, samples/<host>.jsonl (from the run's hosts and those it lost,
 where reachable), checkpoints.txt (rank 0's checkpoint directory, `ls -l --time-style=+%s`), corpus.json
-(the dataset's figures), cost.json (train.run.idle: the run's cost so far, the idle cluster's),
-offsite.json (train.run.offsite: the newest copy off the cluster, with --checkpoints-to) and bench/*.json
-(the latest benchmark results on this controller).
+(the dataset's figures), cost.json (the run's cost so far, the idle cluster's) and offsite.json (the
+newest copy off the cluster, with --checkpoints-to), both as the caller had them from the hosts' states
+(train.run.status.for_report), and bench/*.json (the latest benchmark results on this controller).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-from ..cluster import Host, get_whole, on_each, require_reachable
+from ..cluster import Host, get_whole, on_each
 from ..recipe.record import REPORTS, Run
-from ..run import idle, keepers, launch, offsite
 
 
 def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
@@ -55,25 +54,23 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
 
 
 
-def report(run: Run, hosts: list[Host], link_mbps: float | None, console) -> Path:
+def report(run: Run, hosts: list[Host], link_mbps: float | None, console, *, offsite: dict | None,
+           cost: dict) -> Path:
     """`fab report`: collect the run from every host, then its page and the answers, printed.
-    `link_mbps`: the link when no bench-net result exists (default: the inventory's). No host answering
-    raises ClusterError naming them, before anything is written (a report of nothing)."""
+    `link_mbps`: the link when no bench-net result exists (default: the inventory's). `offsite` (None: the
+    run copies nothing off the cluster) and `cost`: what the hosts' states said, written as offsite.json
+    and cost.json (train.run.status.for_report, which asked them, with the run's membership brought up to
+    date)."""
     from .page import build_report
 
-    states = launch.states(run, run.known_of(hosts))
-    if not any(s.reachable for s in states):
-        require_reachable({s.name: s.error or "no answer" for s in states})
-    keepers.sync(run, states)  # the hosts' membership record
-    if (copies := offsite.summary(run, states)) is not None:  # the newest copy off the cluster, as of now
+    if offsite is not None:  # the newest copy off the cluster, as of now
         run.local_dir.mkdir(parents=True, exist_ok=True)
-        (run.local_dir / "offsite.json").write_text(json.dumps(copies, indent=1) + "\n")
+        (run.local_dir / "offsite.json").write_text(json.dumps(offsite, indent=1) + "\n")
     with console.status(f"collecting {run.run_id} from {', '.join(run.hosts)}"):
         problems = collect(run, hosts)
     for name, problem in problems.items():
         console.print(f"[yellow]{name}: {problem}[/]")
-    running = any(s.running for s in launch.states(run, run.hosts_of(hosts)))
-    (run.local_dir / "cost.json").write_text(json.dumps(idle.cost(run, hosts, running).as_dict(), indent=1) + "\n")
+    (run.local_dir / "cost.json").write_text(json.dumps(cost, indent=1) + "\n")
     expected = link_mbps or hosts[0].var("network_expected_mbps")
     with console.status("plots and answers"):
         page, lines = build_report(run.local_dir, float(expected) if expected else None)

@@ -150,7 +150,7 @@ def describe(members: Sequence[dict] | None, last_update: int | None = None) -> 
 
 def time_of_change(change: Change, intervals: Sequence) -> float | None:
     """When the run reached the change's update (unix seconds), from the log's intervals
-    (train.report.answers.Interval: update, updates, step_s, start, end) before tandem acted
+    (train.report.series.Interval: update, updates, step_s, start, end) before tandem acted
     (`change.time`, where known): the first interval that covers it, else the last one before it
     carried on at its pace; else the time tandem acted."""
     before = [iv for iv in intervals if change.time is None or iv.end <= change.time]

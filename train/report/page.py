@@ -8,8 +8,9 @@
         reports/run-.../answers.json  every answer with its numbers
                                    and the few lines `fab report` prints
 
-The inputs and the definitions (step time, "while training", ...) are in `train.report.answers`;
-the figures in `train.report.plots`. From a shell: `python -m train.report.page reports/<run> [link_mbps]`.
+The inputs are read in `train.report.run_data`; the definitions (step time, "while training", ...) are in
+`train.report.series` and `train.report.answers`; the figures in `train.report.plots`. From a shell:
+`python -m train.report.page reports/<run> [link_mbps]`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from train.cluster import rank_layout, ranks_label
 from train.recipe.logformat import format_eta
 from train.report import answers as A
 from train.report import plots
+from train.report.run_data import RunData
 
 # verdict → CSS class of its badge
 BADGES = {
@@ -107,7 +109,7 @@ def host_rows(an: A.Analysis) -> list[dict]:
     return rows
 
 
-def host_doing(d: A.RunData, host: str, done: bool) -> str:
+def host_doing(d: RunData, host: str, done: bool) -> str:
     """A host's last log line, or, for a host after rank 0's that erred in nothing, what it did: it
     logs no update (rank 0 does), so its last line is a PyTorch warning's fragment or `initialized
     host v100b as rank 1`."""

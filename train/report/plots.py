@@ -1,12 +1,15 @@
 """The training report's figures (matplotlib, Agg): one PNG per question, from `train.report.answers`.
 
-Every function takes an `Analysis` and a path, writes the PNG and returns its title. A figure
-with nothing to show still gets drawn, with a sentence saying why (e.g. no GPUs on the hosts),
-so the report's layout never depends on what was measured.
+Every function takes an `Analysis` and a path, writes the PNG and returns its title: `figure` draws
+the skeleton they share (the figure, its title, axis labels and grid, the PNG saved, the figure
+closed), each function only what is on its axes. A figure with nothing to show still gets drawn, with
+a sentence saying why (e.g. no GPUs on the hosts), so the report's layout never depends on what was
+measured.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,21 +19,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from train.report import members  # noqa: E402
-from train.report.answers import Analysis, loss_points, lr_at, nic_mbps  # noqa: E402
+from train.report.answers import Analysis  # noqa: E402
+from train.report.series import loss_points, lr_at, nic_mbps  # noqa: E402
 
 SIZE = (7.0, 3.6)
 DPI = 100
 TRAIN, VALID, NET, STEP = "#1f77b4", "#d62728", "#2ca02c", "#9467bd"
 CHANGE = "#ff7f0e"  # a change of the run's hosts (train.report.members)
-
-
-def _figure(title: str, xlabel: str, ylabel: str):
-    fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
-    ax.set_title(title, fontsize=11)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    return fig, ax
 
 
 def empty_panel(ax, message: str) -> None:
@@ -40,10 +35,28 @@ def empty_panel(ax, message: str) -> None:
     ax.set_yticks([])
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+def figure(title: str, xlabel: str, ylabel: str):
+    """A plot function from what draws on its axes: `draw(an, ax)` returns None, or the sentence an
+    empty panel says when there is nothing to show. The plot function `(an, path) -> title` makes the
+    figure (its title, axis labels, grid), draws, saves the PNG and closes the figure."""
+    def plot_of(draw: Callable[..., str | None]) -> Callable[[Analysis, Path], str]:
+        @functools.wraps(draw)
+        def plot(an: Analysis, path: Path) -> str:
+            fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
+            try:
+                ax.set_title(title, fontsize=11)
+                ax.set_xlabel(xlabel)
+                ax.set_ylabel(ylabel)
+                ax.grid(True, alpha=0.3)
+                if (nothing := draw(an, ax)) is not None:
+                    empty_panel(ax, nothing)
+                fig.tight_layout()
+                fig.savefig(path, dpi=DPI, bbox_inches="tight")
+            finally:
+                plt.close(fig)
+            return title
+        return plot
+    return plot_of
 
 
 def _t0(an: Analysis) -> float:
@@ -94,9 +107,8 @@ def mark_changes(ax, an: Analysis, t0: float | None = None) -> list[tuple[float,
     return drawn
 
 
-def loss(an: Analysis, path: Path) -> str:
-    title = "Train and validation loss"
-    fig, ax = _figure(title, "update", "loss (label-smoothed CE, base 2)")
+@figure("Train and validation loss", "update", "loss (label-smoothed CE, base 2)")
+def loss(an: Analysis, ax) -> str | None:
     train, valid = loss_points(an.data, "train_inner"), loss_points(an.data, "valid")
     if train:
         _plot_segments(ax, train, "-", color=TRAIN, label="train (per log interval)")
@@ -106,14 +118,11 @@ def loss(an: Analysis, path: Path) -> str:
         mark_changes(ax, an)
         ax.legend()
     else:
-        empty_panel(ax, "no loss logged yet")
-    _save(fig, path)
-    return title
+        return "no loss logged yet"
 
 
-def bleu(an: Analysis, path: Path) -> str:
-    title = "BLEU on the test set"
-    fig, ax = _figure(title, "", "SacreBLEU")
+@figure("BLEU on the test set", "", "SacreBLEU")
+def bleu(an: Analysis, ax) -> str | None:
     b = an.data.bleu or {}
     if isinstance(b.get("score"), int | float):
         score = float(b["score"])
@@ -122,14 +131,11 @@ def bleu(an: Analysis, path: Path) -> str:
         ax.annotate(f"{score:.2f}", (0, score), ha="center", va="bottom", xytext=(0, 4), textcoords="offset points",
                     fontsize=12)
     else:
-        empty_panel(ax, "not evaluated (no bleu.json): run `fab evaluate`")
-    _save(fig, path)
-    return title
+        return "not evaluated (no bleu.json): run `fab evaluate`"
 
 
-def learning_rate(an: Analysis, path: Path) -> str:
-    title = "Learning rate"
-    fig, ax = _figure(title, "update", "learning rate")
+@figure("Learning rate", "update", "learning rate")
+def learning_rate(an: Analysis, ax) -> str | None:
     opts = an.data.options
     points = [(iv.update, iv.lr) for iv in an.intervals if iv.lr is not None]
     last = max([p[0] for p in points], default=0)
@@ -146,14 +152,11 @@ def learning_rate(an: Analysis, path: Path) -> str:
     if points or lr_at(1, opts) is not None:
         ax.legend()
     else:
-        empty_panel(ax, "no learning rate logged")
-    _save(fig, path)
-    return title
+        return "no learning rate logged"
 
 
-def step_time(an: Analysis, path: Path) -> str:
-    title = "Seconds per update"
-    fig, ax = _figure(title, "update", "s / update (1 / ups per log interval)")
+@figure("Seconds per update", "update", "s / update (1 / ups per log interval)")
+def step_time(an: Analysis, ax) -> str | None:
     ivs = an.intervals
     if ivs:
         _plot_segments(ax, [(iv.update, iv.step_s) for iv in ivs], "o-", color=STEP, ms=3)
@@ -163,28 +166,22 @@ def step_time(an: Analysis, path: Path) -> str:
         mark_changes(ax, an)
         ax.legend()
     else:
-        empty_panel(ax, "no train_inner lines logged")
-    _save(fig, path)
-    return title
+        return "no train_inner lines logged"
 
 
-def words_per_second(an: Analysis, path: Path) -> str:
-    title = "Words per second"
-    fig, ax = _figure(title, "update", "target words / s (all ranks)")
+@figure("Words per second", "update", "target words / s (all ranks)")
+def words_per_second(an: Analysis, ax) -> str | None:
     points = [(iv.update, iv.wps) for iv in an.intervals if iv.wps is not None]
     if points:
         _plot_segments(ax, points, "o-", color=TRAIN, ms=3)
         ax.set_ylim(bottom=0)
         mark_changes(ax, an)
     else:
-        empty_panel(ax, "no words per second logged")
-    _save(fig, path)
-    return title
+        return "no words per second logged"
 
 
-def gpu_utilization(an: Analysis, path: Path) -> str:
-    title = "GPU utilization per GPU per host"
-    fig, ax = _figure(title, "minutes since start", "utilization (%)")
+@figure("GPU utilization per GPU per host", "minutes since start", "utilization (%)")
+def gpu_utilization(an: Analysis, ax) -> str | None:
     t0, drawn = _t0(an), False
     absent = []
     for host, samples in sorted(an.data.samples.items()):
@@ -204,11 +201,9 @@ def gpu_utilization(an: Analysis, path: Path) -> str:
         if absent:
             ax.text(0.01, 0.02, f"no GPU on {', '.join(absent)}", transform=ax.transAxes, fontsize=9)
     elif an.data.samples:
-        empty_panel(ax, f"no GPUs on these hosts ({', '.join(absent)}):\nNVML absent, utilization not measured")
+        return f"no GPUs on these hosts ({', '.join(absent)}):\nNVML absent, utilization not measured"
     else:
-        empty_panel(ax, "no samples collected")
-    _save(fig, path)
-    return title
+        return "no samples collected"
 
 
 def mark_link(ax, rate: float | None, peak: float, color: str) -> None:
@@ -226,9 +221,8 @@ def mark_link(ax, rate: float | None, peak: float, color: str) -> None:
     ax.set_ylim(0, top)
 
 
-def nic_throughput(an: Analysis, path: Path) -> str:
-    title = "NIC throughput per host"
-    fig, ax = _figure(title, "minutes since start", "Mbit/s")
+@figure("NIC throughput per host", "minutes since start", "Mbit/s")
+def nic_throughput(an: Analysis, ax) -> str | None:
     t0 = _t0(an)
     peak = 0.0
     for host, samples in sorted(an.data.samples.items()):
@@ -246,14 +240,11 @@ def nic_throughput(an: Analysis, path: Path) -> str:
         mark_link(ax, rate, peak, "#444444")
         ax.legend(fontsize=8)
     else:
-        empty_panel(ax, "no samples collected")
-    _save(fig, path)
-    return title
+        return "no samples collected"
 
 
-def timeline(an: Analysis, path: Path) -> str:
-    title = "Step time and NIC throughput over time"
-    fig, ax = _figure(title, "minutes since start", "s / update")
+@figure("Step time and NIC throughput over time", "minutes since start", "s / update")
+def timeline(an: Analysis, ax) -> str | None:
     t0 = _t0(an)
     ivs = an.intervals
     net = an.get("network")
@@ -282,9 +273,7 @@ def timeline(an: Analysis, path: Path) -> str:
         ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], fontsize=8, loc="upper center",
                   bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     else:
-        empty_panel(ax, "no step times or samples")
-    _save(fig, path)
-    return title
+        return "no step times or samples"
 
 
 # file name → (figure function, caption) in page order; bleu.png only when evaluated

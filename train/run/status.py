@@ -240,6 +240,22 @@ def show(run: Run, hosts: list[Host], console, as_json: bool = False) -> None:
     require_reachable(lost)
 
 
+def for_report(run: Run, hosts: list[Host]) -> tuple[dict | None, dict]:
+    """`fab report`'s question to every host, before it collects their files: the run record brought up to
+    the keepers' membership (the hosts it collects from), then the newest copy off the cluster
+    (train.run.offsite.summary; None for a run that copies nothing off it) and the run's cost with the
+    idle cluster's (train.run.idle.cost; running: a rank of the run's hosts runs), as JSON objects. No host
+    answering raises ClusterError naming them, before anything is written (a report of nothing)."""
+    from . import keepers  # keepers builds on launch, as this module does
+
+    states = launch.states(run, run.known_of(hosts))
+    if not any(s.reachable for s in states):
+        require_reachable({s.name: s.error or "no answer" for s in states})
+    keepers.sync(run, states)  # the hosts' membership record
+    running = any(s.running for s in states if s.name in run.hosts)
+    return offsite.summary(run, states), idle.cost(run, hosts, running).as_dict()
+
+
 def show_logs(run: Run, hosts: list[Host], lines: int, console) -> None:
     """`fab logs`: the last lines of every host's training log, a rule between hosts. Raises naming
     the hosts that could not be reached."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..agent.keeper.generation import change_line
 from ..cluster import ranks_label
 from ..recipe.logformat import progress
-from ..report import answers
+from ..report import answers, series
 from .feed import Reading
 
 WINDOW_S = 30.0  # the verdict's window: long enough for several samples, short enough to follow a cap
@@ -109,14 +109,14 @@ def build(run: dict, readings: list[Reading], now: float, link_mbps: float | Non
     recent = {r.name: [s for s in r.samples if s["t"] >= newest - window_s] for r in readings}
     rank0 = readings[0]
     data = answers.from_texts(run, {rank0.name: rank0.log_lines[-LOG_LINES:]}, {n: s for n, s in recent.items() if s})
-    ivs = answers.intervals(data)
+    ivs = series.intervals(data)
     net = answers.answer_network(data, ivs, link_mbps)
     gpus = answers.answer_gpus(data, ivs)
     step = answers.answer_step_time(data, ivs)
     p = progress(data.log, data.options.get("max_update") or data.log.max_update)
-    rate, source = answers.link(data, link_mbps)
+    rate, source = series.link(data, link_mbps)
     run_row = RunRow(p.update, p.max_update, p.loss, ivs[-1].step_s if ivs else None, step.numbers.get("median_s"),
-                     p.wps, p.eta_seconds, p.finished, answers.run_fill(data))
+                     p.wps, p.eta_seconds, p.finished, series.run_fill(data))
     hosts = [host_row(r, now) for r in readings]
     return Screen(str(run.get("run_id", "?")), now, rate, source, hosts, run_row,
                   answers.verdict_line(net, gpus) if data.samples else "waiting for samples",

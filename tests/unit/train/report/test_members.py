@@ -12,8 +12,8 @@ import pytest
 
 from train.report import answers as A
 from train.report import members, plots
-from train.report.answers import Interval
 from train.report.page import build_report
+from train.report.series import Interval
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "report"
 

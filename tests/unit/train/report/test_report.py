@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from train.recipe.logformat import parse_log
 from train.report import answers as A
-from train.report import plots
+from train.report import plots, run_data, series
 from train.report.page import build_report
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "report"
@@ -36,7 +37,7 @@ def write_samples(run_dir: Path, mbps_at, gpus=None, period: float = 2.0) -> Non
     """A sampler file per host, every `period` s from before the log's first line to after its
     last; `mbps_at(interval or None)` gives the NIC throughput (tx, rx slightly less)."""
     data = A.load(run_dir)
-    ivs = A.intervals(data)
+    ivs = series.intervals(data)
     lo, hi = min(data.log_times), max(data.log_times)
     (run_dir / "samples").mkdir(exist_ok=True)
     for host in data.hosts:
@@ -131,7 +132,7 @@ def test_learning_rate_schedule_from_the_config_matches_the_logged_one():
     lr = an.get("lr")
     assert lr.numbers["peak_lr"] == 0.007 and lr.numbers["peak_update"] == 100
     for iv in an.intervals:
-        assert A.lr_at(iv.update, an.data.options) == pytest.approx(iv.lr, rel=1e-4)
+        assert series.lr_at(iv.update, an.data.options) == pytest.approx(iv.lr, rel=1e-4)
     assert "inverse_sqrt" in lr.answer and "100 updates" in lr.answer
 
 
@@ -147,7 +148,7 @@ def test_corpus_checkpoints_and_bleu():
 
 def test_checkpoint_listing_format():
     text = "total 8\n-rw-r--r-- 1 root root 3662769 1795335330 checkpoint_best.pt\ndrwxr-xr-x 2 root root 4096 1 sub\n"
-    assert A.parse_checkpoints(text) == [A.Checkpoint("checkpoint_best.pt", 3662769, 1795335330)]
+    assert run_data.parse_checkpoints(text) == [run_data.Checkpoint("checkpoint_best.pt", 3662769, 1795335330)]
 
 
 def test_a_capped_link_is_network_bound(report):
@@ -239,7 +240,7 @@ def test_overfitting_is_caught():
     lines = []
     for i, u in enumerate(range(100, 700, 100)):
         lines += [line("train_inner", u, 4.0 - 0.3 * i), line("valid", u, 4.0 - 0.2 * i if i < 3 else 3.6 + 0.1 * i)]
-    data = A.RunData(Path("."), {}, ["a"], {}, A.parse_log(lines), {}, [], [], None, {}, [], None, None, None)
+    data = run_data.RunData(Path("."), {}, ["a"], {}, parse_log(lines), {}, [], [], None, {}, [], None, None, None)
     assert A.answer_overfit(data).verdict == "overfitting"
     assert A.answer_improving(data).verdict == "worse"
 
@@ -350,7 +351,7 @@ def test_the_step_time_answer_says_the_fill_beside_words_a_second():
     run = {"run_id": "r", "hosts": ["a", "b"], "preset": "transformer_wmt_en_de", "max_tokens": 4096,
            "update_freq": 2}
     data = A.from_texts(run, {"a": [line.format(u=u) for u in (10, 20, 30)]}, {})
-    said = A.answer_step_time(data, A.intervals(data))
+    said = A.answer_step_time(data, series.intervals(data))
     assert said.numbers["fill"] == pytest.approx(14000 / (4096 * 2 * 2))
     assert "28,000 words/s at fill 0.85" in said.answer, said.answer
 

@@ -108,14 +108,14 @@ def test_the_compact_line_under_the_progress_bar():
 
 def test_the_verdict_is_the_reports():
     """The same answers as `fab report` over the window: network-bound by the same definition."""
-    from train.report import answers
+    from train.report import answers, series
 
     now = at("2026-11-23 02:13:30")
     run, readings = cpu_run(now)
     shown = screen.build(run, readings, now)
     recent = {r.name: [s for s in r.samples if s["t"] >= now - screen.WINDOW_S] for r in readings}
     data = answers.from_texts(run, {"v100a": readings[0].log_lines}, recent)
-    net = answers.answer_network(data, answers.intervals(data), None)
+    net = answers.answer_network(data, series.intervals(data), None)
     assert net.verdict == "network-bound"
     assert f"NIC at {net.numbers['mean_share']:.0%} of the 9.5 Mbit/s link" in shown.verdict
 

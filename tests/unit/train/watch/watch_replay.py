@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from train.report.answers import read_samples
+from train.report.run_data import read_samples
 from train.watch.feed import Reading
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
