@@ -20,33 +20,12 @@ from train.cli import options
 from train.cli import version as tandem_version
 from train.cli.executor import bad_input_exits_2, cluster_task, console, errors, known_hosts, task
 from train.hosts.remote import venv_of
-from train.recipe import strategies
 from train.run import launch, logtail, offsite, pick, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
 
 bad_input_exits_2(fabric.main.program)  # an unknown option is bad input too: exit 2, as a bad value
-
-# The help of the options several tasks share, said once (each task's help= takes its own from here).
-_COMM = strategies.syntax().replace("[:H]", ":H").replace("[:R]", ":R")
-HELP = {
-    "preset": "the model: tiny (default; lab, CPU), transformer_wmt_en_de (base), transformer_vaswani_wmt_en_de_big",
-    "set": "fairseq option overrides, comma-separated: --set max_update=300000,lr=0.001",
-    "dataset": "dataset on /data/tandem/datasets (default synthetic)",
-    "precision": "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and all-reduce in; "
-                 "default fp16 on GPU hosts, fp32 on CPU hosts",
-    "port": "rendezvous port on the first host (default 29500); the run's generations take turns on PORT..PORT+3, "
-            "inside the firewall's rendezvous ports (network_firewall_ports: 29500-29510 by default)",
-    "comm": f"how ranks share updates: {_COMM} (train/recipe/strategies: one module each), or auto (the least "
-            "invasive that reaches 90% on the measured link; see fab predict)",
-    "comm_list": f"communication strategies, comma-separated, one training job each: {_COMM}",
-}
-
-
-def shared(*names: str, **own: str) -> dict[str, str]:
-    """A task's help: the shared options' (HELP), then its own."""
-    return {**{name: HELP[name] for name in names}, **own}
 
 
 @task
@@ -80,9 +59,9 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
     prepare(hosts, console, name=name, source=source, wmt16=wmt16, vocab_size=vocab_size, lines=lines)
 
 
-@task(help=shared("set", "precision", "port", "comm", **{
-    "preset": HELP["preset"] + "; a resumed run keeps its own (another one: --new)",
-    "dataset": HELP["dataset"] + "; a resumed run keeps its own (another one: --new)",
+@task(help={
+    "preset": options.PRESET.help + "; a resumed run keeps its own (another one: --new)",
+    "dataset": options.DATASET.help + "; a resumed run keeps its own (another one: --new)",
     "run": "run id (default: the latest run, resumed from its last checkpoint)",
     "new": "start a new run even if the latest can be resumed",
     "update_freq": "gradient accumulation: updates every K batches (divides traffic per sample by K); default: "
@@ -110,10 +89,10 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
                       "a resumed run keeps its own, off drops it",
     "checkpoints_every": "minutes between checkpoint_last's copies off the cluster (default 30; checkpoint_best "
                          "goes when it changes)",
-}))
+})
 @cluster_task(checks=[options.hosts_described, options.resumable_run, options.precision_fits_hosts],
-              preset=options.preset, set=options.overrides, dataset=options.name, run=options.name,
-              update_freq=options.whole(1), precision=options.precision, port=options.port, comm=options.comm,
+              preset=options.PRESET, set=options.SET, dataset=options.DATASET, run=options.name,
+              update_freq=options.whole(1), precision=options.PRECISION, port=options.PORT, comm=options.COMM,
               backup=options.backup, replace=options.replacement, checkpoints_to=options.checkpoints_to,
               checkpoints_every=options.minutes)
 def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
@@ -244,18 +223,18 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
             threshold=threshold, port=port, nccl_sockets=nccl_sockets, say=_say)
 
 
-@task(help=shared("preset", "set", "dataset", "precision", "port", **{
+@task(help={
     "rates": "tc rates to cap the cluster link at, comma-separated (default 10mbit,100mbit,1gbit,none)",
     "updates": "updates measured per rate and cycle (default 8)",
     "cycles": "times the rates are gone through, interleaved in one run (default 2)",
     "skip": "updates after each cap change left out, to settle (default 1)",
-    "comm": HELP["comm_list"] + " (default sync), or auto (fab train's pick at each capped rate); several are "
-            "compared side by side at the end",
-}))
+    "comm": options.COMM_LIST.help + " (default sync), or auto (fab train's pick at each capped rate); several "
+            "are compared side by side at the end",
+})
 @cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset], rates=options.rates,
-              preset=options.preset, set=options.overrides_text, dataset=options.name, updates=options.whole(1),
-              cycles=options.whole(1), skip=options.whole(0), port=options.port, precision=options.precision,
-              comm=options.comm_list)
+              preset=options.PRESET, set=options.SET_TEXT, dataset=options.DATASET, updates=options.whole(1),
+              cycles=options.whole(1), skip=options.whole(0), port=options.PORT, precision=options.PRECISION,
+              comm=options.COMM_LIST)
 def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
                updates=8, cycles=2, skip=1, port=29500, precision=None, comm="sync"):
     """Train on all hosts while capping the link at each rate (tc): s/update, wps, bytes sent; table + plot."""
@@ -265,7 +244,7 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
              skip=skip, port=port, precision=precision, comm=comm, say=_say)
 
 
-@task(help=shared("preset", "set", "comm", **{
+@task(help={
     "dataset": "dataset whose dictionary sizes the embeddings (default synthetic)",
     "link": "measure (iperf3 now), bench (latest fab bench-net) or Mbit/s (default measure)",
     "compute_s": "compute-only s per batch of the derived max_tokens (default: the latest fab bench-step of the "
@@ -279,11 +258,11 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "json": "print the figures as JSON",
     "run": "price what is left of this run (its preset, options and strategy; from its newest known update, e.g. "
            "after --resume-from) on --hosts; the other model options are then its own",
-}))
-@cluster_task(checks=[options.overrides_fit_preset], preset=options.preset, set=options.overrides_text,
+})
+@cluster_task(checks=[options.overrides_fit_preset], preset=options.PRESET, set=options.SET_TEXT,
               dataset=options.name, link=options.link, compute_s=options.seconds, precision=options.precision,
               update_freq=options.whole(1), max_update=options.whole(1), overlap=options.fraction,
-              comm=options.comm, run=options.name)
+              comm=options.COMM, run=options.name)
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
             precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync", run=None):
     """Predict s/update, hours and dollars of every host subset x --comm, and say the verdict.
@@ -331,17 +310,17 @@ def _quality_entries(text):
     return text
 
 
-@task(help=shared("preset", "dataset", "precision", "port", **{
-    "comm": HELP["comm_list"] + ", update-freq:K; sync always runs first, the reference (default "
+@task(help={
+    "comm": options.COMM_LIST.help + ", update-freq:K; sync always runs first, the reference (default "
             "sync,fp16,local-sgd:16)",
-    "set": HELP["set"] + " (not max_update: --updates sets it)",
+    "set": options.SET.help + " (not max_update: --updates sets it)",
     "updates": "updates of every run, rounded up to a multiple of each H and K (update-freq:K runs N/K; default 300)",
     "bleu": "also translate the test set with each final model (SacreBLEU, as fab evaluate); --no-bleu: loss only",
     "timeout": "seconds each run may take (default 3600)",
-}))
+})
 @cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset], comm=_quality_entries,
-              preset=options.preset, set=options.overrides_text, dataset=options.name, updates=options.whole(1),
-              port=options.port, precision=options.precision, timeout=options.seconds)
+              preset=options.PRESET, set=options.SET_TEXT, dataset=options.DATASET, updates=options.whole(1),
+              port=options.PORT, precision=options.PRECISION, timeout=options.seconds)
 def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=None, dataset="synthetic",
                   updates=300, port=29500, precision=None, bleu=True, timeout=3600):
     """Train once per strategy for the same samples: final valid loss (and BLEU) against sync's; table + JSON."""

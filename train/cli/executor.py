@@ -26,6 +26,7 @@ from rich.text import Text
 from ..cluster import UNREACHABLE, ClusterError, Host, select
 from ..errors import BAD_INPUT, FAILED, REFUSED, OptionError, Refused
 from ..onboard import inventory
+from .options import Option
 
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)  # bad input: one line on stderr
@@ -43,7 +44,9 @@ class TandemTask(fabric.tasks.Task):
     traceback; the task's parsers (train.cli.options) convert it instead, and say what they accept."""
 
     def __init__(self, body, **kwargs):
-        super().__init__(body, **{**kwargs, "auto_shortflags": False})
+        shared = getattr(body, "shared_help", {})  # its shared options' (cluster_task), before its own
+        super().__init__(body, **{**kwargs, "help": {**shared, **(kwargs.get("help") or {})},
+                                  "auto_shortflags": False})
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
@@ -108,7 +111,8 @@ def cluster_hosts(c) -> list[Host]:
 
 def cluster_task(body=None, /, *, checks=(), **parsers):
     """Run the task body once for all selected hosts, its options checked first: each named in
-    `parsers` converted by its parser (train.cli.options), then every check(hosts, values) of `checks`.
+    `parsers` converted by its parser (train.cli.options), then every check(hosts, values) of `checks`;
+    a parser that is a shared option (train.cli.options.Option) gives the task its help too (TandemTask).
     Ends the task with its exit status (train.errors): 2 for bad input, before any host is reached,
     3 for a refusal an --accept-... option overrides, 1 for any other ClusterError, and 1 for a host
     its SSH connection could not reach (train.cluster.HostConnection), in one line with the fix."""
@@ -118,6 +122,10 @@ def cluster_task(body=None, /, *, checks=(), **parsers):
     params = list(signature.parameters.values())
     if unknown := set(parsers) - set(signature.parameters):
         raise TypeError(f"{body.__name__} has no option {', '.join(sorted(unknown))} to parse")
+    shared = {key: p for key, p in parsers.items() if isinstance(p, Option)}
+    if misplaced := [f"--{key} given --{p.name}'s" for key, p in shared.items() if p.name != key]:
+        raise TypeError(f"{body.__name__}: {', '.join(misplaced)}: a shared option parses its own name only")
+    parsers = {key: p.parse if isinstance(p, Option) else p for key, p in parsers.items()}
 
     @functools.wraps(body)
     def wrapper(c, *args, **kwargs):
@@ -154,6 +162,7 @@ def cluster_task(body=None, /, *, checks=(), **parsers):
 
     # Fabric reads the task's options from its signature: hide the `hosts` we pass in.
     wrapper.__signature__ = signature.replace(parameters=[params[0], *params[2:]])
+    wrapper.shared_help = {key: p.help for key, p in shared.items()}
     return wrapper
 
 

@@ -8,12 +8,15 @@ first and says a failure in one line, exit 2 (train.errors):
     error: --update-freq: expected a whole number >= 1, got 'x'
 
 The parsers reuse tandem's own where one exists (--comm, --set, --backup, tc rates, buffer sizes).
+An option several tasks share is one `Option` here, its help beside its parser (PRESET, COMM, ...):
+a task that names it among cluster_task's parsers gets both.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import hostvars
@@ -216,6 +219,37 @@ def link(value: object) -> str:
     except ValueError:
         raise Expected("measure, bench or a speed in Mbit/s", value) from None
     return text
+
+
+# ---- the options several tasks share: each declared once, its help (fab --help TASK) with its parser ----
+
+
+@dataclass(frozen=True)
+class Option:
+    """An option several tasks take. Named among a task's cluster_task parsers (train.cli.executor), it gives
+    the task its parser and its help; the task's own help= may say more (`PRESET.help + "; ..."`)."""
+
+    name: str  # the task's parameter it is (--name, `_` written `-`)
+    help: str
+    parse: Parser
+
+
+_STRATEGIES = strategies.syntax().replace("[:H]", ":H").replace("[:R]", ":R")
+
+PRESET = Option("preset", "the model: tiny (default; lab, CPU), transformer_wmt_en_de (base), "
+                          "transformer_vaswani_wmt_en_de_big", preset)
+SET = Option("set", "fairseq option overrides, comma-separated: --set max_update=300000,lr=0.001", overrides)
+SET_TEXT = replace(SET, parse=overrides_text)  # the benchmarks pass --set on as text
+DATASET = Option("dataset", "dataset on /data/tandem/datasets (default synthetic)", name)
+PRECISION = Option("precision", "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and "
+                                "all-reduce in; default fp16 on GPU hosts, fp32 on CPU hosts", precision)
+PORT = Option("port", "rendezvous port on the first host (default 29500); the run's generations take turns on "
+                      "PORT..PORT+3, inside the firewall's rendezvous ports (network_firewall_ports: 29500-29510 "
+                      "by default)", port)
+COMM = Option("comm", f"how ranks share updates: {_STRATEGIES} (train/recipe/strategies: one module each), or "
+                      "auto (the least invasive that reaches 90% on the measured link; see fab predict)", comm)
+COMM_LIST = Option("comm", f"communication strategies, comma-separated, one training job each: {_STRATEGIES}",
+                   comm_list)
 
 
 # ---- checks of several options at once, or of options and hosts: check(hosts, values) ----

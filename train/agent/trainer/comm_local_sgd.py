@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+SYNC_UPDATES_VARIABLE = "TANDEM_LOCAL_SGD_SYNC_UPDATES"  # updates averaged as sync's first, 0 or unset: none
+
 
 def install() -> None:
     local_sgd_state_in_checkpoints()
@@ -94,7 +96,7 @@ def local_sgd_synchronous_start() -> None:
     applies the loss scale and 1/sample size lazily (its `_multiply_factor`, its own on each rank),
     so the master gradients are unscaled first; averaging the scaled ones had each rank then divide
     by its own factor, and the ranks' steps and Adam states differed."""
-    until = int(os.environ.get("TANDEM_LOCAL_SGD_SYNC_UPDATES") or 0)
+    until = int(os.environ.get(SYNC_UPDATES_VARIABLE) or 0)
     if until <= 0:
         return
     from fairseq.optim.bmuf import FairseqBMUF
@@ -298,7 +300,7 @@ def weights_logged_at_syncs() -> None:
     import torch.distributed as dist
     from fairseq.trainer import Trainer
 
-    until = int(os.environ.get("TANDEM_LOCAL_SGD_SYNC_UPDATES") or 0)
+    until = int(os.environ.get(SYNC_UPDATES_VARIABLE) or 0)
     train_step = Trainer.train_step
 
     def step_and_log(self, *args, **kwargs):

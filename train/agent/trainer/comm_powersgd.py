@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-VARIABLE = "TANDEM_POWERSGD"
+VARIABLE = "TANDEM_POWERSGD"  # RANK:START, as train.recipe.strategies.powersgd sets it
 
 
 def settings(text: str) -> tuple[int, int]:

@@ -28,7 +28,8 @@ from .registry import register
 DEFAULT_PERIOD = 16
 OUTER_STEP_OPTIONS = ("block_momentum", "block_lr")  # fairseq's BMUF options (--set), dropped for the others
 SYNC_UPDATES_OPTION = "local_sgd_sync_updates"  # tandem's own (--set), never passed to fairseq
-SYNC_UPDATES_VARIABLE = "TANDEM_LOCAL_SGD_SYNC_UPDATES"  # train.agent.trainer.comm_local_sgd
+# = train.agent.trainer.comm_local_sgd's (the hosts read it); recipe may not import train.agent: a test holds them equal
+SYNC_UPDATES_VARIABLE = "TANDEM_LOCAL_SGD_SYNC_UPDATES"
 
 
 def sync_start(options: Mapping[str, object]) -> int:

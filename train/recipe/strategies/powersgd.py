@@ -25,7 +25,8 @@ from .registry import register
 DEFAULT_RANK = 4
 MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed only where that gains 2x
 START_OPTION = "powersgd_start_updates"  # tandem's own (--set), never passed to fairseq
-VARIABLE = "TANDEM_POWERSGD"  # RANK:START, read by train.agent.trainer.comm_powersgd
+# = train.agent.trainer.comm_powersgd's (the hosts read it); recipe may not import train.agent: a test holds them equal
+VARIABLE = "TANDEM_POWERSGD"  # RANK:START
 MIN_START = 2  # torch: error feedback needs start_powerSGD_iter > 1
 
 

@@ -1,6 +1,6 @@
-"""The strategies by name: `register` (one per module, duplicates refused), `parse` (the `--comm` text
-once into a typed value), and `ladder` (the one order `--comm auto`, fab predict's comparison and
-bench-step's auto all try them in)."""
+"""The strategies by name: `register` (one per module, Strategy's subclasses only, duplicates refused),
+`parse` (the `--comm` text once into a typed value), and `ladder` (the one order `--comm auto`, fab
+predict's comparison and bench-step's auto all try them in)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ UPDATE_FREQ = "update-freq"
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     """A class decorator: the strategy known by its `name`."""
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"register takes a subclass of {Strategy.__module__}.Strategy, not {cls!r}")
     if not cls.name or cls.name in _REGISTRY or cls.name in ("auto", UPDATE_FREQ):
         raise ValueError(f"a strategy needs a name of its own, not {cls.name!r}")
     _REGISTRY[cls.name] = cls

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from train.cli import options
-from train.cli.executor import cluster_task
+from train.cli.executor import cluster_task, task
 from train.cluster import ClusterError, Host
 from train.errors import OptionError, Refused
 from train.recipe import strategies
@@ -127,6 +127,22 @@ def test_a_parser_that_raises_anything_else_is_still_one_line_about_its_option(c
 
     assert ended(body, context, when="soon") == 2
     assert capsys.readouterr().err == "error: --when: invalid literal for int() with base 10: 'soon'\n"
+
+
+def test_a_shared_option_gives_a_task_its_help_with_its_parser(context):
+    """One declaration (train.cli.options.Option): a task naming it parses with it and `fab --help TASK` says
+    its help; the task's own help= may say more; it parses the parameter of its name only."""
+    @task(help={"dataset": options.DATASET.help + "; the run's own", "lines": "lines per host"})
+    @cluster_task(port=options.PORT, dataset=options.DATASET, precision=options.PRECISION, lines=options.whole(1))
+    def body(c, hosts, port=29500, dataset=None, precision=None, lines=1):
+        return port, dataset
+
+    assert body.help == {"port": options.PORT.help, "precision": options.PRECISION.help,
+                         "dataset": options.DATASET.help + "; the run's own", "lines": "lines per host"}
+    assert body.body(context, port="29600", dataset="wmt16") == (29600, "wmt16")
+    assert ended(body.body, context, port="0") == 2
+    with pytest.raises(TypeError, match="--port given --comm's"):
+        cluster_task(port=options.COMM)(lambda c, hosts, port=None: None)
 
 
 def test_train_refuses_a_network_bound_run_with_the_refusal_exit_3_means(monkeypatch):
