@@ -35,6 +35,17 @@ TRAIN_LAYERS = {"train.recipe": ("train.run", "train.plan", "train.report", "tra
                 "train.report": ("train.run", "train.watch"),
                 "train.watch": ("train.run", *REPORT_PAGE),
                 "train.run": REPORT_PAGE}
+# Around them: the controller's reach into its hosts (train.hosts: paths, the agent's command lines, copies
+# host to host) sits below everything; what provisioning runs on the controller (train.provision) and
+# `fab init` (train.onboard) use no run, watch or report; the CLI every task shares (train.cli: the
+# executor, the options' declarations) is the top of train/, reached from fabfile and benchmarks only.
+ABOVE_ALL = ("train.cli",)
+TRAIN_LAYERS = {**{package: (*above, *ABOVE_ALL) for package, above in TRAIN_LAYERS.items()},
+                "train.hosts": ("train.recipe", "train.data", "train.plan", "train.report", "train.watch",
+                                "train.run", "train.onboard", "train.provision", *ABOVE_ALL),
+                "train.provision": ("train.data", "train.plan", "train.report", "train.watch", "train.run",
+                                    "train.onboard", *ABOVE_ALL),
+                "train.onboard": ("train.report", "train.watch", "train.provision", *ABOVE_ALL)}
 AGENT = "train.agent"  # runs on the hosts: with train/__init__, the only tandem code there (roles/train_env)
 # Tests import no `_name` of any tandem module, nor reach one by attribute
 # (`fabfile._pick_run(...)`, `plots._x`, `monkeypatch.setattr("fabfile._x", ...)`).
