@@ -61,7 +61,7 @@ unit: test-setup
 test: test-setup lint  ## everything, the lab included, but the speed targets (make bench-targets)
 	@.venv/bin/pytest -m "not sweep and not own_lab"
 
-test-labs: test-setup  ## the tests that bring up labs of their own: three hosts, every VM gone, Debian 13 hosts (~25 min)
+test-labs: test-setup  ## the tests that bring up labs of their own beyond make test's: the older three-host runs, every VM gone, Debian 13 hosts (~20 min)
 	@.venv/bin/pytest -m own_lab
 
 bench-targets: test-setup  ## the benchmarks' targets on the lab, the step-time sweeps and the all_reduce bandwidth included (~17 min)
