@@ -41,7 +41,7 @@ def test_a_checkpoint_goes_whole_to_an_sftp_target_and_comes_back_checked(sftp_t
     made = ssh(cfg, "v100a", f"mkdir -p {RUN_DIR} && head -c 20000000 /dev/urandom > {RUN_DIR}/checkpoint_last.pt "
                              f"&& sha256sum {RUN_DIR}/checkpoint_last.pt")
     local_sum = made.stdout.split()[0]
-    upload = (f"from pathlib import Path; from train.agent import offsite_copies as c, offsite_target as t; "
+    upload = (f"from pathlib import Path; from train.agent.offsite import copies as c, target as t; "
               f"c.upload(t.parse({url!r}), 'sftp-test', 'last', 40, "
               f"{{'checkpoint_last.pt': Path({RUN_DIR!r}) / 'checkpoint_last.pt'}})")
     uploaded = ssh(cfg, "v100a", f"{PYTHON} -c {shlex.quote(upload)}")

@@ -101,7 +101,7 @@ def test_a_node_rank_beyond_the_hosts_is_refused():
 def test_a_host_with_several_gpus_measures_them_alone_first():
     """Two ranks on one 'host' (gloo on CPU stands in for NCCL over NVLink): the intra-host figure
     comes back as an INTRA line, with every rank's sum checked."""
-    code = ("from train.agent import allreduce; "
+    code = ("from train.agent.measure import allreduce; "
             f"a = allreduce.parser().parse_args(['--sizes', '1M', '--iters', '2', '--backend', 'gloo', "
             f"'--master-port', '{free_port()}', '--timeout', '30', '--json', '/nonexistent/x.json']); "
             "allreduce.measure_intra_host(2, a)")

@@ -166,7 +166,7 @@ def test_the_uploader_streams_a_large_checkpoint_in_flat_memory(s3, tmp_path):
     this process) stays far below the file's size."""
     source = files(tmp_path / "src", 30, 400 << 20)
     upload_job(tmp_path / "run", s3, source, 30)
-    code = ("import sys; from train.agent import offsite; rc = offsite.main(sys.argv[1:]); "
+    code = ("import sys; from train.agent.offsite import upload as offsite; rc = offsite.main(sys.argv[1:]); "
             "import re, pathlib; status = pathlib.Path('/proc/self/status').read_text(); "
             "print('maxrss_kb', re.search(r'VmHWM:\\s+(\\d+)', status).group(1)); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, "upload", "--run", str(tmp_path / "run")],

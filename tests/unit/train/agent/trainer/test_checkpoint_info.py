@@ -35,7 +35,8 @@ def test_the_update_epoch_and_place_are_read_without_torch(tmp_path):
     path = tmp_path / "checkpoint_last.pt"
     fairseq_checkpoint(path, updates=1234, epoch=3, iterations=57)
     # a fresh interpreter: the answer comes without importing torch (the controller's too)
-    out = subprocess.run([sys.executable, "-c", "import json, sys; from train.agent import checkpoint_info as c; "
+    out = subprocess.run([sys.executable, "-c", "import json, sys; "
+                          "from train.agent.trainer import checkpoint_info as c; "
                           f"print(json.dumps(c.read(c.Path({str(path)!r})))); print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout.splitlines()
     said = json.loads(out[0])

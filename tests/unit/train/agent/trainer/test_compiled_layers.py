@@ -125,7 +125,7 @@ def test_without_a_gpu_compiler_the_layers_stay_fairseqs(monkeypatch, caplog):
 RANK = """
 import functools, os, sys, time
 from torch._dynamo.backends.debugging import eager
-from train.agent import compiled_layers, fairseq_train
+from train.agent.trainer import compiled_layers, fairseq_train
 
 def slow_on_rank_0(gm, example_inputs):
     # a GPU host's compile (40-150 s) on rank 0 only: rank 1 waits for it in the first all-reduce
@@ -200,7 +200,7 @@ STALL = """
 import sys, time
 import torch
 from fairseq.distributed.distributed_timeout_wrapper import DistributedTimeoutWrapper
-from train.agent import compiled_layers, fairseq_train
+from train.agent.trainer import compiled_layers, fairseq_train
 
 fairseq_train.heartbeat_kills()
 model = DistributedTimeoutWrapper(torch.nn.Linear(2, 2), timeout=1)

@@ -14,7 +14,7 @@ from train.run import command
 
 WAIT_FOR_A_PEER = """
 import torch.distributed as dist
-from train.agent import fairseq_train
+from train.agent.trainer import fairseq_train
 fairseq_train.process_group_timeout()
 dist.init_process_group(backend="gloo", init_method="tcp://127.0.0.1:{port}", world_size=2, rank=0)
 """

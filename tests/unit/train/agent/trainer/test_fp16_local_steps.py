@@ -24,7 +24,7 @@ from fairseq.optim import FairseqOptimizer
 from fairseq.optim.bmuf import FairseqBMUF
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-from train.agent import comm_local_sgd
+from train.agent.trainer import comm_local_sgd
 
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)

@@ -31,7 +31,7 @@ RESUME = textwrap.dedent("""
     import json, sys
     import torch
     from fairseq.data import iterators
-    from train.agent import fairseq_train
+    from train.agent.trainer import fairseq_train
 
     if sys.argv[1] == "patched":
         fairseq_train.iterator_position_across_world_sizes()
@@ -87,7 +87,7 @@ SENTENCES = textwrap.dedent("""
     import numpy as np
     import torch
     from fairseq.data import iterators
-    from train.agent import fairseq_train
+    from train.agent.trainer import fairseq_train
 
     fairseq_train.iterator_position_across_world_sizes()
     fairseq_train.epoch_resumes_with_the_sentences_left()
@@ -146,7 +146,7 @@ ACROSS_EPOCHS = textwrap.dedent("""
     import torch
     from fairseq.data import Dictionary, LanguagePairDataset, iterators
     from fairseq.tasks.fairseq_task import FairseqTask
-    from train.agent import fairseq_train
+    from train.agent.trainer import fairseq_train
 
     if sys.argv[1] == "patched":
         fairseq_train.iterator_position_across_world_sizes()

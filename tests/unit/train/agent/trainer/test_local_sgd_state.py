@@ -22,7 +22,7 @@ import torch.distributed as dist
 from fairseq.optim import FairseqOptimizer
 from fairseq.optim.bmuf import FairseqBMUF
 
-from train.agent import comm_local_sgd
+from train.agent.trainer import comm_local_sgd
 
 comm_local_sgd.local_sgd_state_in_checkpoints()
 

@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from train.agent import comm_powersgd
+from train.agent.trainer import comm_powersgd
 
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
@@ -74,7 +74,7 @@ def test_fairseqs_ddp_registers_it_when_the_command_asks():
     a, b = run_two("""
         from fairseq.models import distributed_fairseq_model as dfm
 
-        from train.agent import fairseq_train
+        from train.agent.trainer import fairseq_train
 
         fairseq_train.ddp_on_cpu()
         fairseq_train.install_comm_hooks()
@@ -88,7 +88,7 @@ def test_fairseqs_ddp_registers_it_when_the_command_asks():
 def test_without_the_variable_nothing_is_patched():
     done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         from fairseq.models import distributed_fairseq_model as dfm
-        from train.agent import comm_powersgd
+        from train.agent.trainer import comm_powersgd
         before = dfm.DistributedDataParallel
         comm_powersgd.install()
         assert dfm.DistributedDataParallel is before

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from train.agent import comm_local_sgd, comm_powersgd
+from train.agent.trainer import comm_local_sgd, comm_powersgd
 from train.recipe import strategies
 from train.recipe.strategies.registry import register
 
