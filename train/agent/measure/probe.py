@@ -98,17 +98,18 @@ def cached_versions(path: str) -> dict:
 
 def agent_digest() -> str:
     """sha256 of the host-side agent's sources, as roles/train_env installs them (train/__init__.py and
-    train/agent/*.py): the controller computes it over its checkout, each host over its copy, and
-    `fab train` refuses a host whose copy is another version's (a controller updated without
+    every .py of train/agent's folders): the controller computes it over its checkout, each host over its
+    copy, and `fab train` refuses a host whose copy is another version's (a controller updated without
     re-provisioning would run the old agent, which ignores what it does not know)."""
-    agent = os.path.dirname(os.path.abspath(__file__))
-    files = [os.path.join(os.path.dirname(agent), "__init__.py")]
-    files += sorted(os.path.join(agent, n) for n in os.listdir(agent) if n.endswith(".py"))
+    agent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # train/agent
+    top = os.path.dirname(os.path.dirname(agent))
+    sources = [os.path.join(folder, n) for folder, _, names in os.walk(agent) for n in names if n.endswith(".py")]
+    files = [os.path.join(os.path.dirname(agent), "__init__.py"), *sorted(sources)]  # the same order on every host
     digest = hashlib.sha256()
     for path in files:
         with open(path, "rb") as f:
             content = f.read()
-        digest.update(f"{os.path.relpath(path, os.path.dirname(os.path.dirname(agent)))}\0{len(content)}\0".encode())
+        digest.update(f"{os.path.relpath(path, top)}\0{len(content)}\0".encode())
         digest.update(content)
     return digest.hexdigest()
 

@@ -83,7 +83,7 @@ def test_a_named_run_is_found_on_the_hosts_and_fab_stop_acts_on_it(second_checko
     monkeypatch.setattr(launch, "run_all", run_all)
     assert launch.stop(run, run.hosts_of(HOSTS)) == {"v100a": "stopped", "v100b": "stopped"}
     [(names, command)] = stopped
-    assert names == ["v100a", "v100b"] and "keeper stop --run /data/tandem/runs/run-20261125-090000" in command
+    assert names == ["v100a", "v100b"] and "keeper.loop stop --run /data/tandem/runs/run-20261125-090000" in command
 
 
 def test_a_run_this_controller_holds_asks_no_host(second_checkout, monkeypatch):

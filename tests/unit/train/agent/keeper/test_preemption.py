@@ -331,12 +331,12 @@ def test_a_spot_notice_has_rank_0_save_now_and_the_run_go_on_without_that_host(t
             assert "AWS spot notice (terminate at" in entry["why"]
             assert entry["source"] == "v100a" and entry["from_update"] > 5  # rank 0's save at the notice
             assert took < 20, f"generation 2 after {took:.1f} s"
-            said = (a / "keeper" / "loop.log").read_text()
+            said = (a / "keeper" / "keeper.log").read_text()
             at = time.strftime("%H:%M:%SZ", time.gmtime(int(when)))
             assert f"v100b: AWS spot notice (terminate at {at}): saving now, going on without v100b" in said
             wait_for(lambda: not run_pids(str(b)))  # its ranks of generation 1 stopped
             wait_for(lambda: run_pids(str(a)) and "resuming from update" in (a / "train.log").read_text())
-            assert "goes on without this host" in (b / "keeper" / "loop.log").read_text()
+            assert "goes on without this host" in (b / "keeper" / "keeper.log").read_text()
             print(f"v100b's notice: generation 2 (v100a from update {entry['from_update']}) after {took:.1f} s")
     finally:
         for d in dirs.values():

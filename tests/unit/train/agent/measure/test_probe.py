@@ -109,7 +109,7 @@ def test_a_host_whose_agent_is_another_version_is_named_before_launch(tmp_path):
     same = subprocess.run([sys.executable, "-m", "train.agent.measure.probe"], capture_output=True, text=True,
                           timeout=120, env=env, cwd=tmp_path)
     assert json.loads(same.stdout)["agent"] == preflight.controller_agent()  # the copy is this checkout's agent
-    state = tmp_path / "train" / "agent" / "state.py"
+    state = tmp_path / "train" / "agent" / "keeper" / "state.py"
     state.write_text(state.read_text() + "\n# an older agent\n")
     older = json.loads(subprocess.run([sys.executable, "-m", "train.agent.measure.probe"], capture_output=True,
                                       text=True,

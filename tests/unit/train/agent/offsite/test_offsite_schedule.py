@@ -15,7 +15,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from tests.unit.train.agent.keeper.test_keeper import HOSTS, crash, launch, spec, wait_for
+from tests.unit.train.agent.keeper.test_keeper import HOSTS, crash, launch, spec, two_hosts, wait_for  # noqa: F401
 from tests.unit.train.agent.keeper.test_replica import hold
 from tests.unit.train.agent.offsite.test_offsite import s3, s3_server  # noqa: F401
 from train.agent.keeper import files, loop, replica
