@@ -115,7 +115,7 @@ def test_host_state(provisioned, name):
     # tandem's host-side agent, and only it, is installed once, on the venv's path
     probed = json.loads(host.check_output(f"{venv} -m train.agent.measure.probe"))
     assert probed["fairseq"] == want["fairseq-fixed"] and "import_error" not in probed
-    assert host.file("/opt/tandem/lib/train/agent/stop.py").exists
+    assert host.file("/opt/tandem/lib/train/agent/keeper/stop.py").exists
     assert not host.file("/opt/tandem/lib/train/run").exists and not host.file("/opt/tandem/lib/benchmarks").exists
     assert host.run("nft list table inet tandem").rc == 0
 
@@ -254,7 +254,7 @@ def test_drifted_packages_are_named_by_fab_train_and_restored_by_provisioning(pr
     assert provisioned.playbook("--tags", "train_env").rc == 0  # this tree's agent on the hosts
     pip = "/opt/tandem/venv/bin/pip"
     gone = ssh(provisioned.cfg, "v100b", f"{pip} uninstall -y -q sacrebleu tensorboardX "
-                                         "&& echo '# another version' >> /opt/tandem/lib/train/agent/state.py",
+                                         "&& echo '# another version' >> /opt/tandem/lib/train/agent/keeper/state.py",
                sudo=True)  # root's venv and agent, as provisioning made them
     assert gone.returncode == 0, gone.stderr
     proc = fab(provisioned, "train", "--new", check=False)
