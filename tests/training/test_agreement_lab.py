@@ -108,10 +108,10 @@ def test_a_keeper_or_its_supervisor_killed_with_sigkill_leaves_the_ranks_trainin
 
         pid = wait_for(new_supervisor, 60) and new_supervisor()
         replaced = time.monotonic() - killed
-        keeper = ssh(cfg, "v100a", f"pgrep -f '[k]eeper run --run {RUNS}/{run_id}'").stdout.split()
+        keeper = ssh(cfg, "v100a", f"pgrep -f '[k]eeper.loop run --run {RUNS}/{run_id}'").stdout.split()
         assert keeper, "no keeper under the new supervisor"
         ssh(cfg, "v100a", f"kill -9 {keeper[0]}")  # the keeper proper: its supervisor starts it again
-        wait_for(lambda: ssh(cfg, "v100a", f"pgrep -f '[k]eeper run --run {RUNS}/{run_id}'").stdout.split()
+        wait_for(lambda: ssh(cfg, "v100a", f"pgrep -f '[k]eeper.loop run --run {RUNS}/{run_id}'").stdout.split()
                  not in ([], keeper), 60)
         at = update(cfg, run_id)
         wait_for(lambda: update(cfg, run_id) > at + 20, 60)
@@ -133,9 +133,9 @@ def test_a_corrupt_copy_is_never_resumed_and_no_host_starts_from_nothing_while_r
         ssh(cfg, "v100b", f"printf X | dd of={RUNS}/{run_id}/checkpoints/.keep/checkpoint_last.pt bs=1 "
                           f"seek=4096 conv=notrunc status=none")
         cut(cfg, "v100b")
-        supervise = ssh(cfg, "v100b", f"pgrep -af 'keeper [s]upervise --run {RUNS}/{run_id}'").stdout.split()
+        supervise = ssh(cfg, "v100b", f"pgrep -af 'keeper.loop [s]upervise --run {RUNS}/{run_id}'").stdout.split()
         python = supervise[1]  # the hosts' training environment
-        ssh(cfg, "v100b", f"pkill -9 -f 'train.agent.[k]eeper .*{RUNS}/{run_id}'; "
+        ssh(cfg, "v100b", f"pkill -9 -f 'train.agent.[k]eeper.loop .*{RUNS}/{run_id}'; "
                           f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'")  # v100b's every process of the run
         ssh(cfg, "v100b", f"{python} -m train.agent.keeper.loop launch --run {RUNS}/{run_id}")  # alone, cut off
         wait_for(lambda: "does not match its manifest's sha256" in keeper_log(cfg, "v100b", run_id), 120)
