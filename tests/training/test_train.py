@@ -268,7 +268,8 @@ def test_a_frozen_host_leaves_no_frozen_rank_behind_and_the_run_goes_on(data_rea
     run_id = time.strftime("run-frozen-%Y%m%d-%H%M%S")  # named: reports/latest is shared by the checkout
     fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", f"max_update=100000,{QUICK_HEARTBEAT}")
     wait_for_update(cfg, run_id, 60)
-    frozen_pids = ssh(cfg, "v100b", "pgrep -f 'python[0-9.]* -u -m train[.]agent[.]trainer[.]fairseq_train'").stdout.split()
+    frozen_pids = ssh(cfg, "v100b",
+                      "pgrep -f 'python[0-9.]* -u -m train[.]agent[.]trainer[.]fairseq_train'").stdout.split()
     ssh(cfg, "v100b", "pkill -STOP -f 'python[0-9.]* -u -m train[.]agent[.]trainer[.]fairseq_train'")
     frozen = time.monotonic()
     try:
