@@ -327,18 +327,18 @@ def rejoin_hosts(known: list[Host], run_id: str | None) -> list[Host]:
 
 def keeperless_hosts(run: Run, hosts: list[Host]) -> list[str]:
     """The run's hosts whose keeper no longer runs while another's does (a host cut off that gave up alone,
-    its restarts spent): the record is brought to the hosts that keep the run, so they take the others back."""
+    its restarts spent) and that the hosts keeping the run lost: the record is brought up to those hosts'
+    timeline first (a detached run's record never heard of the split), so they take the others back."""
     def keeps(keeper: dict) -> bool:  # alive, and not ending (an ended keeper lingers a few seconds)
         return bool(keeper.get("keeper")) and not keeper.get("ended")
 
     states = [s for s in launch.states(run, hosts) if s.reachable]
-    alive = [s.name for s in states if keeps(s.keeper or {})]
+    keeping = [s for s in states if keeps(s.keeper or {})]
     idle = [s.name for s in states if not keeps(s.keeper or {})]
-    if not alive or not idle:
+    if not keeping or not idle:
         return []
-    run.hosts = alive
-    run.save()
-    return idle
+    keepers.sync(run, keeping)
+    return [n for n in rejoining.lost_hosts(run.members, run.hosts) if n in idle]
 
 
 def grow_running(run: Run, current: list[Host], joining: list[Host], known: list[Host], request: TrainRequest,
