@@ -407,7 +407,7 @@ def bench_step(hosts: list[Host], rates: list[str], preset: str = "tiny", overri
     started, gpu_name = False, None
     follower = None
     # a controller killed, asleep or offline never reaches clean_up: each host undoes by itself then
-    undo = {h.name: f"{agent_command(h, 'stop', '--run', run.remote_dir)}; {link.host_cap_command(h, 'none')}"
+    undo = {h.name: f"{agent_command(h, 'keeper.stop', '--run', run.remote_dir)}; {link.host_cap_command(h, 'none')}"
             for h in hosts}
     with signals_raise(), HostLease(hosts, run.run_id, undo):
         try:
