@@ -213,6 +213,13 @@ class Keeper:
         if self.ranks.active is not None and self.ranks.rank0_here():
             self.holding.snapshot(self.ranks.active, self.ranks.lineage)
 
+    def taken_back_soon(self, gen: Generation, seen: dict[str, View]) -> bool:
+        """A stop that binds only this host (it gave up alone, cut off) while a peer it hears trains on: started
+        again (`fab train --rejoin`), it waits to be taken back at their next checkpoint instead of ending."""
+        return set(gen.among) <= {self.me} and any(
+            h != self.me and v.ranks == RUNNING and v.generation is not None and not v.generation.stopped
+            for h, v in seen.items())
+
     def act(self, seen: dict[str, View]) -> str | None:
         gen = self.generation
         stopping = [h for h, v in seen.items() if v.stopping and gen and h in gen.members and h != self.me]
@@ -225,6 +232,8 @@ class Keeper:
         if gen is None or gen.pending:
             return None
         if gen.stopped:
+            if self.taken_back_soon(gen, seen):
+                return None
             self.ranks.stop()
             return f"stopped: {gen.reason}"
         active, members = self.ranks.active, self.ranks.members

@@ -251,3 +251,24 @@ def test_a_host_cut_off_from_the_majority_stops_its_ranks_once_the_others_go_on_
         wait_for(lambda: not run_pids(str(tmp_path)), timeout=15)
     finally:
         crash(tmp_path)
+
+
+def test_a_host_that_gave_up_alone_waits_to_be_taken_back_while_a_peer_trains_on():
+    """`fab train --rejoin` starts the keeper of a host that gave up alone, cut off: its own stop binds only
+    itself, so while a peer it hears trains on it waits to be taken back instead of ending at once (it
+    ended before v100a's next generation took it back, and was lost again). A stop of the whole run ends it."""
+    from types import SimpleNamespace
+
+    from train.agent.keeper.generation import RUNNING, Generation, View
+
+    alone = Generation(number=6, members=(), reason="restarts exhausted", time=0.0, stopped="restarts exhausted",
+                       among=("v100b",))
+    training = Generation(number=2, members=("v100a",), reason="v100b lost", time=0.0)
+    seen = {"v100a": View("v100a", training, None, ranks=RUNNING), "v100b": View("v100b", alone, None)}
+    me = SimpleNamespace(me="v100b")
+    assert loop.Keeper.taken_back_soon(me, alone, seen)
+    everyone = Generation(number=6, members=(), reason="restarts exhausted", time=0.0, stopped="restarts exhausted",
+                          among=("v100a", "v100b"))
+    assert not loop.Keeper.taken_back_soon(me, everyone, seen)
+    seen["v100a"] = View("v100a", training, None, ranks="idle")  # nobody trains: it ends
+    assert not loop.Keeper.taken_back_soon(me, alone, seen)
