@@ -83,12 +83,10 @@ def follow_through(data_ready, run_id: str, outages: list[tuple[list[str], float
 
 
 def test_a_laptop_that_loses_a_host_then_its_own_network_while_following_touches_nothing(data_ready):
-    """(a) one host unreachable from the controller for 30 s, then the controller offline for 40 s (longer
-    than a lost peer's 20 s: were the hosts to notice the controller, they would act); the 5-minute outage
-    is (d), a sweep."""
+    """(a) one host unreachable from the controller for a minute, then the controller offline for a minute."""
     run_id = time.strftime("run-laptop-%Y%m%d-%H%M%S")
-    follow_through(data_ready, run_id, [(["v100b"], 30), (data_ready.cfg.names, 40)])
-    print(f"followed {run_id} through 30 s without v100b's management link and 40 s offline: same ranks")
+    follow_through(data_ready, run_id, [(["v100b"], 60), (data_ready.cfg.names, 60)])
+    print(f"followed {run_id} through 60 s without v100b's management link and 60 s offline: same ranks")
 
 
 @pytest.mark.sweep
