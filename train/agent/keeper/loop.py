@@ -216,7 +216,7 @@ class Keeper:
     def taken_back_soon(self, gen: Generation, seen: dict[str, View]) -> bool:
         """A stop that binds only this host (it gave up alone, cut off) while a peer it hears trains on: started
         again (`fab train --rejoin`), it waits to be taken back at their next checkpoint instead of ending."""
-        return set(gen.among) <= {self.me} and any(
+        return bool(gen.among) and set(gen.among) <= {self.me} and any(
             h != self.me and v.ranks == RUNNING and v.generation is not None and not v.generation.stopped
             for h, v in seen.items())
 
