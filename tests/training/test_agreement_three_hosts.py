@@ -45,8 +45,14 @@ def test_a_vm_replaced_at_a_new_address_takes_the_lost_hosts_place_in_the_runnin
         joined = time.monotonic() - asked
         at = int(re.findall(r'"from_update": (\d+)', timeline)[-1])
         assert at >= 25, timeline  # from a checkpoint, not from nothing
-        wait_for_update(cfg, run_id, at + 20)
-        assert "initialized host v100c as rank 1" in log_of(cfg, "v100c", run_id)
+        # v100a's log may already be past `at` (it trained alone beyond its newest save): v100c's own says
+        # when its rank is in, then the two train on together
+        deadline = time.monotonic() + 120
+        while "initialized host v100c as rank 1" not in log_of(cfg, "v100c", run_id) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert "initialized host v100c as rank 1" in log_of(cfg, "v100c", run_id), log_of(cfg, "v100c", run_id)
+        updates = [int(u) for u in re.findall(r'"num_updates": "(\d+)', log_of(cfg, "v100a", run_id))]
+        wait_for_update(cfg, run_id, max(updates, default=at) + 10)
     finally:
         set_links(cfg, "v100b", "up")
         fab(three_hosts, "stop", "--run", run_id, check=False)
@@ -102,10 +108,11 @@ def test_a_one_sided_partition_trains_on_the_hosts_that_reach_each_other_without
 
 def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_train(three_hosts):
     """v100c's cables pulled for 25 s and plugged back for 20 s, again and again: each loss and return
-    is a membership change; past 6 in an hour v100c is not taken back, and v100a, v100b train on
-    instead of restarting every minute."""
+    is a membership change; past the run's rejoins_per_hour (6 by default; 2 here, so that two flaps
+    show it) v100c is not taken back, and v100a, v100b train on instead of restarting every minute."""
     cfg = three_hosts.cfg
-    run_id = start_on_three(three_hosts, "flaps")
+    rejoins = 2
+    run_id = start_on_three(three_hosts, "flaps", f"rejoins_per_hour={rejoins}")
 
     def timeline() -> list[dict]:
         return keeper_timeline(cfg, "v100a", run_id)
@@ -114,20 +121,20 @@ def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_
         wait_for_update(cfg, run_id, 40)
         started = time.monotonic()
         flaps = 0
-        while len(timeline()) < 8 and time.monotonic() - started < 600:  # the start, 6 changes, a 7th loss
+        while len(timeline()) < rejoins + 2 and time.monotonic() - started < 300:  # the start, 2 changes, a 3rd loss
             set_links(cfg, "v100c", "down")
             time.sleep(25)
             set_links(cfg, "v100c", "up")
             time.sleep(20)
             flaps += 1
         changes = len(timeline()) - 1
-        assert changes >= 7, timeline()
+        assert changes >= rejoins + 1, timeline()
         time.sleep(30)  # v100c back and stable: not taken back this hour, the others train on
         assert len(timeline()) - 1 == changes and timeline()[-1]["hosts"] == ["v100a", "v100b"], timeline()
         at = int(re.findall(r'"num_updates": "(\d+)', log_of(cfg, "v100a", run_id))[-1])
         wait_for_update(cfg, run_id, at + 20)
         said = "".join(ssh(cfg, h, f"cat {RUNS}/{run_id}/keeper/keeper.log").stdout for h in cfg.names)
-        assert "in the last hour: taken back once it is under 6" in said  # the leader's (etcd's lease holder)
+        assert f"in the last hour: taken back once it is under {rejoins}" in said  # the leader's (etcd's lease holder)
     finally:
         set_links(cfg, "v100c", "up")
         fab(three_hosts, "stop", "--run", run_id, check=False)

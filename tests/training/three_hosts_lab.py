@@ -9,12 +9,13 @@ from labtools import fab, ssh
 from test_train import QUICK_HEARTBEAT, RUNS
 
 
-def start_on_three(three_hosts, name: str) -> str:
-    """A detached run of the three hosts (the dataset prepared on each), saving every 25 updates."""
+def start_on_three(three_hosts, name: str, settings: str = "") -> str:
+    """A detached run of the three hosts (the dataset prepared on each), saving every 25 updates;
+    `settings`: more of `--set`'s."""
     run_id = time.strftime(f"run-{name}-%Y%m%d-%H%M%S")
     assert "identical on every host" in fab(three_hosts, "prepare-data").stdout
     fab(three_hosts, "train", "--new", "--detach", "--run", run_id, "--set",
-        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}" + (f",{settings}" if settings else ""))
     return run_id
 
 

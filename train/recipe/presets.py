@@ -207,6 +207,11 @@ EXTRA_OPTIONS: dict[str, type] = {
     "flat_master_copy": bool,
     "fused_loss": bool,
     "compile_layers": bool,
+    # tandem's own, the hosts' keepers (train.agent.keeper.generation): the ranks restarted at most this often
+    # an hour before the run stops (3, as torchrun's --max-restarts counts), and a host whose link flaps
+    # taken back at most this often an hour (6) while the others train on without it
+    "restarts_per_hour": int,
+    "rejoins_per_hour": int,
 }
 
 # The batch each preset's recipe trains with, in max_tokens units (padded tokens of the longer side:
@@ -222,7 +227,8 @@ RECIPES: dict[str, str] = {
 }
 
 # Options tandem reads itself and never passes to fairseq.
-TANDEM_OPTIONS = {"tokens_per_update", "fused_adam", "flat_master_copy", "fused_loss", "compile_layers"}
+TANDEM_OPTIONS = {"tokens_per_update", "fused_adam", "flat_master_copy", "fused_loss", "compile_layers",
+                  "restarts_per_hour", "rejoins_per_hour"}
 
 # Option names the launcher owns; overriding them would break the command's consistency.
 RESERVED = {

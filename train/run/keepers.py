@@ -24,6 +24,7 @@ from ..agent.trainer import tracker
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
 from ..hosts.remote import agent_command
 from ..plan import batching
+from ..recipe import presets
 from ..recipe.record import Run
 from . import interval, offsite
 from .elastic import scaled_update_freq
@@ -63,11 +64,14 @@ def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None =
     """What every host's keeper is told (its own name apart); `commands`: every host's, as the start
     resolved them (default: built here)."""
     commands, update_freq, ranks = membership_commands(run, hosts, commands)
+    options = presets.resolve(run.preset, run.overrides).options  # `--set restarts_per_hour=N`, ...
     return {"run_id": run.run_id, "order": [h.name for h in hosts], "members": [h.name for h in hosts],
             "addresses": {h.name: h.cluster_address for h in hosts}, "port": run.master_port + PORT_OFFSET,
             "token": token or secrets.token_hex(16), "start": f"{time.time():.3f}", "reason": reason,
             "lost_after_s": LOST_AFTER_S, "elastic": elastic, "commands": commands, "update_freq": update_freq,
-            "ranks": ranks, "offsite": offsite.told(run)}
+            "ranks": ranks, "offsite": offsite.told(run),
+            "max_restarts": int(options.get("restarts_per_hour") or 3),
+            "max_rejoins": int(options.get("rejoins_per_hour") or 6)}
 
 
 def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:

@@ -98,17 +98,20 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
     return out
 
 
-def stop(run: Run, hosts: list[Host], wait_s: float = 20) -> dict[str, str]:
+def stop(run: Run, hosts: list[Host], wait_s: float = 20, spare: frozenset[str] = frozenset()) -> dict[str, str]:
     """Stop every rank on every host (train.agent.keeper.stop: every process naming the run's save dir);
-    confirm none is left. Returns {host: stopped|killed|none}; raises naming the hosts that could
-    not be reached or stopped."""
+    confirm none is left. Returns {host: stopped|killed|none|unreachable}; raises naming the hosts that
+    could not be reached or stopped, but for those in `spare` (hosts the run may have lost: one that
+    cannot be reached is reported "unreachable", not an error)."""
     # the keeper first (it would start the ranks again), told on every host: its peers hear it too
     stop_keeper = agent_command(hosts[0], "keeper.loop", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}")
     results = run_all(hosts, stop_keeper, timeout=wait_s + 30)
     outcome, problems = {}, []
     for host in hosts:
         result = results[host.name]
-        if not result.reachable:
+        if not result.reachable and host.name in spare:
+            outcome[host.name] = "unreachable"
+        elif not result.reachable:
             problems.append(f"{host.name}: unreachable ({result.error}); its ranks may still run")
         elif not result.ok:
             said = result.stdout.strip() or result.stderr.strip()[-300:]

@@ -202,7 +202,8 @@ class Keeper:
         # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
         return decide(self.me, self.order, dict(self.views), set(self.live), now, self.memory,
                       self.lost_after_s, float(self.spec.get("ended_grace_s", 25)),
-                      int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)), agreed=agreed)
+                      int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)),
+                      max_rejoins=int(self.spec.get("max_rejoins", 6)), agreed=agreed)
 
     def decide_locked(self, now: float, agreed: Generation) -> Generation | None:
         with self.lock:

@@ -125,3 +125,15 @@ def test_a_new_start_keeps_the_token_the_runs_keepers_hold(monkeypatch):
     nothing = GroupResult([(h.name, HostResult(h.name, stdout="", exited=0)) for h in HOSTS])
     monkeypatch.setattr(keepers, "run_all", lambda hosts, command, **kw: nothing)
     assert keepers.run_token(run, HOSTS) is None  # a new run: a new token
+
+
+def test_the_keepers_budgets_are_the_runs_own_when_set():
+    """`--set restarts_per_hour=5,rejoins_per_hour=2` reaches every keeper (the defaults are 3 and 6) and
+    never fairseq's command line."""
+    run = Run(run_id="r5", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic")
+    assert (keepers.spec(run, HOSTS)["max_restarts"], keepers.spec(run, HOSTS)["max_rejoins"]) == (3, 6)
+    run.overrides = ["restarts_per_hour=5", "rejoins_per_hour=2"]
+    told = keepers.spec(run, HOSTS)
+    assert (told["max_restarts"], told["max_rejoins"]) == (5, 2)
+    assert "restarts-per-hour" not in told["commands"]["v100a,v100b"]["v100a"]
+    assert "rejoins-per-hour" not in told["commands"]["v100a,v100b"]["v100a"]

@@ -197,6 +197,13 @@ def test_the_restart_budget_survives_a_new_leader_and_a_flapping_host_waits_inst
     views["v100a"] = view("v100a", alone, ckpt(12, 20))
     assert decide("v100a", ORDER, views, set(ORDER), 3310, memory) is None and "changed 6 times" in memory.waiting
     assert decide("v100a", ORDER, views, set(ORDER), 3000 + 3600 + 1, memory).members == tuple(ORDER)
+    fewer = LeaderMemory()  # a run that set rejoins_per_hour=2: two changes are enough to wait
+    alone = Generation(number=12, members=("v100a",), reason="test", time=0.0, churn=flaps[:2])
+    views = {"v100a": view("v100a", alone, ckpt(12, 10)), "v100b": view("v100b", gen(11, ORDER), ranks="idle")}
+    decide("v100a", ORDER, views, set(ORDER), 3300, fewer, max_rejoins=2)
+    views["v100a"] = view("v100a", alone, ckpt(12, 20))
+    assert decide("v100a", ORDER, views, set(ORDER), 3310, fewer, max_rejoins=2) is None
+    assert "under 2" in fewer.waiting
 
 
 def test_each_save_is_held_by_a_majority_of_the_generations_hosts():
