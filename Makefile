@@ -59,10 +59,10 @@ unit: test-setup
 	@.venv/bin/pytest -m "not lab"
 
 test: test-setup lint  ## everything, the lab included, but the speed targets (make bench-targets)
-	@.venv/bin/pytest -m "not sweep and not own_lab"
+	@.venv/bin/pytest -m "not sweep and not own_lab and not extra"
 
-test-labs: test-setup  ## the tests that bring up labs of their own beyond make test's: the older three-host runs, every VM gone, Debian 13 hosts (~20 min)
-	@.venv/bin/pytest -m own_lab
+test-labs: test-setup  ## the tests that bring up labs of their own beyond make test's (the older three-host runs, every VM gone, Debian 13 hosts) and the older lab tests make test's newer ones cover (~25 min)
+	@.venv/bin/pytest -m "own_lab or extra"
 
 bench-targets: test-setup  ## the benchmarks' targets on the lab, the step-time sweeps and the all_reduce bandwidth included (~17 min)
 	@.venv/bin/pytest tests/bench -v

@@ -99,6 +99,8 @@ def test_a_following_laptop_offline_for_five_minutes_reconnects_and_the_run_was_
           f"({back.group(0) if back else '?'})")
 
 
+@pytest.mark.extra(covered_by="test_agreement_lab.py: the split (a host lost, both sides on, the reunion), the "
+                              "corrupt copy (rank 0's host rebooted)")
 def test_a_detached_run_goes_on_without_a_lost_host_takes_it_back_and_survives_rank_0s_reboot(data_ready):
     cfg = data_ready.cfg
     run_id = time.strftime("run-keepers-%Y%m%d-%H%M%S")
