@@ -102,7 +102,7 @@ def test_a_one_sided_partition_trains_on_the_hosts_that_reach_each_other_without
     finally:
         fab(three_hosts, "stop", "--run", run_id, check=False)
     print(f"one-sided partition (v100a-v100b cut, both reach v100c): {', '.join(two[0]['hosts'])} trained "
-          f"{settled:.0f} s after the cut, {count} generations in all and none more during a minute of it; "
+          f"{settled:.0f} s after the cut, {count} generations in all and none more during half a minute of it; "
           "the three together again once the routes were back")
 
 
