@@ -172,11 +172,8 @@ def stop(c, hosts, run=None):
 
     With --checkpoints-to it says where the newest copy off the cluster is, or that the final one still uploads."""
     the_run = pick.find(run, hosts, console.print)
-    # every host the run's keepers know, not only those the record names: a host they took back after a
-    # split (fab train --rejoin) trains before the record hears of it
-    training = {h.name for h in the_run.hosts_of(hosts)}
-    known = the_run.known_of(hosts)
-    outcome = launch.stop(the_run, known, spare=frozenset(h.name for h in known) - training)
+    known, spare = launch.to_stop(the_run, hosts)
+    outcome = launch.stop(the_run, known, spare=spare)
     said = {"stopped": "stopped", "killed": "killed (did not stop on SIGTERM)", "none": "was not running",
             "unreachable": "unreachable; not training in the run when its peers last heard of it"}
     for name, what in outcome.items():

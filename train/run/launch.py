@@ -98,6 +98,14 @@ def states(run: Run, hosts: list[Host]) -> list[HostState]:
     return out
 
 
+def to_stop(run: Run, hosts: list[Host]) -> tuple[list[Host], frozenset[str]]:
+    """The hosts `fab stop` tells: every one of `hosts` the run's keepers know (its record's `order`), not
+    only those the record names (a host taken back after `fab train --rejoin` trains before the record
+    hears of it); and those of them it may have lost (`stop`'s `spare`: unreachable is no error there)."""
+    known, training = run.known_of(hosts), {h.name for h in run.hosts_of(hosts)}
+    return known, frozenset(h.name for h in known) - training
+
+
 def stop(run: Run, hosts: list[Host], wait_s: float = 20, spare: frozenset[str] = frozenset()) -> dict[str, str]:
     """Stop every rank on every host (train.agent.keeper.stop: every process naming the run's save dir);
     confirm none is left. Returns {host: stopped|killed|none|unreachable}; raises naming the hosts that

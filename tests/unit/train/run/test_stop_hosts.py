@@ -21,12 +21,20 @@ def answers(monkeypatch, b_reachable: bool):
 
 
 def test_a_host_the_keepers_took_back_is_stopped_too(monkeypatch):
+    """The record names v100a only (it kept the run while v100b was away); v100b was taken back since."""
     answers(monkeypatch, b_reachable=True)
-    assert launch.stop(RUN, RUN.known_of(HOSTS), spare=frozenset({"v100b"})) == {"v100a": "stopped", "v100b": "stopped"}
+    known, spare = launch.to_stop(RUN, HOSTS)
+    assert [h.name for h in known] == ["v100a", "v100b"] and spare == {"v100b"}
+    assert launch.stop(RUN, known, spare=spare) == {"v100a": "stopped", "v100b": "stopped"}
 
 
 def test_an_unreachable_host_is_an_error_only_while_it_trains_in_the_run(monkeypatch):
     answers(monkeypatch, b_reachable=False)
-    assert launch.stop(RUN, RUN.known_of(HOSTS), spare=frozenset({"v100b"}))["v100b"] == "unreachable"
+    known, spare = launch.to_stop(RUN, HOSTS)
+    assert launch.stop(RUN, known, spare=spare)["v100b"] == "unreachable"
+    both = Run(run_id="r2", hosts=["v100a", "v100b"], preset="tiny", overrides=[], dataset="synthetic",
+               order=["v100a", "v100b"])
+    known, spare = launch.to_stop(both, HOSTS)
+    assert spare == frozenset()
     with pytest.raises(ClusterError, match="v100b: unreachable"):
-        launch.stop(RUN, RUN.known_of(HOSTS))
+        launch.stop(both, known, spare=spare)
