@@ -175,7 +175,8 @@ def stop(c, hosts, run=None):
     known, spare = launch.to_stop(the_run, hosts)
     outcome = launch.stop(the_run, known, spare=spare)
     said = {"stopped": "stopped", "killed": "killed (did not stop on SIGTERM)", "none": "was not running",
-            "unreachable": "unreachable; not training in the run when its peers last heard of it"}
+            "unreachable": "unreachable, and out of the run when this controller last heard; should it train "
+                           "again, `fab stop` once it answers ends it"}
     for name, what in outcome.items():
         left = "" if what == "unreachable" else "; no training process left"
         console.print(f"{name}: {said.get(what, what)}{left}")

@@ -226,6 +226,9 @@ RECIPES: dict[str, str] = {
                                          "= 458,752 (~400k target tokens after padding)",
 }
 
+# tandem's counts where a negative number means nothing (parse_value refuses it; 0 is "never").
+NOT_NEGATIVE = {"restarts_per_hour", "rejoins_per_hour"}
+
 # Options tandem reads itself and never passes to fairseq.
 TANDEM_OPTIONS = {"tokens_per_update", "fused_adam", "flat_master_copy", "fused_loss", "compile_layers",
                   "restarts_per_hour", "rejoins_per_hour"}
@@ -285,6 +288,13 @@ _FALSE = {"0", "false", "no", "off"}
 
 def parse_value(key: str, text: str, kind: type) -> Value:
     """`text` as a value of `kind`, or OverrideError saying what was expected."""
+    value = _parsed(key, text, kind)
+    if key in NOT_NEGATIVE and isinstance(value, int) and value < 0:
+        raise OverrideError(f"`{key}={text}`: expected 0 or more (0: never)")
+    return value
+
+
+def _parsed(key: str, text: str, kind: type) -> Value:
     try:
         if kind is bool:
             low = text.strip().lower()

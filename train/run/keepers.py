@@ -70,8 +70,8 @@ def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None =
             "token": token or secrets.token_hex(16), "start": f"{time.time():.3f}", "reason": reason,
             "lost_after_s": LOST_AFTER_S, "elastic": elastic, "commands": commands, "update_freq": update_freq,
             "ranks": ranks, "offsite": offsite.told(run),
-            "max_restarts": int(options.get("restarts_per_hour") or 3),
-            "max_rejoins": int(options.get("rejoins_per_hour") or 6)}
+            "max_restarts": int(options.get("restarts_per_hour", 3)),  # 0 counts: never restart, never take back
+            "max_rejoins": int(options.get("rejoins_per_hour", 6))}
 
 
 def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:

@@ -1,5 +1,7 @@
 """What the controller tells the hosts' keepers, and how it reads their record (train.run.keepers)."""
 
+import pytest
+
 from train.cluster import Host
 from train.recipe.record import Run
 from train.run import keepers
@@ -137,3 +139,14 @@ def test_the_keepers_budgets_are_the_runs_own_when_set():
     assert (told["max_restarts"], told["max_rejoins"]) == (5, 2)
     assert "restarts-per-hour" not in told["commands"]["v100a,v100b"]["v100a"]
     assert "rejoins-per-hour" not in told["commands"]["v100a,v100b"]["v100a"]
+
+
+def test_a_budget_of_0_means_never_and_a_negative_one_is_refused_at_set():
+    from train.recipe.presets import OverrideError
+
+    run = Run(run_id="r6", hosts=["v100a", "v100b"], preset="tiny", overrides=["restarts_per_hour=0"],
+              dataset="synthetic")
+    assert keepers.spec(run, HOSTS)["max_restarts"] == 0
+    run.overrides = ["rejoins_per_hour=-1"]
+    with pytest.raises(OverrideError, match="rejoins_per_hour=-1`: expected 0 or more"):
+        keepers.spec(run, HOSTS)
