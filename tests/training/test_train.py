@@ -151,8 +151,8 @@ def test_a_killed_rank_is_restarted_by_the_hosts_keepers_from_the_newest_checkpo
     the restart with its reason."""
     cfg = data_ready.cfg
     run_id = time.strftime("run-killed-%Y%m%d-%H%M%S")
-    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000")
-    wait_for_update(cfg, run_id, 60)  # past the first checkpoint (50)
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000,save_interval_updates=25")
+    wait_for_update(cfg, run_id, 35)  # past the first checkpoint (25)
     ssh(cfg, "v100b", KILL_THE_RANK)
     killed = time.monotonic()
     try:  # a new run loads no checkpoint at its start: the first "Loaded checkpoint" is the restart's
@@ -266,8 +266,9 @@ def test_a_frozen_host_leaves_no_frozen_rank_behind_and_the_run_goes_on(data_rea
     both hosts again, and the frozen ranks, which can end nothing themselves, are killed on the way."""
     cfg = data_ready.cfg
     run_id = time.strftime("run-frozen-%Y%m%d-%H%M%S")  # named: reports/latest is shared by the checkout
-    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", f"max_update=100000,{QUICK_HEARTBEAT}")
-    wait_for_update(cfg, run_id, 60)
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set",
+        f"max_update=100000,save_interval_updates=25,{QUICK_HEARTBEAT}")
+    wait_for_update(cfg, run_id, 35)  # past the first checkpoint (25)
     frozen_pids = ssh(cfg, "v100b",
                       "pgrep -f 'python[0-9.]* -u -m train[.]agent[.]trainer[.]fairseq_train'").stdout.split()
     ssh(cfg, "v100b", "pkill -STOP -f 'python[0-9.]* -u -m train[.]agent[.]trainer[.]fairseq_train'")
