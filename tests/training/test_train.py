@@ -145,6 +145,9 @@ def test_stop_then_resume_continues_from_the_saved_update_on_both_hosts(data_rea
     assert check.stdout.strip().splitlines()[-1] == "True 120 120", check.stdout + check.stderr
 
 
+@pytest.mark.extra(covered_by="test_agreement_lab.py: the split (v100b's ranks SIGKILLed, its keeper starts them "
+                              "again from its newest checkpoint, `fab status` after), the isolated host (crashes "
+                              "restarted until its budget is spent)")
 def test_a_killed_rank_is_restarted_by_the_hosts_keepers_from_the_newest_checkpoint(data_ready):
     """v100b's rank dies as in a crash or the OOM killer, nobody following: the hosts' keepers start the
     same hosts again from the newest checkpoint (no host is lost: both answer), and `fab status` lists
