@@ -154,7 +154,8 @@ def test_a_killed_rank_is_restarted_by_the_hosts_keepers_from_the_newest_checkpo
     the restart with its reason."""
     cfg = data_ready.cfg
     run_id = time.strftime("run-killed-%Y%m%d-%H%M%S")
-    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set", "max_update=100000,save_interval_updates=25")
+    fab(data_ready, "train", "--new", "--detach", "--run", run_id, "--set",
+        "max_update=100000,save_interval_updates=25")
     wait_for_update(cfg, run_id, 35)  # past the first checkpoint (25)
     ssh(cfg, "v100b", KILL_THE_RANK)
     killed = time.monotonic()
