@@ -56,7 +56,7 @@ lint: test-setup
 	@.venv/bin/ansible-lint --offline --profile production provision.yml playbooks roles
 
 # The unit tests wait on sockets, subprocesses and heartbeats more than on the CPU: two workers
-# (pytest-xdist) take 5.5 min where one takes 8.7 on the 2-core CI machine. The lab's tests share
+# (pytest-xdist) took 5.5 min where one took 8.7 on the 2-core CI machine (three: 5.3). The lab's tests share
 # one lab and run one at a time, after them; both run whatever the other's outcome.
 UNIT_TESTS = .venv/bin/pytest -n 2 -m "not lab and not sweep and not own_lab and not extra"
 LAB_TESTS = .venv/bin/pytest -m "lab and not sweep and not own_lab and not extra"
