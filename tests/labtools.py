@@ -27,6 +27,15 @@ def wait_for(what, timeout: float = 40.0, every: float = 0.25):
     raise AssertionError(f"not within {timeout:.0f} s: {what.__doc__ or what}")
 
 
+def as_at_a_terminal() -> None:
+    """A child's `preexec_fn`: Ctrl-C (SIGINT) reaches it as from a terminal, even where the tests' own
+    shell ignores SIGINT (started as a background job, `cmd &`: its children inherit the ignored signal,
+    and Python keeps it ignored)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def lab_cli(*args: str, prefix: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "lab", "--prefix", prefix, *args],
                           cwd=TOP, capture_output=True, text=True)

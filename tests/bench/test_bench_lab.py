@@ -18,7 +18,7 @@ import time
 
 import pytest
 import yaml
-from labtools import FAB, TOP, fab, processes, user_without_sudo
+from labtools import FAB, TOP, as_at_a_terminal, fab, processes, user_without_sudo
 
 from lab import network
 from train.cluster import ClusterError, load_hosts
@@ -214,7 +214,7 @@ def test_100mbit_cap_is_network_bound_and_train_refuses(data_ready):
 def test_interrupted_bench_step_leaves_no_cap_and_no_process(data_ready):
     env = {**os.environ, "FABRIC_INVENTORY": str(data_ready.inventory), "COLUMNS": "200"}
     proc = subprocess.Popen([FAB, "bench-step", "--rates", "100mbit,none", "--updates", "500"], cwd=TOP, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=as_at_a_terminal)
     out = []
     try:
         deadline = time.monotonic() + 180

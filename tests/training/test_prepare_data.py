@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from labtools import FAB, TOP, fab, ssh
+from labtools import FAB, TOP, as_at_a_terminal, fab, ssh
 
 from benchmarks import wmt16_mirror
 from benchmarks.prepare_lab import bridge_bytes
@@ -54,7 +54,8 @@ def test_an_interrupted_preparation_resumes_from_its_last_finished_stage(provisi
     env = {"FABRIC_INVENTORY": str(provisioned.inventory), "COLUMNS": "200"}
     try:
         proc = subprocess.Popen([FAB, "prepare-data", "--name", name, "--lines", "60000"], cwd=TOP,
-                                env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=as_at_a_terminal)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:  # wait for the first finished stage on rank 0's host
             if ssh(cfg, "v100a", f"ls /data/tandem/prepare/{name}/.text.done").returncode == 0:

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from labtools import FAB, TOP, fab, ssh
+from labtools import FAB, TOP, as_at_a_terminal, fab, ssh
 
 RUNS = "/data/tandem/runs"
 MAX_UPDATE = 60
@@ -194,7 +194,8 @@ def test_tensorboard_through_the_tunnel_shows_the_runs_scalars(provisioned, capp
     logged = len(re.findall(r"\| train_inner \|", log))
     port = free_port()
     tb = subprocess.Popen([FAB, "tensorboard", "--run", run_id, "--port", str(port)], cwd=TOP,
-                          env=watch_env(provisioned), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          env=watch_env(provisioned), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=as_at_a_terminal)
     try:
         line = tb.stdout.readline()
         match = re.search(r"127\.0\.0\.1:(\d+) there\), forwarded over SSH: (http://127\.0\.0\.1:\d+/)", line)

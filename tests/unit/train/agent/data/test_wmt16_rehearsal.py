@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 
 from benchmarks import wmt16_mirror
+from tests.labtools import as_at_a_terminal
 from train.agent.data import corpus, progress, sgml
 from train.data import progress as bars
 
@@ -34,7 +35,7 @@ def runner(work: Path, url: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "train.agent.data", str(work), "wmt16", "--wmt16",
                              "--vocab-size", "400"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TANDEM_WMT16_MIRROR": url})
+                            env={**os.environ, "TANDEM_WMT16_MIRROR": url}, preexec_fn=as_at_a_terminal)
 
 
 def finish(proc: subprocess.Popen) -> dict:
