@@ -147,7 +147,9 @@ def supervised_by_systemd(work: Path, out: Path) -> dict:
         figures["unit_started"] = first or unit_state(unit)
         figures["ranks_training"] = bool(wait_for(lambda: updates(run_dir) >= 5, 30))
         ranks = run_pids(str(run_dir))
-        keeper = int(figures["unit_started"].get("MainPID", 0))
+        keeper = int(figures["unit_started"].get("MainPID") or 0)
+        if keeper <= 0:  # kill(0) would be this process's own group
+            raise RuntimeError(f"the keeper's unit {unit} has no main process: {figures['unit_started']}")
         os.kill(keeper, signal.SIGKILL)
         killed = time.monotonic()
         again = wait_for(lambda: (s := unit_state(unit)).get("NRestarts", "0") != "0"
