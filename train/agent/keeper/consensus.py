@@ -45,8 +45,8 @@ class Fence:
 class Consensus:
     """The keeper's side of etcd's agreement: `agreed_now` says whether etcd answered this round."""
 
-    def __init__(self, spec: dict, start: Generation | None, fence: Fence, ticks=time.monotonic):
-        self.agreement = etcd.Agreement(spec)
+    def __init__(self, spec: dict, start: Generation | None, fence: Fence, ticks=time.monotonic, agreement=None):
+        self.agreement = agreement or etcd.Agreement(spec)  # the fault simulator's store stands in for etcd
         self.fence, self.ticks = fence, ticks
         self.agreed_now = False  # etcd answered this round
         self.start_to_propose = start  # a start fab train asked for, proposed at the first round

@@ -43,13 +43,19 @@ Pure: data in, data out (tests/unit/train/agent/keeper/test_generation.py).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 RUNNING, ENDED, IDLE, FINISHED = "running", "ended", "idle", "finished"
+STOPPED = "stopped"  # its keeper stopped them (a fence, a new membership): not a crash
 
 
 LINEAGE_KEPT = 64  # generations a checkpoint remembers; an older save's history is then unknown: set aside
 LEAVE_MARGIN_S = 10.0  # a host leaving (its cloud's notice) is left out this long before its deadline at the latest
+
+
+def _shallow(obj) -> dict:
+    """A dataclass's fields as a dict, without dataclasses.asdict's deep copy (every heartbeat sends one)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ class Checkpoint:
         return cls(**{k: data[k] for k in ("generation", "update", "sha256", "size")}, lineage=lineage)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "lineage": [list(step) for step in self.lineage]}
+        return {**_shallow(self), "lineage": [list(step) for step in self.lineage]}
 
 
 def lineage_after(source: dict | None, number: int, leader: str) -> tuple[tuple[int, str, int], ...]:
@@ -126,7 +132,8 @@ class Generation:
         return self.members[0] if self.members else None
 
     def to_dict(self) -> dict:
-        data = asdict(self)
+        data = _shallow(self)
+        data["source"] = dict(self.source) if self.source is not None else None
         data["members"], data["among"] = list(self.members), list(self.among)
         data["restarts"], data["churn"] = list(self.restarts), list(self.churn)
         return data
@@ -155,6 +162,7 @@ class View:
     hears: tuple[str, ...] = ()  # the hosts it heard from within lost_after_s (itself included)
     cannot_get: str = ""  # the sha256 of a checkpoint it failed to get whole, again and again,
     cannot_get_why: str = ""  # and why
+    cannot_hold: str = ""  # why it has no room for the run's next checkpoint (its /data full): left out until it has
     leaving: float | None = None  # its cloud reclaims it at this time (a spot notice, train.agent.keeper.preemption),
     leaving_why: str = ""  # the notice in words,
     leaving_after: int | None = None  # and the newest save it knew of then: the run goes on from a newer one
@@ -164,7 +172,8 @@ class View:
                 "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "ranks": self.ranks,
                 "active": self.active, "active_members": list(self.active_members), "update": self.update,
                 "how": self.how, "stopping": self.stopping, "hears": list(self.hears),
-                "cannot_get": self.cannot_get, "cannot_get_why": self.cannot_get_why, "leaving": self.leaving,
+                "cannot_get": self.cannot_get, "cannot_get_why": self.cannot_get_why,
+                "cannot_hold": self.cannot_hold, "leaving": self.leaving,
                 "leaving_why": self.leaving_why, "leaving_after": self.leaving_after}
 
     @classmethod
@@ -175,7 +184,8 @@ class View:
                    update=data.get("update"), how=data.get("how", ""),
                    stopping=bool(data.get("stopping")), hears=tuple(data.get("hears") or ()),
                    cannot_get=data.get("cannot_get", ""), cannot_get_why=data.get("cannot_get_why", ""),
-                   leaving=data.get("leaving"), leaving_why=data.get("leaving_why", ""),
+                   cannot_hold=data.get("cannot_hold", ""), leaving=data.get("leaving"),
+                   leaving_why=data.get("leaving_why", ""),
                    leaving_after=data.get("leaving_after"))
 
 
@@ -263,10 +273,12 @@ def progress(views: dict[str, View]) -> int | None:
 
 
 def _new(number: int, members: list[str], views: dict[str, View], reason: str, now: float, at: int | None,
-         budget: tuple[tuple[float, ...], tuple[float, ...]], refused: set[str] = frozenset()) -> Generation:
+         budget: tuple[tuple[float, ...], tuple[float, ...]], refused: set[str] = frozenset(),
+         holders: list[str] | None = None) -> Generation:
+    """`holders`: the hosts whose checkpoints it may start from (its members; and a live host it leaves out)."""
     return Generation(number=number, members=tuple(members), reason=reason, time=round(now, 1),
-                      source=best_checkpoint(views, members, refused), at_update=at, restarts=budget[0],
-                      churn=budget[1])
+                      source=best_checkpoint(views, list(dict.fromkeys(holders or members)), refused), at_update=at,
+                      restarts=budget[0], churn=budget[1])
 
 
 def _held_elsewhere(last_heard: dict[str, View], members: list[str]) -> str | None:
@@ -300,13 +312,17 @@ def _save_pending(views: dict[str, View], gen: Generation, going: list[str], sta
 
 def decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
            lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
-           elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None) -> Generation | None:
+           elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None,
+           tick: float | None = None) -> Generation | None:
     """The next generation, when `me` leads and one is due; else None. `views`: every host's last
     heartbeat (`me`'s own included; a silent host's last one too: what it held), `live`: the hosts
     heard from within `lost_after_s`, `now`: the wall clock (generations' times, the restart budget).
     Not `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead. `agreed`:
     the generation etcd holds, when etcd decides who leads (train.agent.keeper.etcd: `me` holds the
-    lease); without it the leader is the first host of the order that `me` hears or hears of."""
+    lease); without it the leader is the first host of the order that `me` hears or hears of. `tick`: a
+    monotonic clock for the leader's own waits (a wall clock stepped back an hour must not postpone them)."""
+    tick = now if tick is None else tick
+    live = {h for h in live if h in views}  # a peer not heard yet since this keeper started says nothing
     if me not in live or (agreed is None and leader(me, order, views, live) != me):
         return None
     last_heard = views  # a lost host's last heartbeat still says where rank 0 was, and what it held
@@ -346,12 +362,30 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
         return _new(number, staying, views,
                     f"{', '.join(lost)} lost at update {at if at is not None else '?'} ({why})", now, at, changed)
     refused = {views[m].cannot_get for m in gen.members if views[m].cannot_get}
-    if (gen.source or {}).get("sha256") in refused:
-        who = "; ".join(f"{m}: {views[m].cannot_get_why or 'failed'}" for m in gen.members
-                        if views[m].cannot_get == gen.source["sha256"])
-        return _new(number, list(gen.members), views, f"the checkpoint of update {gen.source.get('update')} on "
-                    f"{gen.source.get('host')} could not be copied whole ({who}): from the next best", now, at,
-                    (recent, churn), refused)
+    wanted = (gen.source or {}).get("sha256")
+    full = [m for m in gen.members if views[m].cannot_hold and not runs_in(views[m], gen)]
+    receivers = [m for m in gen.members if wanted and views[m].cannot_get == wanted] + full
+    if receivers:
+        who = "; ".join(f"{m}: {views[m].cannot_hold or views[m].cannot_get_why or 'failed'}" for m in receivers)
+        holders = [h for h in live_order if h not in receivers and views[h].checkpoint is not None
+                   and views[h].checkpoint.sha256 == wanted]
+        rest = [m for m in staying if m not in receivers]
+        if (holders or full) and rest and quorate(order, set(rest)):
+            # the checkpoint is whole where it is: the hosts that cannot take it are left out, never it
+            return _new(number, rest, views, f"{', '.join(receivers)} left out at update "
+                        f"{at if at is not None else '?'}"
+                        f" (cannot take the checkpoint of update {gen.source.get('update')} from "
+                        f"{gen.source.get('host')}: {who})", now, at, changed, holders=[*rest, *holders])
+        if not holders and wanted in refused:
+            if elsewhere := _held_elsewhere(last_heard, [m for m in gen.members if views[m].checkpoint is None
+                                                          or views[m].checkpoint.sha256 not in refused]):
+                memory.waiting = f"no member can get the checkpoint {gen.source.get('host')} held; {elsewhere}"
+                return None
+            return _new(number, list(gen.members), views, f"the checkpoint of update {gen.source.get('update')} on "
+                        f"{gen.source.get('host')} could not be copied whole ({who}): from the next best", now, at,
+                        (recent, churn), refused)
+        memory.waiting = f"{', '.join(receivers)} cannot take the run's checkpoint ({who}): the others wait"
+        return None
     going = [m for m in gen.members if m in leaving and m not in staying]
     if going and elastic and quorate(order, set(staying)):
         if waits := _save_pending(views, gen, going, staying, now):
@@ -359,7 +393,12 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
             return None
         return _new(number, staying, views, f"{', '.join(going)} leaving at update {at if at is not None else '?'} "
                     f"({'; '.join(views[h].leaving_why for h in going)})", now, at, changed)
-    joining = [h for h in staying if h not in gen.members]
+    going_on = (best_checkpoint(views, staying) or {}).get("sha256")
+    joining = [h for h in staying if h not in gen.members and not views[h].cannot_hold
+               and not (going_on and views[h].cannot_get == going_on)]
+    if (outside := [h for h in staying if h not in gen.members and h not in joining]) and not joining:
+        memory.waiting = "; ".join(f"{h} back, but it cannot take the run's checkpoint "
+                                   f"({views[h].cannot_hold or views[h].cannot_get_why})" for h in outside)
     if joining and elastic:
         rank0 = views.get(gen.members[0])
         saved = rank0.checkpoint.update if rank0 and rank0.checkpoint and rank0.checkpoint.generation == gen.number \
@@ -371,18 +410,22 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                 memory.waiting = (f"{', '.join(joining)} back, but the run's membership changed {len(churn)} times "
                                   f"in the last hour: taken back once it is under {max_rejoins}")
                 return None
-            return _new(number, live_order, views, f"{', '.join(joining)} rejoined at update "
+            return _new(number, [h for h in live_order if h in gen.members or h in joining], views,
+                        f"{', '.join(joining)} rejoined at update "
                         f"{saved if saved is not None else at if at is not None else '?'}", now, at, changed)
         return None
-    ended = [m for m in gen.members if views[m].ranks == ENDED and runs_in(views[m], gen)]
+    ended = [m for m in gen.members if views[m].ranks in (ENDED, STOPPED) and runs_in(views[m], gen)]
     if not ended:
         memory.ended_since = None
         return None
-    memory.ended_since = memory.ended_since or now
-    if now - memory.ended_since < ended_grace_s:
+    memory.ended_since = memory.ended_since if memory.ended_since is not None else tick
+    if tick - memory.ended_since < ended_grace_s:
         return None  # a lost peer ends the others' ranks too: its loss is decided first
     memory.ended_since = None
     how = "; ".join(f"{m}: {views[m].how or 'ended'}" for m in ended)
+    if fenced := [m for m in ended if views[m].ranks == STOPPED]:  # cut off from etcd, not a crash: no budget
+        return _new(number, list(gen.members), views, f"ranks of {', '.join(fenced)} stopped by their keeper at "
+                    f"update {at} (cut off from the run's majority): restarting", now, at, (recent, churn))
     if not elastic:
         return Generation(number=number, members=(), reason=f"ranks ended ({how}); --no-elastic: the run stops",
                           time=round(now, 1), at_update=at, stopped="ranks ended, not elastic", among=gen.members)

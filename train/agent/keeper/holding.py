@@ -15,16 +15,27 @@ from train.agent.keeper.generation import Checkpoint, Generation, View, copies_f
 FETCH_TRIES = 3  # copies of one checkpoint that fail before this host says it cannot get it
 
 
+def _thread(work) -> threading.Thread:
+    thread = threading.Thread(target=work, daemon=True, name="fetch")
+    thread.start()
+    return thread
+
+
 class Holding:
     """What this host holds (`checkpoint`), what its ranks' saves were last seen at (`seen`), and its
     copy from a peer under way (`fetching`). `views`: the keeper's views of the hosts, shared."""
 
-    def __init__(self, run_dir: str, spec: dict, views: dict[str, View], ticks=time.monotonic):
+    def __init__(self, run_dir: str, spec: dict, views: dict[str, View], ticks=time.monotonic, store=replica,
+                 spawn=None):
+        # `store`: where checkpoints live (train.agent.keeper.replica's files; the fault simulator's disks);
+        # `spawn`: runs a copy in the background (a thread; the simulator's clock)
         self.run_dir, self.spec, self.views, self.ticks = run_dir, spec, views, ticks
+        self.store, self.spawn = store, spawn or _thread
         self.me: str = spec["me"]
+        self.store.remove_partials(run_dir)  # a copy cut short by a kill: its bytes are no use
         self.checkpoint = Checkpoint.of(self.verified())  # hashed before it is resumed from or served
-        if self.checkpoint is None and replica.manifest(run_dir) is None and replica.paths(run_dir)[0].exists():
-            _, made = replica.snapshot(run_dir, 0, None)  # a checkpoint from before keepers
+        if self.checkpoint is None and self.store.manifest(run_dir) is None and store.loose(run_dir):
+            _, made = self.store.snapshot(run_dir, 0, None)  # a checkpoint from before keepers
             self.checkpoint = Checkpoint.of(made)
         self.seen: tuple[int, int] | None = None
         self.fetching: threading.Thread | None = None
@@ -32,41 +43,61 @@ class Holding:
         self.fetch_failures: dict[str, int] = {}  # sha256 -> copies of it that did not arrive whole
         self.fetch_after = 0.0  # ticks: the next try waits (1, 2, 4 ... 60 s after each failure)
         self.corrupt = False
+        self.cannot_hold = ""  # why this host has no room for the checkpoint it needs (its /data full)
+        self.needs = 0  # the bytes that checkpoint needs free
 
     def verified(self) -> dict | None:
         """This host's snapshot's manifest, its bytes hashed against it; a snapshot that does not match
         (a flipped byte on disk) is set aside as corrupt and this host holds none."""
-        held = replica.manifest(self.run_dir)
-        if held is None or replica.verify(self.run_dir, held):
+        held = self.store.manifest(self.run_dir)
+        if held is None or self.store.verify(self.run_dir, held):
             return held
-        aside = replica.set_aside(self.run_dir, held, why="corrupt")
+        aside = self.store.set_aside(self.run_dir, held, why="corrupt")
         say(f"checkpoint of update {held['update']} does not match its manifest's sha256: set aside at {aside}; "
                  "this host holds none until a peer's copy arrives")
         return None
 
     def recheck(self) -> None:
-        """A peer asked for a copy that no longer matches its manifest: hashed again, set aside if so."""
+        """A peer asked for a copy that no longer matches its manifest: hashed again, set aside if so.
+        A full /data that has room again is said, and this host can be taken back."""
         if self.corrupt:
             self.corrupt, self.checkpoint = False, Checkpoint.of(self.verified())
+        if self.cannot_hold and self.store.free(self.run_dir) >= self.needs:
+            say(f"{self.me}'s /data has room for the run's checkpoint again ({self.needs:,} bytes)")
+            self.cannot_hold = ""
+
+    def no_room(self, want: dict, found: str = "") -> bool:
+        """Whether this host lacks the room to copy `want` (said once, in its heartbeat: the leader leaves it
+        out, never the checkpoint, and takes it back once there is room)."""
+        free = self.store.free(self.run_dir)
+        if not found and free >= want["size"]:
+            return False
+        self.needs = want["size"]
+        why = (f"{self.me}: /data has {free:,} bytes free, the checkpoint of update {want['update']} needs "
+               f"{want['size']:,}{' (' + found + ')' if found else ''}")
+        if not self.cannot_hold:
+            say(f"{why}: this host is left out until there is room")
+        self.cannot_hold = why
+        return True
 
     def serves(self) -> bool:
         """Whether the snapshot a peer asks for still matches its manifest (hashed once a file)."""
-        held = replica.manifest(self.run_dir)
-        if held is not None and replica.verify(self.run_dir, held, cached=True):
+        held = self.store.manifest(self.run_dir)
+        if held is not None and self.store.verify(self.run_dir, held, cached=True):
             return True
         self.corrupt = True
         return False
 
     def snapshot(self, generation: int, lineage) -> None:
         """On rank 0's host, each new save becomes the snapshot peers fetch."""
-        self.seen, made = replica.snapshot(self.run_dir, generation, self.seen, lineage)
+        self.seen, made = self.store.snapshot(self.run_dir, generation, self.seen, lineage)
         if made:
             self.checkpoint = Checkpoint.of(made)
             say(f"checkpoint of update {made['update']} ({made['size']:,} bytes) ready for the peers")
 
     def resumed(self) -> None:
         """This host's ranks started from what it holds: no save of theirs is seen yet."""
-        self.seen = replica.seen_now(self.run_dir)
+        self.seen = self.store.seen_now(self.run_dir)
 
     def cannot_get(self) -> tuple[str, str]:
         """The checkpoint this host cannot get (its sha256, "" when none) and why, as its heartbeat says it."""
@@ -82,27 +113,27 @@ class Holding:
         mine = self.checkpoint
         if want is None:
             if mine is not None:  # ranks elsewhere start from scratch: one finding a checkpoint would hang
-                aside = replica.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
+                aside = self.store.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
                 say(f"generation {gen.number} starts from no checkpoint: this host's is set aside at {aside}")
                 self.checkpoint = None
-            replica.clear(self.run_dir)
+            self.store.clear(self.run_dir)
             return True
         if mine is not None and mine.sha256 == want["sha256"]:
-            if not replica.verify(self.run_dir, mine.to_dict()):  # hashed before it is resumed from
+            if not self.store.verify(self.run_dir, mine.to_dict()):  # hashed before it is resumed from
                 self.checkpoint = Checkpoint.of(self.verified())
                 # this host cannot get the source whole (its own copy is it): its heartbeat says so, and the
                 # leader starts from the next best instead of waiting for a copy that no longer exists
                 self.fetch_failures[want["sha256"]] = FETCH_TRIES
                 self.fetch_error = f"{self.me}'s copy of update {want['update']} does not match its manifest"
                 return False
-            replica.restore(self.run_dir)
+            self.store.restore(self.run_dir)
             return True
         if self.busy():
             return False
         if want["host"] == self.me:  # its snapshot moved on since: the newest it holds is the one now
-            return mine is not None and replica.restore(self.run_dir) is None
+            return mine is not None and self.store.restore(self.run_dir) is None
         if mine is not None and not descends_from(want, mine):
-            aside = replica.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
+            aside = self.store.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
             say(f"checkpoint of generation {mine.generation}, update {mine.update}: another history than the "
                      f"one generation {gen.number} goes on with (update {want['update']}), set aside whole at {aside}")
             self.checkpoint = None
@@ -130,28 +161,30 @@ class Holding:
         """Copy `want` from its holder in the background; a copy that fails waits 1, 2, 4 ... 60 s before
         the next try, and after FETCH_TRIES this host's heartbeat says it cannot get it (the leader
         then starts from the next best checkpoint)."""
-        if self.ticks() < self.fetch_after or want["sha256"] in self.refused():
+        if self.ticks() < self.fetch_after or want["sha256"] in self.refused() or self.no_room(want):
             return
         url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
 
         def fetch() -> None:
             started = time.monotonic()
             try:
-                got = replica.fetch(url, self.spec["token"], self.run_dir, want)
+                got = self.store.fetch(url, self.spec["token"], self.run_dir, want)
                 self.checkpoint, self.fetch_error = Checkpoint.of(got), ""
                 self.fetch_failures.pop(want["sha256"], None)
-                self.seen = replica.seen_now(self.run_dir)
+                self.seen = self.store.seen_now(self.run_dir)
                 say(f"checkpoint of update {want['update']} from {want['host']}: {want['size']:,} bytes, "
                          f"sha256 checked, in {time.monotonic() - started:.1f} s")
             except replica.FetchError as err:
+                if "No space left" in str(err):  # this host's trouble, never the checkpoint's
+                    self.no_room(want, "the copy ran out of space")
+                    return
                 failures = self.fetch_failures[want["sha256"]] = self.fetch_failures.get(want["sha256"], 0) + 1
                 self.fetch_error = str(err)
                 self.fetch_after = self.ticks() + min(60.0, 2.0 ** (failures - 1))
                 gave_up = f"; {failures} tries: this host cannot get it" if failures >= FETCH_TRIES else ""
                 say(f"checkpoint copy failed (the previous one is kept): {err}{gave_up}")
 
-        self.fetching = threading.Thread(target=fetch, daemon=True, name="fetch")
-        self.fetching.start()
+        self.fetching = self.spawn(fetch)
 
     def replicate(self, gen: Generation, seen: dict[str, View]) -> None:
         """Each new checkpoint of rank 0's is held by a majority of the generation's hosts: the next

@@ -69,9 +69,12 @@ class Keeper:
     agreement with three hosts or more (`consensus`, `fence`: keeper_agreement) and its notices and
     copies off the cluster (`notices`, keeper_notices)."""
 
-    def __init__(self, run_dir: str, spec: dict, clock=time.time, ticks=time.monotonic):
+    def __init__(self, run_dir: str, spec: dict, clock=time.time, ticks=time.monotonic, world: dict | None = None):
         # `clock`: the wall clock, for what is recorded and shared (times, the restart budget);
-        # `ticks`: a monotonic one for liveness (an NTP step must not delay declaring a peer lost)
+        # `ticks`: a monotonic one for liveness (an NTP step must not delay declaring a peer lost);
+        # `world`: what the fault simulator (tests/sim) puts in place of processes, disks and etcd:
+        # "ranks", "store" and "spawn" (train.agent.keeper.holding), "notices", "agreement"
+        world = world or {}
         self.run_dir, self.spec, self.clock, self.ticks = run_dir, spec, clock, ticks
         self.dir = keeper_dir(run_dir)
         self.me: str = spec["me"]
@@ -88,7 +91,7 @@ class Keeper:
                 self.views[peer] = View(host=peer, generation=None, checkpoint=Checkpoint.of(held))
         self.memory = LeaderMemory()
         self.lock = threading.RLock()
-        self.ranks = Ranks(run_dir, spec)
+        self.ranks = world.get("ranks") or Ranks(run_dir, spec)
         self.generation = Generation.of(read_json(self.dir / "generation.json"))
         self.recorded = {(e.get("generation"), tuple(e.get("hosts") or ())) for e in self.timeline()}
         if spec.get("start") and self.ranks.started_for != spec["start"]:  # a start fab train asked for
@@ -98,12 +101,14 @@ class Keeper:
                                          start=spec["start"])
             write_json(self.dir / "generation.json", self.generation.to_dict())
             self.ranks.forget(spec["start"])
-        self.holding = Holding(run_dir, spec, self.views, ticks)
+        self.holding = Holding(run_dir, spec, self.views, ticks,
+                               **{k: world[k] for k in ("store", "spawn") if k in world})
         self.said_waiting = ""
         self.fence = Fence(self.ranks, self.lost_after_s)
         start = self.generation if self.generation and self.generation.pending else None
-        self.consensus = Consensus(spec, start, self.fence, ticks) if agreement.uses_etcd(self.order) else None
-        self.notices = Notices(run_dir, spec, clock)
+        self.consensus = Consensus(spec, start, self.fence, ticks, world.get("agreement")) \
+            if agreement.uses_etcd(self.order) else None
+        self.notices = world.get("notices") or Notices(run_dir, spec, clock)
 
     # --- the record on this host
 
@@ -140,7 +145,8 @@ class Keeper:
                     active=self.ranks.active, active_members=tuple(self.ranks.members),
                     update=self.ranks.last_update(), how=self.ranks.how(state),
                     stopping=(self.dir / "stop").exists(), hears=tuple(sorted(self.live)),
-                    cannot_get=cannot_get, cannot_get_why=why, **self.notices.leaving)
+                    cannot_get=cannot_get, cannot_get_why=why, cannot_hold=self.holding.cannot_hold,
+                    **self.notices.leaving)
 
     def answer(self) -> View:
         """What a peer hears: this moment's view, but "finished" only once a round has snapshot the
@@ -160,6 +166,11 @@ class Keeper:
     def ask(self, peer: str) -> View | None:
         return keeper_heartbeat.ask(self.spec, peer)
 
+    def ask_peers(self) -> dict[str, View | None]:
+        """Every peer's view, asked at once (None: no answer)."""
+        with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
+            return dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))
+
     # --- one round
 
     def step(self) -> str | None:
@@ -170,8 +181,7 @@ class Keeper:
         self.snapshot()
         self.notices.offsite.tick(self.ranks.running_members())  # a child process uploads
         self.notices.heed([self.holding.checkpoint, *(v.checkpoint for v in self.views.values())])
-        with ThreadPoolExecutor(max_workers=max(1, len(self.peers))) as pool:
-            answers = dict(zip(self.peers, pool.map(self.ask, self.peers), strict=True))
+        answers = self.ask_peers()
         with self.lock:  # what the heartbeat reads; never held while acting (a stop takes seconds)
             for peer, said in answers.items():
                 if said is not None:
@@ -203,7 +213,7 @@ class Keeper:
         return decide(self.me, self.order, dict(self.views), set(self.live), now, self.memory,
                       self.lost_after_s, float(self.spec.get("ended_grace_s", 25)),
                       int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)),
-                      max_rejoins=int(self.spec.get("max_rejoins", 6)), agreed=agreed)
+                      max_rejoins=int(self.spec.get("max_rejoins", 6)), agreed=agreed, tick=self.ticks())
 
     def decide_locked(self, now: float, agreed: Generation) -> Generation | None:
         with self.lock:

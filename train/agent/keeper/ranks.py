@@ -11,7 +11,16 @@ import time
 from pathlib import Path
 
 from train.agent.keeper.files import keeper_dir, read_json, say, write_json
-from train.agent.keeper.generation import ENDED, FINISHED, IDLE, RUNNING, Checkpoint, Generation, lineage_after
+from train.agent.keeper.generation import (
+    ENDED,
+    FINISHED,
+    IDLE,
+    RUNNING,
+    STOPPED,
+    Checkpoint,
+    Generation,
+    lineage_after,
+)
 from train.agent.keeper.state import last_update, run_pids, tail
 from train.agent.keeper.stop import stop as stop_ranks
 from train.agent.trainer import tracker
@@ -49,10 +58,12 @@ class Ranks:
         self.log_offset: int = saved.get("log_offset", 0)
         self.lineage = tuple(tuple(step) for step in saved.get("lineage") or ())  # of the saves its ranks make
         self.started_for: str | None = saved.get("start")  # the `fab train` start they were recorded for
+        self.stopped: bool = bool(saved.get("stopped"))  # this keeper stopped them (not a crash)
 
     def save(self, start: str | None = None) -> None:
         data = read_json(self.file, {})
         data.update({"active": self.active, "members": self.members, "log_offset": self.log_offset,
+                     "stopped": self.stopped,
                      "lineage": [list(step) for step in self.lineage]})
         if start is not None:
             data["start"] = start
@@ -61,7 +72,7 @@ class Ranks:
     def forget(self, start: str) -> None:
         """A new start of the run: nothing runs for it yet (a finished run resumed for more updates is
         not finished)."""
-        self.active, self.members, self.log_offset = None, [], 0
+        self.active, self.members, self.log_offset, self.stopped = None, [], 0, False
         self.save(start=start)
 
     def running_members(self) -> list[str]:
@@ -93,7 +104,7 @@ class Ranks:
             return IDLE
         if self.rank0_here() and self.finished():
             return FINISHED
-        return ENDED
+        return STOPPED if self.stopped else ENDED
 
     def how(self, state: str) -> str:
         return how_ranks_ended(tail(self.log(), 80)) if state == ENDED else ""
@@ -102,6 +113,14 @@ class Ranks:
         return last_update(self.log()) if self.rank0_here() else None
 
     def stop(self, mark: bool = False) -> None:
+        """Stop this host's ranks. Ranks this keeper stopped (a fence, a new membership, `fab stop`) read
+        as STOPPED, never as ENDED: only a crash spends the run's restart budget."""
+        if self.active is not None and not self.stopped and self.alive():
+            self.stopped = True
+            self.save()
+        self.end_processes(mark)
+
+    def end_processes(self, mark: bool) -> None:
         stop_ranks(self.run_dir, mark=mark)
 
     def wait(self, seconds: float) -> None:
@@ -115,6 +134,14 @@ class Ranks:
     def start(self, gen: Generation, checkpoint: Checkpoint | None) -> bool:
         """This host's ranks of generation `gen`, resuming from `checkpoint`; False when they could not start."""
         command = rendezvous_moved(self.spec["commands"][",".join(gen.members)][self.me], gen.number)
+        if not self.launch(command):
+            return False
+        self.active, self.members, self.stopped = gen.number, list(gen.members), False
+        self.lineage = lineage_after(checkpoint.to_dict() if checkpoint else None, gen.number, gen.members[0])
+        return True
+
+    def launch(self, command: str) -> bool:
+        """Run the training command (it starts the ranks in the background); False when it failed."""
         try:
             self.log_offset = self.log().stat().st_size
         except OSError:
@@ -126,6 +153,4 @@ class Ranks:
         if done.returncode != 0:
             say(f"could not start this host's ranks: {done.stderr.strip()[-300:]}")
             return False
-        self.active, self.members = gen.number, list(gen.members)
-        self.lineage = lineage_after(checkpoint.to_dict() if checkpoint else None, gen.number, gen.members[0])
         return True

@@ -12,7 +12,7 @@ one (os.replace: a reader sees the old file or the new, never half). Every file 
 manifest names it, and a snapshot is hashed against its manifest before it is resumed from or
 served (`verify`): a byte flipped at rest is found there, not in a peer's copy. A checkpoint of
 another history (a split's other side) is never overwritten: it is set aside whole in
-RUN/checkpoints/set-aside/, its manifest beside it, the oldest removed beyond SET_ASIDE_KEPT.
+RUN/checkpoints/set-aside/, its manifest beside it, the least trained removed beyond SET_ASIDE_KEPT.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -30,7 +31,7 @@ LAST = "checkpoint_last.pt"
 KEEP = ".keep"
 CHUNK = 1 << 20
 SET_ASIDE = "set-aside"
-SET_ASIDE_KEPT = 1  # histories set aside a host keeps (GBs each, in preflight's disk need): the oldest goes first
+SET_ASIDE_KEPT = 1  # histories set aside a host keeps (GBs each, in preflight's disk need): the least trained go
 
 
 class FetchError(RuntimeError):
@@ -41,6 +42,27 @@ def paths(run_dir: str | Path) -> tuple[Path, Path, Path]:
     """(the checkpoint fairseq reads, the stable snapshot, its manifest)."""
     checkpoints = Path(run_dir) / "checkpoints"
     return checkpoints / LAST, checkpoints / KEEP / LAST, checkpoints / KEEP / "manifest.json"
+
+
+def free(run_dir: str | Path) -> int:
+    """The bytes free on the run's filesystem."""
+    return shutil.disk_usage(run_dir).free
+
+
+PARTIALS = (f".{LAST}.incoming", f".{LAST}.link", f".{LAST}.restore")
+
+
+def remove_partials(run_dir: str | Path) -> None:
+    """The temporary files of a copy, snapshot or restore that a kill cut short."""
+    last, snap, _ = paths(run_dir)
+    for folder in {last.parent, snap.parent}:
+        for name in PARTIALS:
+            (folder / name).unlink(missing_ok=True)
+
+
+def loose(run_dir: str | Path) -> bool:
+    """Whether fairseq's checkpoint_last.pt is there (a run from before keepers, or a save not snapshot yet)."""
+    return paths(run_dir)[0].exists()
 
 
 def manifest(run_dir: str | Path) -> dict | None:
@@ -210,12 +232,21 @@ def set_aside(run_dir: str | Path, held: dict, why: str = "", keep: int = SET_AS
                                                       "set_aside_at": time.time()}))
     for stale in (last, man):
         stale.unlink(missing_ok=True)
-    for old in set_aside_list(run_dir)[:-keep or None] if keep > 0 else []:
+    for old in pruned(set_aside_list(run_dir), keep):
         Path(old["path"]).unlink(missing_ok=True)
         Path(old["path"]).with_suffix(".json").unlink(missing_ok=True)
         print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} set-aside checkpoint of update {old.get('update')} "
               f"(generation {old.get('generation')}) removed: more than {keep} kept", flush=True)
     return aside
+
+
+def pruned(aside: list[dict], keep: int) -> list[dict]:
+    """The set-aside checkpoints to remove so that `keep` stay (0 or less: all stay): those with the least
+    training first, never the one with the most (a split's other side may hold the run's best)."""
+    if keep <= 0:
+        return []
+    ranked = sorted(aside, key=lambda d: (int(d.get("update") or 0), d.get("set_aside_at") or 0))
+    return ranked[:-keep]
 
 
 def set_aside_list(run_dir: str | Path) -> list[dict]:

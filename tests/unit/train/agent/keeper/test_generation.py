@@ -6,6 +6,7 @@ from train.agent.keeper.generation import (
     ENDED,
     FINISHED,
     RUNNING,
+    STOPPED,
     Checkpoint,
     Generation,
     LeaderMemory,
@@ -170,15 +171,63 @@ def test_no_host_starts_from_nothing_while_a_lost_host_holds_the_runs_checkpoint
     assert decide("v100b", ORDER, views, {"v100b"}, 101, memory).source["update"] == 90_000
 
 
-def test_a_member_that_cannot_get_the_source_makes_the_leader_start_from_the_next_best():
+def test_a_receiver_that_cannot_get_the_source_is_left_out_never_the_checkpoint_its_holder_still_holds():
+    """v100b back with a full disk (or a reset connection) fails to copy v100a's update 80: v100b is left
+    out and v100a goes on from 80, not from v100b's 60 (the run's rollback, defect 1 of issue 52)."""
+    g = Generation(number=5, members=tuple(ORDER), reason="test", time=0.0,
+                   source={"host": "v100a", "generation": 4, "update": 80, "sha256": "good", "size": 100})
+    views = {"v100a": view("v100a", g, Checkpoint(4, 80, "good", 100), ranks="idle"),
+             "v100b": View("v100b", g, ckpt(4, 60), "idle", cannot_get="good",
+                           cannot_get_why="OSError: [Errno 28] No space left on device")}
+    new = decide("v100a", ORDER, views, set(ORDER), 100, LeaderMemory())
+    assert new.number == 6 and new.members == ("v100a",) and new.source["update"] == 80
+    assert "v100b left out" in new.reason and "No space left" in new.reason
+
+
+def test_a_checkpoint_no_live_host_holds_whole_any_more_makes_the_leader_start_from_the_next_best():
     g = Generation(number=5, members=tuple(ORDER), reason="test", time=0.0,
                    source={"host": "v100a", "generation": 4, "update": 80, "sha256": "bad", "size": 100})
-    views = {"v100a": view("v100a", g, Checkpoint(4, 80, "bad", 100), ranks="idle"),
+    # v100a found its own copy corrupt (set aside: it holds none now) and says it cannot get it
+    views = {"v100a": View("v100a", g, None, "idle", cannot_get="bad", cannot_get_why="does not match"),
              "v100b": View("v100b", g, ckpt(4, 60), "idle", cannot_get="bad",
                            cannot_get_why="sha256 3f2a: the manifest says bad")}
     new = decide("v100a", ORDER, views, set(ORDER), 100, LeaderMemory())
     assert new.number == 6 and new.source["host"] == "v100b" and new.source["update"] == 60
     assert "could not be copied whole" in new.reason and "v100b: sha256 3f2a" in new.reason
+
+
+def test_a_host_without_room_for_the_checkpoint_is_not_taken_back_until_it_has():
+    g = gen(7, ["v100a"])
+    memory = LeaderMemory()
+    full = View("v100b", gen(6, ORDER), None, "idle", cannot_hold="v100b: /data has 10 free, the checkpoint needs 100")
+    views = {"v100a": view("v100a", g, ckpt(7, 50)), "v100b": full}
+    assert decide("v100a", ORDER, views, set(ORDER), 100, memory) is None
+    assert "cannot take the run's checkpoint" in memory.waiting and "/data has 10 free" in memory.waiting
+    views["v100b"] = replace(full, cannot_hold="")
+    decide("v100a", ORDER, views, set(ORDER), 101, memory)
+    views["v100a"] = view("v100a", g, ckpt(7, 60))  # the next save: taken back
+    assert decide("v100a", ORDER, views, set(ORDER), 102, memory).members == tuple(ORDER)
+
+
+def test_ranks_their_keeper_stopped_are_restarted_without_spending_the_restart_budget():
+    """etcd cut four times: each time the fence stops a host's ranks (STOPPED) and the others' fail with
+    them (ENDED). The restart is not a crash: the budget of 3 an hour is untouched (defect 2 of issue 52)."""
+    g = Generation(number=9, members=tuple(ORDER), reason="test", time=0.0, restarts=(3000.0, 3100.0, 3200.0))
+    views = {"v100a": view("v100a", g, ckpt(9, 10), ranks=ENDED), "v100b": view("v100b", g, ranks=STOPPED)}
+    memory = LeaderMemory()
+    assert decide("v100a", ORDER, views, set(ORDER), 3300, memory, tick=5.0) is None  # the grace first
+    new = decide("v100a", ORDER, views, set(ORDER), 3330, memory, tick=31.0)
+    assert not new.stopped and new.members == tuple(ORDER) and new.restarts == g.restarts
+    assert "stopped by their keeper" in new.reason
+
+
+def test_the_wall_clock_stepped_back_an_hour_does_not_postpone_a_crash_restart():
+    g = gen(3, ORDER)
+    views = {"v100a": view("v100a", g, ckpt(3, 10), ranks=ENDED), "v100b": view("v100b", g, ranks=ENDED)}
+    memory = LeaderMemory()
+    assert decide("v100a", ORDER, views, set(ORDER), 10_000, memory, tick=100.0) is None
+    new = decide("v100a", ORDER, views, set(ORDER), 10_000 - 3600, memory, tick=126.0)
+    assert new is not None and "restarting" in new.reason
 
 
 def test_the_restart_budget_survives_a_new_leader_and_a_flapping_host_waits_instead_of_stopping_the_run():

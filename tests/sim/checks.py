@@ -1,0 +1,138 @@
+"""The rules the keepers keep, each a named check the simulator runs as the world changes (safety) or
+at the end of a healed run (liveness). A check that fails raises Violation with its name."""
+
+from __future__ import annotations
+
+from tests.sim.world import POLL_MS, Host, World
+
+
+class Violation(AssertionError):
+    def __init__(self, name: str, detail: str):
+        super().__init__(f"{name}: {detail}")
+        self.name = name
+
+
+SAFETY = ("never_rolls_back", "never_from_nothing", "one_start_for_all", "one_generation_training",
+          "never_a_minority", "set_aside_bounded", "best_never_pruned", "budget_counts_crashes")
+LIVENESS = ("a_healed_majority_trains",)
+
+
+def whole(h: Host, before_ms: int):
+    """h's checkpoint if it is whole (bytes as its manifest says, or a manifest to re-hash) and was
+    there at `before_ms` (a save newer than a keeper's round is not yet known to anyone)."""
+    f = h.disk.snap
+    if f is None or f.corrupt or f.made_ms > before_ms:
+        return None
+    return f
+
+
+class Checks:
+    """Observes the world (its hooks) and checks the rules; `fired` counts each rule checked."""
+
+    def __init__(self, world: World):
+        self.world = world
+        self.crashes = 0  # rank crashes the schedule caused (injected, or a save on a full disk)
+        self.restarts = 0  # crash restarts the keepers made
+        self.start_ms: dict[tuple[int, tuple[str, ...]], int] = {}
+        self.fired: dict[str, int] = {}
+        self.seen_generations: set[tuple[int, tuple[str, ...]]] = set()
+
+    def fail(self, name: str, detail: str):
+        raise Violation(name, detail)
+
+    def count(self, name: str) -> None:
+        self.fired[name] = self.fired.get(name, 0) + 1
+
+    # --- hooks
+
+    def started(self, w: World, h: Host, gen) -> None:
+        self.start_ms.setdefault((gen.number, tuple(gen.members)), w.now)
+
+    def trains(self, w: World, key, hosts: list[Host], starts: set) -> None:
+        number, members = key
+        self.count("one_start_for_all")
+        if len(starts) > 1:
+            self.fail("one_start_for_all", f"generation {number} {list(members)}: ranks resumed from different files "
+                                           f"{sorted(map(str, starts))}")
+        began = self.start_ms.get(key, w.now) - 2 * POLL_MS
+        rank0 = w.hosts[members[0]]
+        live = [h for h in w.hosts.values() if h.name in members or (
+            h.up and h.keeper is not None and h.keeper_ended_ms is None and w.both(h.name, rank0.name))]
+        held = [(f.update, h.name) for h in live if (f := whole(h, began))]
+        resumed = hosts[0].procs.resumed
+        self.count("never_rolls_back")
+        self.count("never_from_nothing")
+        if held:
+            best, where = max(held)
+            if resumed is None:
+                self.fail("never_from_nothing", f"generation {number} {list(members)} started from nothing while "
+                                                f"{where} held update {best}")
+            if resumed < best:
+                self.fail("never_rolls_back", f"generation {number} {list(members)} resumed from update {resumed} "
+                                              f"while {where} held update {best}")
+
+    def crashed(self, w: World, h: Host, why: str) -> None:
+        self.crashes += 1
+
+    def agreed(self, w: World, gen) -> None:
+        pass  # etcd's record; the keepers' own records are read in tick
+
+    def pruned(self, w: World, h: Host, f) -> None:
+        self.count("best_never_pruned")
+        best = max((g.update for x in w.hosts.values() for g in [x.disk.snap, *(a for a, _ in x.disk.aside)]
+                    if g is not None and not g.corrupt and g is not f), default=-1)
+        if f.update > best and not f.corrupt:
+            self.fail("best_never_pruned", f"{h.name} removed a set-aside checkpoint of update {f.update}, "
+                                           f"the most training any host held (next best {best})")
+
+    def tick(self, w: World) -> None:
+        training = w.training()
+        n = len(w.order)
+        if n >= 3:
+            self.count("one_generation_training")
+            if len(training) > 1:
+                self.fail("one_generation_training", f"{len(training)} generations train at once: {training}")
+            self.count("never_a_minority")
+            for number, members in training:
+                if 2 * len(members) <= n:
+                    self.fail("never_a_minority", f"generation {number} trains on {list(members)}, "
+                                                  f"a minority of {n} hosts")
+        for h in w.hosts.values():
+            self.count("set_aside_bounded")
+            if len(h.disk.aside) > max(1, int(w.spec.get("set_aside_kept", 1))):
+                self.fail("set_aside_bounded", f"{h.name} keeps {len(h.disk.aside)} set-aside checkpoints")
+            gen = h.keeper.generation if h.keeper is not None else None
+            if gen is None or gen.pending or (gen.number, gen.members) in self.seen_generations:
+                continue
+            self.seen_generations.add((gen.number, gen.members))
+            self.count("budget_counts_crashes")
+            if gen.reason.endswith("restarting") and "ranks ended" in gen.reason:
+                self.restarts += 1
+                if self.restarts > self.crashes:
+                    self.fail("budget_counts_crashes", f"generation {gen.number}: {gen.reason!r} is restart "
+                                                       f"{self.restarts}, after {self.crashes} rank crashes")
+            if gen.stopped == "restarts exhausted" and self.crashes < int(w.spec["max_restarts"]):
+                self.fail("budget_counts_crashes", f"generation {gen.number} stopped the run ({gen.reason!r}) "
+                                                   f"after {self.crashes} rank crashes")
+
+    # --- liveness
+
+    def healed(self, w: World, within_ms: int, best_before: int) -> None:
+        """After everything healed: a majority of the hosts (one of two) trains past what was held, or the
+        run stopped as its rules say (the restart budget spent by real crashes)."""
+        self.count("a_healed_majority_trains")
+        n = len(w.order)
+        stopped = [h.keeper.generation for h in w.hosts.values() if h.keeper is not None and h.keeper.generation
+                   and h.keeper.generation.stopped]
+        if stopped and all(g.stopped == "restarts exhausted" for g in stopped) and self.crashes >= int(
+                w.spec["max_restarts"]):
+            return
+        for number, members in w.training():
+            if 2 * len(members) > n or (n == 2 and members):
+                update = w.training_update.get((number, members), 0)
+                if update > best_before:
+                    return
+        said = "; ".join(f"{h.name}: {h.log[-1] if h.log else 'nothing'}" for h in w.hosts.values())
+        self.fail("a_healed_majority_trains", f"{within_ms / 1000:.0f} s after every fault healed no majority "
+                                              f"trains past update {best_before} (training: {w.training()}); "
+                                              f"last words: {said}")
