@@ -9,8 +9,9 @@ Each copy's files go first, streamed in blocks (multipart on S3; memory stays fl
 hashed on the way; then manifest.json, naming each file's sha256 and size, the update, the time and what
 a resume needs (the run's preset, dataset, world size, tokens per update; run.json is the whole record).
 A copy without its manifest, or with a file of another size, never counts (`whole_copies`); older
-copies are deleted only once the new manifest is written, the newest KEEP kept. `fetch` checks every
-file's sha256 before it takes its place in the destination.
+copies are deleted only once the new manifest is written, the newest KEEP kept. `fetch` refuses a manifest
+naming anything but plain file names, and checks every file's sha256 before it takes its place in the
+destination.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ KEEP = 2  # whole copies of each kind kept in the store (the newest first)
 BLOCK = 8 << 20  # bytes read and written at a time
 KINDS = {"last": "", "best": "best"}  # a kind of copy -> its folder under RUN/
 COPY = re.compile(r"u(\d+)")
+# what a manifest may name: a file in the copy's own folder, as tandem names them (checkpoint_last.pt,
+# run.json); never a path, `..`, an absolute or hidden name (the fetch's own `.NAME.incoming`)
+PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class OffsiteError(RuntimeError):
@@ -161,6 +165,10 @@ def fetch(copy_url: str, dest: str | Path) -> dict:
     manifest = read_manifest(fs, target.root)
     if manifest is None:
         raise OffsiteError(f"{copy_url}: no {MANIFEST} (not a whole copy)")
+    # whoever can write the store writes the manifest: every name checked before anything is written
+    if strange := [name for name in manifest["files"] if not PLAIN.fullmatch(name)]:
+        raise OffsiteError(f"{copy_url}: its {MANIFEST} names {', '.join(map(repr, strange))}: expected a plain file "
+                           "name (letters, digits, '.', '_', '-'; no folder, no leading '.'): nothing fetched")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name, want in manifest["files"].items():
