@@ -9,6 +9,7 @@ run finds it by id, the latest by default.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,23 @@ from ..hosts import paths
 from . import presets
 
 REPORTS = TOP / "reports"
+# a name that becomes a directory on every host and goes into shell commands (runs, datasets): what the
+# CLI takes for --run and --dataset (train.cli.options.NAME), and all a record read back may hold
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAMED = "a name of letters, digits, '.', '_' and '-'"
+
+
+def check_record(held: object, where: str, folder: str) -> None:
+    """A run record read from a host or a bucket (`where`: the file, as a user would find it), read as the
+    CLI reads --run and --dataset: its run_id and dataset names, its run_id its `folder`'s name.
+    ClusterError in one line saying what was expected and what was found."""
+    if not isinstance(held, dict):
+        raise ClusterError(f"{where} refused: expected a run record (a JSON object), found {type(held).__name__}")
+    for key in ("run_id", "dataset"):
+        if not isinstance(held.get(key), str) or not NAME.fullmatch(held[key]):
+            raise ClusterError(f"{where} refused: {key} expected {NAMED}, found {held.get(key)!r}")
+    if held["run_id"] != folder:
+        raise ClusterError(f"{where} refused: run_id expected {folder!r} (its folder's name), found {held['run_id']!r}")
 
 
 @dataclass
@@ -95,6 +113,9 @@ class Run:
         return int(value) if value else None
 
     def save(self) -> None:
+        """reports/<id>/run.json, and reports/latest pointing to it; never anywhere else (an id not a name)."""
+        if not isinstance(self.run_id, str) or not NAME.fullmatch(self.run_id):
+            raise ClusterError(f"no record written for run_id {self.run_id!r}: expected {NAMED}")
         self.local_dir.mkdir(parents=True, exist_ok=True)
         (self.local_dir / "run.json").write_text(json.dumps(asdict(self), indent=2))
         latest = REPORTS / "latest"

@@ -10,6 +10,7 @@ newest copy off the cluster, with --checkpoints-to), both as the caller had them
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -27,16 +28,16 @@ def collect(run: Run, hosts: list[Host]) -> dict[str, str]:
         missing = []
         for remote, dest in ((f"{run.remote_dir}/train.log", local / "logs" / f"{host.name}.log"),
                              (f"{run.remote_dir}/samples.jsonl", local / "samples" / f"{host.name}.jsonl")):
-            if conn.run(f"test -e {remote}", warn=True, hide=True, in_stream=False).ok:
+            if conn.run(f"test -e {shlex.quote(remote)}", warn=True, hide=True, in_stream=False).ok:
                 get_whole(conn, remote, str(dest))
             else:
                 missing.append(remote)
         if host.name == run.hosts[0]:
-            listing = conn.run(f"ls -l --time-style=+%s {run.remote_dir}/checkpoints",
+            listing = conn.run(f"ls -l --time-style=+%s {shlex.quote(run.remote_dir + '/checkpoints')}",
                                warn=True, hide=True, in_stream=False)
             (local / "checkpoints.txt").write_text(listing.stdout)
             corpus = f"{run.data_dir}/corpus.json"
-            if conn.run(f"test -e {corpus}", warn=True, hide=True, in_stream=False).ok:
+            if conn.run(f"test -e {shlex.quote(corpus)}", warn=True, hide=True, in_stream=False).ok:
                 get_whole(conn, corpus, str(local / "corpus.json"))
         return f"missing {', '.join(missing)}" if missing else None
 

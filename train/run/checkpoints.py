@@ -40,8 +40,8 @@ def fetch_checkpoints(source: Host, save_dir: str, local: Path, tries: int = 3,
     with connect(source) as conn:
 
         def stat(name: str):
-            result = conn.run(f"stat -c '%s %y' {save_dir}/{name}", warn=True, hide=True, in_stream=False,
-                              timeout=30)
+            result = conn.run(f"stat -c '%s %y' {shlex.quote(f'{save_dir}/{name}')}", warn=True, hide=True,
+                              in_stream=False, timeout=30)
             return result.stdout.strip() if result.ok else None
 
         for name in names:
@@ -72,9 +72,9 @@ def upload_checkpoints(hosts: list[Host], save_dir: str, local: Path, names: lis
     """The controller's copies onto every host given, where missing, different in size, or `fresh`."""
 
     def upload(host: Host, conn) -> None:
-        conn.run(f"mkdir -p {save_dir}", hide=True, in_stream=False)
+        conn.run(f"mkdir -p {shlex.quote(save_dir)}", hide=True, in_stream=False)
         for name in names:
-            there = conn.run(f"stat -c %s {save_dir}/{name}", warn=True, hide=True, in_stream=False)
+            there = conn.run(f"stat -c %s {shlex.quote(f'{save_dir}/{name}')}", warn=True, hide=True, in_stream=False)
             if name in fresh or not there.ok or int(there.stdout) != (local / name).stat().st_size:
                 conn.put(str(local / name), f"{save_dir}/{name}")
                 through_controller["bytes"] += (local / name).stat().st_size

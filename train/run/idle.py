@@ -12,6 +12,7 @@ paying: the inventory's `stop_command` per host when it gives one, else the prov
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -62,7 +63,7 @@ def trained_on(run: Run) -> list[str]:
 
 def log_ages(run: Run, hosts: list[Host]) -> dict[str, float]:
     """Seconds since each reachable host last wrote the run's train.log (its own clock)."""
-    log = f"{run.remote_dir}/train.log"
+    log = shlex.quote(f"{run.remote_dir}/train.log")
     results = run_all(hosts, f"t=$(stat -c %Y {log}) && echo $(( $(date +%s) - t ))", timeout=15)
     return {name: float(r.stdout.strip()) for name, r in results.items() if r.ok and r.stdout.strip().isdigit()}
 

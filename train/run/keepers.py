@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import secrets
+import shlex
 import time
 
 from ..agent.keeper.generation import change_line  # noqa: F401 (what following and status say)
@@ -84,7 +85,7 @@ def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
     def one(host: Host, conn):
         # the stop and ended marks stay for `keeper launch`: a keeper that ended (fab stop) and still
         # lingers for its peers is told apart by them, and replaced, not taken for this start's keeper
-        conn.run(f"mkdir -p {kdir}", hide=True, in_stream=False)
+        conn.run(f"mkdir -p {shlex.quote(kdir)}", hide=True, in_stream=False)
         conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
         flags = ["--keys-on-stdin"] if keys else []
         launch = agent_command(host, "keeper.loop", "launch", "--run", run.remote_dir, *flags)
@@ -96,7 +97,7 @@ def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
 def run_token(run: Run, hosts: list[Host]) -> str | None:
     """The heartbeat token the run's keepers already hold (any host's spec), so that a new start keeps
     it: a host that misses this start (unreachable now) can still talk to the others when it returns."""
-    said = run_all(hosts, f"cat {run.remote_dir}/keeper/spec.json 2>/dev/null || true", timeout=10)
+    said = run_all(hosts, f"cat {shlex.quote(run.remote_dir + '/keeper/spec.json')} 2>/dev/null || true", timeout=10)
     for result in said.values():
         try:
             return json.loads(result.stdout)["token"]
@@ -125,7 +126,7 @@ def add(run: Run, current: list[Host], joining: list[Host]) -> None:
     never had needs a new start (`fab train --hosts ...` on the stopped run)."""
     kdir = f"{run.remote_dir}/keeper"
     with connect(current[0]) as conn:
-        told = json.loads(conn.run(f"cat {kdir}/spec.json", hide=True, in_stream=False).stdout)
+        told = json.loads(conn.run(f"cat {shlex.quote(kdir + '/spec.json')}", hide=True, in_stream=False).stdout)
     strangers = [h.name for h in joining if h.name not in told["order"]]
     if strangers:
         raise ClusterError(f"{', '.join(strangers)} never trained in {run.run_id} (it started on "

@@ -7,6 +7,7 @@ train.run.checkpoints.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from ..cluster import ClusterError, Host, connect, rank_layout, ranks_label, run_all, run_each
@@ -46,8 +47,8 @@ def start(run: Run, hosts: list[Host]) -> None:
 
 def read_log(host: Host, run: Run, lines: int = 5000) -> str:
     with connect(host) as conn:
-        result = conn.run(f"tail -n {lines} {run.remote_dir}/train.log 2>/dev/null", hide=True, warn=True,
-                          in_stream=False)
+        result = conn.run(f"tail -n {int(lines)} {shlex.quote(run.remote_dir + '/train.log')} 2>/dev/null", hide=True,
+                          warn=True, in_stream=False)
     return result.stdout
 
 

@@ -15,11 +15,13 @@ from collections.abc import Callable
 
 from ..cluster import Host, connect
 from ..recipe.record import Run
+from ..watch.render import plain
 from .status import require_reachable
 
 
 class HostPrefixed:
-    """A Fabric out_stream that says each whole line as `host | line` (a pty ends lines with \\r\\n)."""
+    """A Fabric out_stream that says each whole line as `host | line` (a pty ends lines with \\r\\n), its
+    terminal escapes taken out (train.watch.render.plain)."""
 
     def __init__(self, prefix: str, say: Callable[[str], None]):
         self.prefix, self.say, self.pending = prefix, say, ""
@@ -27,14 +29,14 @@ class HostPrefixed:
     def write(self, text: str) -> None:
         *lines, self.pending = (self.pending + text).split("\n")
         for line in lines:
-            self.say(self.prefix + line.rstrip("\r"))
+            self.say(self.prefix + plain(line.rstrip("\r")))
 
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
         if self.pending.strip():
-            self.say(self.prefix + self.pending.rstrip("\r"))
+            self.say(self.prefix + plain(self.pending.rstrip("\r")))
         self.pending = ""
 
 

@@ -21,7 +21,7 @@ from ..cluster import ClusterError, Host, run_all
 from ..errors import OptionError
 from ..hosts.remote import agent_command
 from ..plan import batching
-from ..recipe.record import Run
+from ..recipe.record import NAME, NAMED, Run, check_record
 from .elastic import scaled_update_freq
 
 REMAKEABLE = {"synthetic": False, "wmt16": True}  # datasets prepare-data makes again from their name alone (wmt16?)
@@ -56,6 +56,8 @@ def newest_copy(host: Host, url: str, run_id: str | None) -> dict:
 
 def adopted(record: dict, hosts: list[Host], copy: dict, url: str) -> Run:
     """The run's record from its copy, on `hosts`: what was derived for the old world is derived again."""
+    # read as user input: whoever can write the bucket's prefix writes this record
+    check_record(record, f"{copy['where']}/run.json", copy["run"])
     known = {f.name for f in fields(Run)}
     run = Run(**{k: v for k, v in record.items() if k in known})
     old, old_ranks = list(run.hosts), len(run.hosts) * run.ranks_per_host
@@ -82,6 +84,8 @@ def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run
         copy = newest_copy(rank0, url, run_id)
     if "run" not in copy:
         raise ClusterError(f"{copy.get('where', url)}: its manifest names no run")
+    if not isinstance(copy["run"], str) or not NAME.fullmatch(copy["run"]):  # it names the hosts' run directory
+        raise ClusterError(f"{url}: the newest copy refused: its run expected {NAMED}, found {copy['run']!r}")
     age = time.time() - float(copy.get("time") or time.time())
     console.print(f"newest copy: {copy['run']} at update {copy['update']:,} ({age / 60:.0f} min old), "
                   f"{copy['where']}", markup=False)
@@ -104,7 +108,11 @@ def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run
     read = run_all([rank0], f"cat {record_path} && rm -f {record_path}", timeout=60)[rank0.name]
     if not read.ok:
         raise ClusterError(f"{rank0.name}: the copy's run.json could not be read: {read.why}")
-    run = adopted(json.loads(read.stdout), hosts, copy, url)
+    try:
+        held = json.loads(read.stdout)
+    except ValueError:
+        held = read.stdout[:80]  # refused by adopted, as found
+    run = adopted(held, hosts, copy, url)
     run.save()
     console.print(f"{run.run_id} moved to {', '.join(run.hosts)}: checkpoint of update {copy['update']:,} on "
                   f"{rank0.name} (the keepers copy it to the others); the batch is derived again for "

@@ -39,6 +39,7 @@ class KnownRun:
     started: float  # seconds since the epoch: the newest spec or record of it on any host
     record: dict | None
     hosts: tuple[str, ...]
+    held_by: str = ""  # the host whose record it is
 
 
 def listing() -> str:
@@ -72,8 +73,8 @@ def known_runs(answers: dict[str, str]) -> list[KnownRun]:
     runs = []
     for run_id, copies in seen.items():
         copies.sort(key=lambda c: c[0], reverse=True)
-        held = next((r for _, r, _ in copies if r is not None), None)
-        runs.append(KnownRun(run_id, copies[0][0], held, tuple(h for _, _, h in copies)))
+        held, held_by = next(((r, h) for _, r, h in copies if r is not None), (None, ""))
+        runs.append(KnownRun(run_id, copies[0][0], held, tuple(h for _, _, h in copies), held_by))
     return sorted(runs, key=lambda r: (r.started, r.run_id), reverse=True)
 
 
@@ -89,19 +90,25 @@ def choose(run_id: str | None, runs: list[KnownRun], asked: list[str], silent: d
     found = next((r for r in runs if r.run_id == run_id), None) if run_id else (runs[0] if runs else None)
     unasked = f" ({', '.join(silent)} did not answer)" if silent else ""
     if found is None:
-        others = ", ".join(r.run_id for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
+        named = [r.run_id if record.NAME.fullmatch(r.run_id) else repr(r.run_id) for r in runs[:3]]
+        others = ", ".join(named) + (", ..." if len(runs) > 3 else "")
         where = f"on this controller nor on {', '.join(n for n in asked if n not in silent)}{unasked}"
         if run_id:
             raise OptionError("run", f"no run {run_id} {where}: the hosts know {others or 'none'}")
         raise ClusterError(f"no run {where}: start one with `fab train`")
+    if not record.NAME.fullmatch(found.run_id):  # a folder tandem never makes: its name goes nowhere
+        raise ClusterError(f"{found.held_by or found.hosts[0]}: a run folder in {paths.RUNS_ROOT} refused: expected "
+                           f"{record.NAMED}, found {found.run_id!r}")
     if found.record is None:
         raise ClusterError(f"{found.run_id} is on {', '.join(found.hosts)}, without a run record there (a tandem "
                            f"before this one left it only on the controller that started it): follow it from "
                            f"there, or `fab stop` there and `fab train --run {found.run_id} --new` here")
+    # read as user input: one host's record names the directories every host's commands act on
+    record.check_record(found.record, f"{found.held_by}: {paths.RUNS_ROOT}/{found.run_id}/run.json", found.run_id)
     try:
         return Run(**found.record)
     except TypeError as err:  # a record of another tandem version: fields this one does not know
-        raise ClusterError(f"{found.run_id}'s record on {found.hosts[0]} is not one this tandem reads ({err}): "
+        raise ClusterError(f"{found.run_id}'s record on {found.held_by} is not one this tandem reads ({err}): "
                            "follow it from the controller that started it") from None
 
 

@@ -11,6 +11,8 @@ import os
 import time
 from dataclasses import dataclass, replace
 
+from rich.markup import escape
+
 from ..cluster import ClusterError, Host, placement, select
 from ..errors import OptionError, Refused
 from ..plan import batching, predict
@@ -18,6 +20,7 @@ from ..plan.link import PeerUnreachable
 from ..recipe import presets, strategies
 from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
+from ..watch.render import plain
 from . import checkpoints, command, keepers, launch, length, moved, offsite, pick, preflight, start
 from . import rejoin as rejoining
 from .follow import follow
@@ -93,7 +96,7 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
     planned = start.resolve(run, hosts, derived, read_log=False)  # what can be known before the probe
     if request.dry_run:
         for host in hosts:
-            console.print(f"[bold]{host.name}[/]: {planned.commands[host.name]}")
+            console.print(f"[bold]{host.name}[/]: {escape(planned.commands[host.name])}")  # --set values: text
         console.print(f"{planned.said()}; ranks {placement(hosts)}")
         if planned.derived:
             console.print(f"batch derived: {planned.derived.line()}", markup=False)
@@ -377,7 +380,7 @@ def network_check(run: Run, hosts: list[Host], accept: bool, console,
     except ClusterError as err:
         if auto:
             raise  # no figures to choose from: say how to get them rather than train sync
-        console.print(f"[yellow]network check skipped:[/] {err}")
+        console.print(f"[yellow]network check skipped:[/] {escape(plain(str(err)))}")  # the hosts' words
         return None
     if verdict is None:
         return None

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import asdict, dataclass
 
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -15,6 +17,7 @@ from ..plan import batching
 from ..plan import mfu as flops
 from ..recipe import logformat
 from ..recipe.record import Run
+from ..watch.render import plain
 from . import idle, launch, offsite
 from .launch import HostState
 
@@ -79,7 +82,7 @@ def why_stopped_early(states: list[HostState]) -> str | None:
     if lost:
         return f"{', '.join(lost)}: unreachable; the run stopped {at}"
     if same := shared_failure(states):
-        return (f"every host's ranks failed with the same error {at}: {same}; no host is to blame (fix it, "
+        return (f"every host's ranks failed with the same error {at}: {plain(same)}; no host is to blame (fix it, "
                 "then `fab train` resumes)")
     # a rank tandem stopped after the culprit died was not the culprit
     failed = sorted((s for s in states if s.ended and not s.stopped_by_user), key=lambda s: s.ended.blame_order())
@@ -89,7 +92,7 @@ def why_stopped_early(states: list[HostState]) -> str | None:
         first = failed[0]
         who = f"rank {first.ended.rank}" if first.ended.rank is not None else "its rank"
         others = "; the others stopped" if len(states) > 1 else ""
-        return f"{first.name}: {who} {first.ended.how} {at}{others}"
+        return f"{first.name}: {who} {plain(first.ended.how)} {at}{others}"
     return f"the run stopped {at} and no rank said why: `fab logs`"
 
 
@@ -105,7 +108,7 @@ def run_state(states: list[HostState]) -> str:
     last = f"{rank0.max_update:,}" if rank0 and rank0.max_update else "?"
     at = f"update {rank0.update:,}/{last}" if rank0 else "no update yet"
     if states and not any(s.reachable for s in states):
-        return f"[red]{why_stopped_early(states)}[/]"
+        return f"[red]{escape(str(why_stopped_early(states)))}[/]"
     if any(s.running for s in states):
         return f"running, {at}"
     if rank0 and rank0.finished:
@@ -113,7 +116,7 @@ def run_state(states: list[HostState]) -> str:
     died = [s for s in states if (s.ended and not s.stopped_by_user) or not s.reachable]
     if not died and any(s.stopped_by_user for s in states):
         return f"[yellow]stopped by fab stop[/] at {at}; `fab train` resumes it"
-    return f"[red]ended early[/]: {why_stopped_early(states)}"
+    return f"[red]ended early[/]: {escape(str(why_stopped_early(states)))}"  # a rank's words: never markup
 
 
 @dataclass(frozen=True)
@@ -171,11 +174,11 @@ def table(states: list[HostState]) -> Table:
     out.add_column("last log line", overflow="fold")  # folded, never cut with an ellipsis
     for row in rows(states):
         colour = {"running": "", "finished": "green", "stopped by fab stop": "yellow"}.get(row.state, "red")
-        out.add_row(row.host, row.ranks, f"[{colour}]{row.state}[/]" if colour else row.state,
+        out.add_row(row.host, row.ranks, Text(plain(row.state), style=colour),  # a rank's end in its words
                     str(row.update) if row.update is not None else "-",
                     f"{row.loss:.3f}" if row.loss is not None else "-",
                     f"{row.s_per_update:.2f}" if row.s_per_update else "-",
-                    Text(row.last_line[:70]))
+                    Text(plain(row.last_line)[:70]))
     return out
 
 
@@ -232,9 +235,9 @@ def show(run: Run, hosts: list[Host], console, as_json: bool = False) -> None:
     finished = bool(rank0 and rank0.finished)  # only rank 0 logs "done training"
     for s in states:
         if s.reachable and not s.running and s.tail and not finished and not s.stopped_by_user:
-            console.print(f"[red]{s.name} {s.describe(finished)}[/]; its last log lines:")
-            for line in s.tail:
-                console.print(f"  {line}")
+            console.print(f"[red]{s.name} {escape(plain(s.describe(finished)))}[/]; its last log lines:")
+            for line in s.tail:  # the host's text, as text
+                console.print(f"  {plain(line)}", markup=False)
     for line in idle.cost(run, hosts, running=any(s.running for s in states)).lines():
         console.print(line, markup=False)
     require_reachable(lost)
@@ -259,15 +262,15 @@ def for_report(run: Run, hosts: list[Host]) -> tuple[dict | None, dict]:
 def show_logs(run: Run, hosts: list[Host], lines: int, console) -> None:
     """`fab logs`: the last lines of every host's training log, a rule between hosts. Raises naming
     the hosts that could not be reached."""
-    results = run_all(run.hosts_of(hosts), f"tail -n {int(lines)} {run.remote_dir}/train.log")
+    results = run_all(run.hosts_of(hosts), f"tail -n {int(lines)} {shlex.quote(run.remote_dir + '/train.log')}")
     for name, result in results.items():
         console.rule(name)
         if not result.reachable:
-            console.print(Text(f"unreachable: {result.error}", style="red"))
+            console.print(Text(f"unreachable: {plain(str(result.error))}", style="red"))
         elif not result.ok:
-            console.print(Text(f"no log: {result.stderr.strip()}", style="red"))
+            console.print(Text(f"no log: {plain(result.stderr.strip())}", style="red"))
         else:
-            console.print(result.stdout, markup=False)
+            console.print(plain(result.stdout), markup=False)
     require_reachable({name: str(r.error) for name, r in results.unreachable.items()})
 
 

@@ -12,6 +12,7 @@ One line per GPU; when the hosts' GPUs would not fit the terminal's height, one 
 
 from __future__ import annotations
 
+import re
 import time
 
 from rich.console import Group
@@ -24,6 +25,16 @@ NIC_HOT = 0.80  # a NIC above this share of the link is drawn red
 RANKS_W, STATE_W, GPU_W, NIC_W, CPU_W = 5, 8, 23, 28, 4
 GPU_BAR, NIC_BAR = 7, 7  # at 80 columns
 FIXED_LINES = 8  # title, header, blank, three run lines, up to two verdict lines
+# a terminal's escape sequences (CSI, OSC, DCS/PM/APC strings, the two-byte ones) and every other control
+# character but tab and newline: a host's text must not move the cursor, clear the screen or set the title
+ESCAPES = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]"
+                     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(text: str) -> str:
+    """Text from a host (a log line, an error, a keeper's word) as a terminal may show it: its escape
+    sequences and control characters taken out. Rich markup in it stays: show it as Text, or escaped."""
+    return ESCAPES.sub("", text)
 
 
 def bar(fraction: float | None, width: int) -> str:
@@ -82,7 +93,7 @@ def host_lines(screen: Screen, width: int, one_line_gpus: bool) -> list[Text]:
         lead = f"{row.name[:name_w]:<{name_w}} {row.ranks:<{RANKS_W}} "
         if row.state in ("unreachable", "connecting"):
             line = Text(lead)
-            said = f"unreachable: {row.why}" if row.state == "unreachable" else "connecting over SSH"
+            said = f"unreachable: {plain(row.why or '')}" if row.state == "unreachable" else "connecting over SSH"
             line.append(said[: width - len(lead)], style="bold red" if row.state == "unreachable" else "dim")
             lines.append(line)
             continue
@@ -113,7 +124,7 @@ def run_lines(screen: Screen) -> list[Text]:
             else f"link: {screen.link_source}")
     verdict = Text("⇒ " + screen.verdict, style="bold yellow" if screen.verdict.startswith("network-bound")
                    else "bold")
-    changes = [Text(f"  {line}", style="cyan", overflow="ellipsis", no_wrap=True) for line in screen.membership]
+    changes = [Text(f"  {plain(line)}", style="cyan", overflow="ellipsis", no_wrap=True) for line in screen.membership]
     return [Text(first), Text(step), Text(link, style="dim", overflow="ellipsis", no_wrap=True), verdict,
             *([Text("membership (the hosts' keepers):", style="bold")] + changes if changes else [])]
 
@@ -135,7 +146,7 @@ def compact_line(row: HostRow, screen: Screen) -> Text:
     if "-" in row.ranks:  # several ranks on this host: which ones (rank 0's host shows s/update)
         line.append(f"ranks {row.ranks} · ")
     if row.state in ("unreachable", "connecting"):
-        line.append(f"unreachable: {row.why}" if row.state == "unreachable" else "connecting over SSH",
+        line.append(f"unreachable: {plain(row.why or '')}" if row.state == "unreachable" else "connecting over SSH",
                     style="red" if row.state == "unreachable" else "dim")
         return line
     if row.gpus is None:
