@@ -33,9 +33,10 @@ class Checks:
         self.world = world
         self.crashes = 0  # rank crashes the schedule caused (injected, or a save on a full disk)
         self.restarts = 0  # crash restarts the keepers made
-        self.start_ms: dict[tuple[int, tuple[str, ...]], int] = {}
+        self.held_then: dict[tuple[int, tuple[str, ...]], list] = {}
         self.fired: dict[str, int] = {}
         self.seen_generations: set[tuple[int, tuple[str, ...]]] = set()
+        self.stops: list = []  # the generations that stopped the run (their keepers end, and are gone)
 
     def fail(self, name: str, detail: str):
         raise Violation(name, detail)
@@ -46,7 +47,17 @@ class Checks:
     # --- hooks
 
     def started(self, w: World, h: Host, gen) -> None:
-        self.start_ms.setdefault((gen.number, tuple(gen.members)), w.now)
+        self.decided(w, (gen.number, tuple(gen.members)))
+
+    def decided(self, w: World, key) -> None:
+        """What the live hosts (those that reach a member) held when generation `key` was decided."""
+        if key in self.held_then:
+            return
+        before = w.now - 2 * POLL_MS
+        members = key[1]
+        live = [x for x in w.hosts.values() if x.name in members or (
+            x.up and x.keeper is not None and x.keeper_ended_ms is None and any(w.both(x.name, m) for m in members))]
+        self.held_then[key] = [(f.update, x.name) for x in live if (f := whole(x, before))]
 
     def trains(self, w: World, key, hosts: list[Host], starts: set) -> None:
         number, members = key
@@ -54,11 +65,7 @@ class Checks:
         if len(starts) > 1:
             self.fail("one_start_for_all", f"generation {number} {list(members)}: ranks resumed from different files "
                                            f"{sorted(map(str, starts))}")
-        began = self.start_ms.get(key, w.now) - 2 * POLL_MS
-        rank0 = w.hosts[members[0]]
-        live = [h for h in w.hosts.values() if h.name in members or (
-            h.up and h.keeper is not None and h.keeper_ended_ms is None and w.both(h.name, rank0.name))]
-        held = [(f.update, h.name) for h in live if (f := whole(h, began))]
+        held = self.held_then.get(key, [])
         resumed = hosts[0].procs.resumed
         self.count("never_rolls_back")
         self.count("never_from_nothing")
@@ -105,6 +112,9 @@ class Checks:
             if gen is None or gen.pending or (gen.number, gen.members) in self.seen_generations:
                 continue
             self.seen_generations.add((gen.number, gen.members))
+            self.decided(w, (gen.number, tuple(gen.members)))
+            if gen.stopped:
+                self.stops.append(gen)
             self.count("budget_counts_crashes")
             if gen.reason.endswith("restarting") and "ranks ended" in gen.reason:
                 self.restarts += 1
@@ -122,8 +132,7 @@ class Checks:
         run stopped as its rules say (the restart budget spent by real crashes)."""
         self.count("a_healed_majority_trains")
         n = len(w.order)
-        stopped = [h.keeper.generation for h in w.hosts.values() if h.keeper is not None and h.keeper.generation
-                   and h.keeper.generation.stopped]
+        stopped = self.stops
         if stopped and all(g.stopped == "restarts exhausted" for g in stopped) and self.crashes >= int(
                 w.spec["max_restarts"]):
             return

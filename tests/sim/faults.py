@@ -9,7 +9,7 @@ import random
 
 OPS = ("cut", "isolate", "flap", "crash_host", "crash_keeper", "crash_ranks", "disk_full", "flip_byte",
        "tear_manifest", "clock_step", "flaky", "etcd_cut")
-SAFETY_S = 240  # faults land within this; then the liveness phase heals everything
+SAFETY_S = 180  # faults land within this; then the liveness phase heals everything
 
 
 def profile(rng: random.Random) -> dict:
@@ -57,20 +57,20 @@ def apply(world, f: dict) -> list[tuple[int, callable]]:
         pairs = [(f["host"], f["other"])] + ([] if f.get("oneway") else [(f["other"], f["host"])])
         for i in range(f.get("times", 1)):
             start = now + i * (f["lasts"] + 10) * 1000
-            later.append((start, lambda p=pairs: world.cut.update(p)))
-            later.append((start + f["lasts"] * 1000, lambda p=pairs: world.cut.difference_update(p)))
+            later.append((start, lambda p=pairs: world.sever(p)))
+            later.append((start + f["lasts"] * 1000, lambda p=pairs: world.mend(p)))
     elif op == "isolate":
         pairs = [(f["host"], o) for o in world.order if o != f["host"]]
         pairs += [(b, a) for a, b in pairs]
-        world.cut.update(pairs)
-        later.append((now + f["lasts"] * 1000, lambda: world.cut.difference_update(pairs)))
+        world.sever(pairs)
+        later.append((now + f["lasts"] * 1000, lambda: world.mend(pairs)))
     elif op == "flap":
         pairs = [(f["host"], o) for o in world.order if o != f["host"]]
         pairs += [(b, a) for a, b in pairs]
         t = now
         for _ in range(f["times"]):
-            later.append((t, lambda: world.cut.update(pairs)))
-            later.append((t + f["down"] * 1000, lambda: world.cut.difference_update(pairs)))
+            later.append((t, lambda: world.sever(pairs)))
+            later.append((t + f["down"] * 1000, lambda: world.mend(pairs)))
             t += (f["down"] + f["up"]) * 1000
     elif op == "crash_host":
         world.crash_host(h)

@@ -10,7 +10,7 @@ from tests.sim.checks import Checks, Violation
 from tests.sim.world import TICK_MS, World
 
 NAMES = ["v100a", "v100b", "v100c", "v100d", "v100e", "v100f", "v100g", "v100h"]
-HEAL_S = 240  # the liveness phase: everything healed, a majority trains again within this
+HEAL_S = 180  # the liveness phase: everything healed, a majority trains again within this
 
 
 @dataclass

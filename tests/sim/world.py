@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ SAVE_EVERY = 10  # rank 0 saves every 10 updates
 UPDATES_PER_S = 2
 CKPT_SIZE = 100  # a checkpoint's size in the disks' units
 DISK = 1000  # a host's /data
-RENDEZVOUS_MS = 60_000  # ranks that wait longer for their peers end (torchrun's rendezvous timeout)
+RENDEZVOUS_MS = 900_000  # ranks that wait longer for their peers end (torchrun static rendezvous: 15 min)
 PEER_DEAD_MS = 5_000  # a peer's ranks gone: the collective fails this soon
 LINK_CUT_MS = 30_000  # a peer cut off: the collective times out
 COPY_MS = 3_000  # a checkpoint copy host to host
@@ -366,10 +367,11 @@ class World:
         self.order = list(names)
         self.hosts = {n: Host(n, self.root) for n in names}
         self.by_dir = {h.run_dir: h for h in self.hosts.values()}
-        self.cut: set[tuple[str, str]] = set()  # directed: (from, to) dropped
+        self.cut: Counter = Counter()  # directed: (from, to) dropped, by as many faults as hold it
         self.store = SimStore(self)
         self.etcd = SimEtcd(self, self.order)
         self.copies: list[Copy] = []
+        self.answers: dict = {}  # this tick's answers of each host's keeper
         self.file_ids = 0
         self.training_update: dict[tuple[int, tuple[str, ...]], int] = {}  # a generation's progress
         self.events: list[str] = []  # what happened, for a failure's report
@@ -394,7 +396,13 @@ class World:
     # --- the network
 
     def link(self, a: str, b: str) -> bool:
-        return (a, b) not in self.cut
+        return self.cut[(a, b)] <= 0
+
+    def sever(self, pairs) -> None:
+        self.cut.update(pairs)
+
+    def mend(self, pairs) -> None:
+        self.cut.subtract(pairs)
 
     def both(self, a: str, b: str) -> bool:
         return a == b or (self.link(a, b) and self.link(b, a) and self.hosts[a].up and self.hosts[b].up)
@@ -403,9 +411,11 @@ class World:
         h = self.hosts[peer]
         if not self.both(me, peer) or h.keeper is None:
             return None
-        with self.speaking(h):
-            said = h.keeper.answer()
-        return type(said).of(json.loads(json.dumps(said.to_dict())))  # as the heartbeat sends it
+        if peer not in self.answers:  # what it says stays the same until it acts again
+            with self.speaking(h):
+                said = h.keeper.answer()
+            self.answers[peer] = type(said).of(said.to_dict())  # as the heartbeat sends it: every field a dict's
+        return self.answers[peer]
 
     # --- keepers
 
@@ -431,8 +441,11 @@ class World:
         """One round of h's keeper."""
         if h.keeper is None or h.keeper_ended_ms is not None:
             return
+        self.answers.pop(h.name, None)
         with self.speaking(h):
             ended = h.keeper.step()
+        self.answers.pop(h.name, None)
+        with self.speaking(h):
             if ended:
                 h.keeper.end(ended)
                 h.keeper_ended_ms = self.now
@@ -554,6 +567,7 @@ class World:
 
     def tick(self) -> None:
         self.now += TICK_MS
+        self.answers.clear()
         for c in [c for c in self.copies if c.due <= self.now]:
             self.copies.remove(c)
             h = self.by_dir[c.keeper.run_dir]

@@ -254,6 +254,8 @@ class LeaderMemory:
     joining_since: dict[tuple[int, str], int | None] = field(default_factory=dict)
     ended_since: float | None = None
     waiting: str = ""  # why no generation is made although one is due (the keeper says it once)
+    # host -> tick it was first heard again holding more training than the hosts that hear each other
+    returning_since: dict[str, float] = field(default_factory=dict)
 
 
 def best_checkpoint(views: dict[str, View], hosts: list[str], refused: set[str] = frozenset()) -> dict | None:
@@ -289,6 +291,22 @@ def _held_elsewhere(last_heard: dict[str, View], members: list[str]) -> str | No
         update, host = max(others)
         return f"{host} (update {update})"
     return None
+
+
+def _returning_with_more(views: dict[str, View], staying: list[str], live: set[str], memory: LeaderMemory,
+                         tick: float, lost_after_s: float) -> str:
+    """Why the leader waits ('' when it does not): a host heard again (live) but not yet hearing the others
+    holds more training than any of them; going on without it would resume from less. It waits as long
+    as a peer takes to be lost, then goes on (a one-sided partition must not stop the run)."""
+    best = max((views[h].checkpoint.key() for h in staying if views[h].checkpoint), default=(-1, -1))
+    back = sorted(h for h in live if h not in staying and h in views and views[h].checkpoint
+                  and views[h].checkpoint.key() > best)
+    for h in list(memory.returning_since):
+        if h not in back:
+            del memory.returning_since[h]
+    waiting = [h for h in back if tick - memory.returning_since.setdefault(h, tick) < lost_after_s]
+    return (f"{', '.join(waiting)} heard again holding update "
+            f"{max(views[h].checkpoint.update for h in waiting)}: waiting for it to hear the others") if waiting else ""
 
 
 def _save_pending(views: dict[str, View], gen: Generation, going: list[str], staying: list[str],
@@ -359,6 +377,9 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
         if elsewhere := _held_elsewhere(last_heard, staying):  # never from nothing while a lost host
             memory.waiting = f"{', '.join(lost)} lost, but only {elsewhere} holds a checkpoint: waiting for it"
             return None
+        if back := _returning_with_more(views, staying, live, memory, tick, lost_after_s):
+            memory.waiting = back  # heard again, not yet hearing us: its training is worth a round or two
+            return None
         return _new(number, staying, views,
                     f"{', '.join(lost)} lost at update {at if at is not None else '?'} ({why})", now, at, changed)
     refused = {views[m].cannot_get for m in gen.members if views[m].cannot_get}
@@ -369,7 +390,8 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
         who = "; ".join(f"{m}: {views[m].cannot_hold or views[m].cannot_get_why or 'failed'}" for m in receivers)
         holders = [h for h in live_order if h not in receivers and views[h].checkpoint is not None
                    and views[h].checkpoint.sha256 == wanted]
-        rest = [m for m in staying if m not in receivers]
+        rest = [m for m in staying if m not in receivers and not views[m].cannot_hold
+                and not (m not in gen.members and views[m].cannot_get == wanted)]
         if (holders or full) and rest and quorate(order, set(rest)):
             # the checkpoint is whole where it is: the hosts that cannot take it are left out, never it
             return _new(number, rest, views, f"{', '.join(receivers)} left out at update "
@@ -377,11 +399,13 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                         f" (cannot take the checkpoint of update {gen.source.get('update')} from "
                         f"{gen.source.get('host')}: {who})", now, at, changed, holders=[*rest, *holders])
         if not holders and wanted in refused:
-            if elsewhere := _held_elsewhere(last_heard, [m for m in gen.members if views[m].checkpoint is None
-                                                          or views[m].checkpoint.sha256 not in refused]):
+            # no live host holds it whole any more: the next best, among every host that hears the others
+            able = [h for h in staying if not views[h].cannot_hold]
+            if elsewhere := _held_elsewhere(last_heard, [h for h in able if views[h].checkpoint is None
+                                                          or views[h].checkpoint.sha256 not in refused]):
                 memory.waiting = f"no member can get the checkpoint {gen.source.get('host')} held; {elsewhere}"
                 return None
-            return _new(number, list(gen.members), views, f"the checkpoint of update {gen.source.get('update')} on "
+            return _new(number, able, views, f"the checkpoint of update {gen.source.get('update')} on "
                         f"{gen.source.get('host')} could not be copied whole ({who}): from the next best", now, at,
                         (recent, churn), refused)
         memory.waiting = f"{', '.join(receivers)} cannot take the run's checkpoint ({who}): the others wait"

@@ -10,7 +10,7 @@ import time
 
 from train.agent.keeper import replica
 from train.agent.keeper.files import say
-from train.agent.keeper.generation import Checkpoint, Generation, View, copies_from, descends_from
+from train.agent.keeper.generation import Checkpoint, Generation, View, copies_from, descends_from, runs_in
 
 FETCH_TRIES = 3  # copies of one checkpoint that fail before this host says it cannot get it
 
@@ -109,6 +109,10 @@ class Holding:
 
     def ready(self, gen: Generation) -> bool:
         """This host holds `gen`'s checkpoint (or none, when it starts from none); False while a fetch runs."""
+        holder = (gen.source or {}).get("host")
+        if holder and holder != self.me and holder in gen.members and not (
+                holder in self.views and runs_in(self.views[holder], gen)):
+            return False  # its ranks of the last generation may save once more before they stop: all start from that
         want = self.newest_of_holder(gen.source)
         mine = self.checkpoint
         if want is None:
@@ -120,14 +124,17 @@ class Holding:
             return True
         if mine is not None and mine.sha256 == want["sha256"]:
             if not self.store.verify(self.run_dir, mine.to_dict()):  # hashed before it is resumed from
-                self.checkpoint = Checkpoint.of(self.verified())
-                # this host cannot get the source whole (its own copy is it): its heartbeat says so, and the
-                # leader starts from the next best instead of waiting for a copy that no longer exists
-                self.fetch_failures[want["sha256"]] = FETCH_TRIES
-                self.fetch_error = f"{self.me}'s copy of update {want['update']} does not match its manifest"
-                return False
-            self.store.restore(self.run_dir)
-            return True
+                self.checkpoint = mine = Checkpoint.of(self.verified())
+                if want["host"] == self.me:
+                    # this host cannot get the source whole (its own copy is it): its heartbeat says so, and the
+                    # leader starts from the next best instead of waiting for a copy that no longer exists
+                    self.fetch_failures[want["sha256"]] = FETCH_TRIES
+                    self.fetch_error = f"{self.me}'s copy of update {want['update']} does not match its manifest"
+                    return False
+                # a copy of another host's: fetched again from that host, which holds it whole
+            else:
+                self.store.restore(self.run_dir)
+                return True
         if self.busy():
             return False
         if want["host"] == self.me:  # its snapshot moved on since: the newest it holds is the one now
@@ -159,9 +166,10 @@ class Holding:
 
     def fetch_from(self, want: dict) -> None:
         """Copy `want` from its holder in the background; a copy that fails waits 1, 2, 4 ... 60 s before
-        the next try, and after FETCH_TRIES this host's heartbeat says it cannot get it (the leader
-        then starts from the next best checkpoint)."""
-        if self.ticks() < self.fetch_after or want["sha256"] in self.refused() or self.no_room(want):
+        the next try, and after FETCH_TRIES this host's heartbeat says it cannot get it (the leader leaves
+        it out while the holder still holds it whole, or starts from the next best when none does)."""
+        # a copy that failed is tried again later and later (a reset link heals): never refused for good
+        if self.ticks() < self.fetch_after or self.no_room(want):
             return
         url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
 
