@@ -18,14 +18,14 @@ from train import errors as exits
 from train.agent.measure.nccl_sockets import option as nccl_sockets_option
 from train.cli import options
 from train.cli import version as tandem_version
-from train.cli.executor import bad_input_exits_2, cluster_task, console, errors, known_hosts, task
+from train.cli.executor import cluster_task, console, ends_as_documented, errors, known_hosts, task
 from train.hosts.remote import venv_of
 from train.run import launch, logtail, offsite, pick, session
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
 
-bad_input_exits_2(fabric.main.program)  # an unknown option is bad input too: exit 2, as a bad value
+ends_as_documented(fabric.main.program)  # an unknown option exits 2, Ctrl-C 130, a closed pipe quietly
 
 
 @task

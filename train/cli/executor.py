@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
 import sys
 
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..cluster import UNREACHABLE, ClusterError, Host, select
-from ..errors import BAD_INPUT, FAILED, REFUSED, OptionError, Refused
+from ..errors import BAD_INPUT, DONE, FAILED, REFUSED, OptionError, Refused
 from ..onboard import inventory
 from .options import Option
 
@@ -35,6 +36,8 @@ errors = Console(stderr=True, highlight=False, soft_wrap=True)  # bad input: one
 # The only short flags: each means the same in every task that has the option (`fab logs -f`, as tail -f).
 # Before the task's name `-f` stays Fabric's own --config.
 SHORT_FLAGS = {"follow": "f"}
+
+INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell says it (docs/cli.md)
 
 
 class TandemTask(fabric.tasks.Task):
@@ -62,13 +65,16 @@ def task(*args, **kwargs):
     return fabric.task(*args, **{"klass": TandemTask, **kwargs})
 
 
-def bad_input_exits_2(program) -> None:
-    """Invoke's parser refuses an unknown option or a flag without its value with exit 1; tandem says
-    2 for every bad input (train.errors). The fabfile is loaded before the tasks' options are parsed,
-    and Invoke has no setting for it, so the running program's parse step is wrapped from there."""
-    parse = program.parse_tasks
-    if getattr(parse, "exits_2", False):
+def ends_as_documented(program) -> None:
+    """fab's own endings, as every task's (docs/cli.md): Invoke's parser refuses an unknown option or a flag
+    without its value with exit 1, tandem says 2 for every bad input (train.errors); Ctrl-C ends Invoke's
+    program with exit 1 and no word, tandem says `interrupted` and exits 130 (128 + SIGINT, as a shell
+    says it); a reader that closed the pipe (`fab -l | head -1`) ends it quietly, exit 0, never with
+    a BrokenPipeError's traceback. The fabfile is loaded before the tasks' options are parsed, and Invoke
+    has no setting for either, so the running program's later steps are wrapped from there."""
+    if getattr(program.parse_tasks, "tandem_endings", False):
         return
+    parse = program.parse_tasks
 
     def parse_tasks():
         try:
@@ -78,8 +84,47 @@ def bad_input_exits_2(program) -> None:
             say_error(f"{said} (fab -l lists the tasks, fab --help TASK a task's options)")
             sys.exit(BAD_INPUT)
 
-    parse_tasks.exits_2 = True
     program.parse_tasks = parse_tasks
+    for step in ("parse_tasks", "parse_cleanup", "update_config", "execute"):  # -l and --help print in parse_cleanup
+        setattr(program, step, _ending_as_documented(getattr(program, step)))
+    program.parse_tasks.tandem_endings = True
+
+
+def _ending_as_documented(step):
+    @functools.wraps(step)
+    def wrapper():
+        try:
+            step()
+        except KeyboardInterrupt:
+            if not _closed_output():
+                errors.print("interrupted", markup=False)
+            sys.exit(INTERRUPTED)
+        except BrokenPipeError:
+            if not _closed_output():  # a pipe to a host, not the user's reader: a fault as any other
+                raise
+            sys.exit(DONE)
+
+    return wrapper
+
+
+def _closed_output() -> bool:
+    """Whether stdout or stderr is a pipe whose reader went away; each such one then writes to /dev/null,
+    so that Python's last flush at exit finds no pipe to break."""
+    import select  # not train.cluster's
+
+    closed = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            poll = select.poll()
+            poll.register(fd, select.POLLOUT)
+            broken = any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+        except (AttributeError, ValueError, OSError):
+            continue
+        if broken:
+            closed = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return closed
 
 
 def say_error(message: object, out: Console = errors, label: str = "error:") -> None:

@@ -9,6 +9,10 @@ Without FABRIC_INVENTORY, an inventory that does not exist, or one whose hosts a
 addresses (RFC 5737: inventory/hosts.yml, the commented example, or a file written from the README's
 203.0.113.x), is refused in one line with the fix (exit 2), before any host is asked. Named with
 FABRIC_INVENTORY, either is read as named (the tests read the example; its hosts are never reached).
+
+Named or not, an inventory that is not there, a directory (Ansible would read every file in it: all of /tmp), or
+a file that is not YAML is refused in one line (exit 2) before Ansible reads it; an INI file (`*.ini`) and an
+executable inventory script are left to Ansible.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from ..cluster import TOP, Host, load_hosts
 from ..errors import BadInventory
 
 DEFAULT = "inventory/mine.yml"  # fabric.yaml's `inventory`, fab init's default --out
 EXAMPLE_NETS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+LAB = "inventory/lab.yml"  # `make lab-up` writes it
 FIX = "write yours with `fab init --hosts-at ADDRESSES --user USER` (README step 2), or name one: " \
       "export FABRIC_INVENTORY=FILE"
 
@@ -61,6 +68,39 @@ def choose(configured: str | None, environ: Mapping[str, str] = os.environ) -> C
     return choice
 
 
+def readable(choice: Choice) -> None:
+    """Refuse, as the module says, an inventory that is not there, a directory or a file that is not YAML (its
+    line and why); the YAML's syntax only, as Ansible's tags (!vault) need no constructor here."""
+    which = "FABRIC_INVENTORY names" if choice.named else "fabric.yaml's inventory is"
+    path = choice.path
+    if not path.exists():  # unnamed: choose said it
+        fix = "the lab's: `make lab-up` writes it" if path == TOP / LAB else FIX
+        raise BadInventory(f"no inventory: {which} {choice.shown}, which does not exist: {fix}")
+    if path.is_dir():
+        raise BadInventory(f"{which} {choice.shown}, a directory: name the inventory file in it "
+                           f"(e.g. export FABRIC_INVENTORY={choice.shown.rstrip('/')}/mine.yml)")
+    if path.suffix == ".ini" or (path.suffix not in (".yml", ".yaml") and os.access(path, os.X_OK)):
+        return
+    try:
+        node = yaml.compose(path.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except OSError as err:
+        raise BadInventory(f"{which} {choice.shown}, which cannot be read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        said = " ".join(str(getattr(err, "problem", None) or err).split())
+        if path.suffix in (".yml", ".yaml"):
+            where = f"{choice.shown}, line {mark.line + 1}" if mark else choice.shown
+            raise BadInventory(f"inventory {where}: not valid YAML ({said}): fix that line (an indentation, "
+                               "a missing ':' or quote)") from None
+        at = f"line {mark.line + 1}: " if mark else ""
+        raise BadInventory(f"{which} {choice.shown}, which is not YAML ({at}{said}): name a YAML inventory (fab init "
+                           "writes one), an INI one as *.ini or an executable inventory script") from None
+    if not isinstance(node, yaml.MappingNode):
+        raise BadInventory(f"{which} {choice.shown}, which is {'empty' if node is None else 'no inventory'}: a YAML "
+                           "inventory names its groups (all:, cluster:) or a cloud's plugin: at the top (fab init "
+                           "writes one)")
+
+
 def placeholders(hosts: Sequence[Host]) -> bool:
     """Whether every host is at a documentation address (RFC 5737): an example, not a cluster."""
     def example(address: str) -> bool:
@@ -80,6 +120,7 @@ def load(configured: str | None, say: Callable[[str], None], environ: Mapping[st
     """The chosen inventory's `cluster` hosts (train.cluster.load_hosts); `say` hears once which inventory it
     is when FABRIC_INVENTORY did not name it. Raises BadInventory as the module's docstring says."""
     choice = choose(configured, environ)
+    readable(choice)
     hosts = load_hosts(choice.path)
     if choice.named:
         return hosts
