@@ -326,6 +326,6 @@ def test_an_inventory_that_is_not_yaml_is_said_with_its_file_and_line(tmp_path):
                     "          ansible_host: 127.0.0.1\n         gpus: 0\n")
     proc = fab(path, "info")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and "Traceback" not in out
+    assert proc.returncode == 2 and "Traceback" not in out
     assert f"error: inventory {path}, line 7: not valid YAML" in out, out
     assert "lists no hosts" not in out
