@@ -13,7 +13,8 @@ class Violation(AssertionError):
 
 
 SAFETY = ("never_rolls_back", "never_from_nothing", "one_start_for_all", "one_generation_training",
-          "never_a_minority", "set_aside_bounded", "best_never_pruned", "budget_counts_crashes")
+          "never_a_minority", "set_aside_bounded", "best_never_pruned", "budget_counts_crashes",
+          "budget_within_the_hour")
 LIVENESS = ("a_healed_majority_trains",)
 
 
@@ -36,6 +37,7 @@ class Checks:
         self.held_then: dict[tuple[int, tuple[str, ...]], list] = {}
         self.fired: dict[str, int] = {}
         self.seen_generations: set[tuple[int, tuple[str, ...]]] = set()
+        self.restart_times: list[int] = []  # when the keepers made a crash restart (the simulated clock)
         self.stops: list = []  # the generations that stopped the run (their keepers end, and are gone)
 
     def fail(self, name: str, detail: str):
@@ -50,13 +52,14 @@ class Checks:
         self.decided(w, (gen.number, tuple(gen.members)))
 
     def decided(self, w: World, key) -> None:
-        """What the live hosts (those that reach a member) held when generation `key` was decided."""
+        """What the live hosts held when generation `key` was decided: its members, and every host that reaches
+        each of them both ways (one a member cannot reach could serve it no copy)."""
         if key in self.held_then:
             return
         before = w.now - 2 * POLL_MS
         members = key[1]
         live = [x for x in w.hosts.values() if x.name in members or (
-            x.up and x.keeper is not None and x.keeper_ended_ms is None and any(w.both(x.name, m) for m in members))]
+            x.up and x.keeper is not None and x.keeper_ended_ms is None and all(w.both(x.name, m) for m in members))]
         self.held_then[key] = [(f.update, x.name) for x in live if (f := whole(x, before))]
 
     def trains(self, w: World, key, hosts: list[Host], starts: set) -> None:
@@ -116,8 +119,15 @@ class Checks:
             if gen.stopped:
                 self.stops.append(gen)
             self.count("budget_counts_crashes")
-            if gen.reason.endswith("restarting") and "ranks ended" in gen.reason:
-                self.restarts += 1
+            if gen.reason.startswith("ranks ended at update") and gen.reason.endswith("): restarting"):
+                self.restart_times.append(w.now)
+                self.count("budget_within_the_hour")
+                hour = [t for t in self.restart_times if w.now - t < 3_600_000]
+                if len(hour) > int(w.spec["max_restarts"]):
+                    self.fail("budget_within_the_hour", f"generation {gen.number}: crash restart {len(hour)} "
+                                                        f"within an hour, past max_restarts={w.spec['max_restarts']}")
+            if len(gen.restarts) > self.restarts:  # the budget spent: one restart more
+                self.restarts = len(gen.restarts)
                 if self.restarts > self.crashes:
                     self.fail("budget_counts_crashes", f"generation {gen.number}: {gen.reason!r} is restart "
                                                        f"{self.restarts}, after {self.crashes} rank crashes")
@@ -131,17 +141,22 @@ class Checks:
         """After everything healed: a majority of the hosts (one of two) trains past what was held, or the
         run stopped as its rules say (the restart budget spent by real crashes)."""
         self.count("a_healed_majority_trains")
-        n = len(w.order)
-        stopped = self.stops
-        if stopped and all(g.stopped == "restarts exhausted" for g in stopped) and self.crashes >= int(
-                w.spec["max_restarts"]):
+        if self.live_again(w, best_before):
             return
-        for number, members in w.training():
-            if 2 * len(members) > n or (n == 2 and members):
-                update = w.training_update.get((number, members), 0)
-                if update > best_before:
-                    return
         said = "; ".join(f"{h.name}: {h.log[-1] if h.log else 'nothing'}" for h in w.hosts.values())
         self.fail("a_healed_majority_trains", f"{within_ms / 1000:.0f} s after every fault healed no majority "
                                               f"trains past update {best_before} (training: {w.training()}); "
                                               f"last words: {said}")
+
+    def live_again(self, w: World, best_before: int) -> bool:
+        n = len(w.order)
+        stopped = self.stops
+        if stopped and all(g.stopped == "restarts exhausted" for g in stopped) and self.crashes >= int(
+                w.spec["max_restarts"]):
+            return True
+        for number, members in w.training():
+            if 2 * len(members) > n or (n == 2 and members):
+                update = w.training_update.get((number, members), 0)
+                if update > best_before:
+                    return True
+        return False

@@ -43,7 +43,7 @@ Pure: data in, data out (tests/unit/train/agent/keeper/test_generation.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 RUNNING, ENDED, IDLE, FINISHED = "running", "ended", "idle", "finished"
 STOPPED = "stopped"  # its keeper stopped them (a fence, a new membership): not a crash
@@ -120,6 +120,10 @@ class Generation:
     among: tuple[str, ...] = ()  # a stopped one: the hosts that stopped (only they adopt it)
     restarts: tuple[float, ...] = ()  # the times of the run's crash restarts in the last hour: the budget
     churn: tuple[float, ...] = ()  # the times of its membership changes in the last hour
+    # the run's clock when it was decided: seconds a keeper's monotonic clock counted on from the
+    # generation before (a wall clock stepped an hour either way neither grants nor withholds a restart);
+    # `restarts` and `churn` are on this clock
+    clock: float = 0.0
 
     def key(self, order: list[str]) -> tuple[int, bool, int]:
         """Higher is newer: the number, a resolved one over a pending one, then (the two sides of a
@@ -331,14 +335,31 @@ def _save_pending(views: dict[str, View], gen: Generation, going: list[str], sta
 def decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
            lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
            elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None,
-           tick: float | None = None) -> Generation | None:
+           tick: float | None = None, unheard: frozenset[str] = frozenset(),
+           clock: float | None = None) -> Generation | None:
+    """The next generation, when `me` leads and one is due (train.agent.keeper.generation's rules); else
+    None. `clock`: the run's clock (Generation.clock; `now` when not given), which the restart budget and
+    the membership changes are counted on."""
+    clock = now if clock is None else clock
+    made = _decide(me, order, views, live, now, memory, lost_after_s, ended_grace_s, max_restarts, elastic,
+                   max_rejoins, agreed, tick, unheard, clock)
+    return replace(made, clock=round(clock, 1)) if made is not None and not made.clock else made
+
+
+def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
+           lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
+           elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None,
+           tick: float | None = None, unheard: frozenset[str] = frozenset(),
+           clock: float | None = None) -> Generation | None:
     """The next generation, when `me` leads and one is due; else None. `views`: every host's last
     heartbeat (`me`'s own included; a silent host's last one too: what it held), `live`: the hosts
     heard from within `lost_after_s`, `now`: the wall clock (generations' times, the restart budget).
     Not `elastic` (`fab train --no-elastic`): a lost host or a crash stops the run instead. `agreed`:
     the generation etcd holds, when etcd decides who leads (train.agent.keeper.etcd: `me` holds the
     lease); without it the leader is the first host of the order that `me` hears or hears of. `tick`: a
-    monotonic clock for the leader's own waits (a wall clock stepped back an hour must not postpone them)."""
+    monotonic clock for the leader's own waits (a wall clock stepped back an hour must not postpone them).
+    `unheard`: the members that went unheard (or did not hear another member) since the current
+    generation began: ranks that ended then ended on the network, not on a crash."""
     tick = now if tick is None else tick
     live = {h for h in live if h in views}  # a peer not heard yet since this keeper started says nothing
     if me not in live or (agreed is None and leader(me, order, views, live) != me):
@@ -352,9 +373,10 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
     if me not in live_order or not quorate(order, set(live_order)):
         return None  # cut off from the generation's hosts (or just back: heard before it is heard)
     number = max([gen.number] + [v.generation.number for v in views.values() if v.generation]) + 1
-    recent = tuple(t for t in gen.restarts if now - t < 3600)
-    churn = tuple(t for t in gen.churn if now - t < 3600)
-    changed = (recent, (*churn, round(now, 1)))  # a membership change: counted, never a reason to stop
+    clock = now if clock is None else clock
+    recent = tuple(t for t in gen.restarts if -60 < clock - t < 3600)  # (an entry from another clock: dropped)
+    churn = tuple(t for t in gen.churn if -60 < clock - t < 3600)
+    changed = (recent, (*churn, round(clock, 1)))  # a membership change: counted, never a reason to stop
     memory.waiting = ""
     if gen.pending:  # a start: every member answers, so the newest checkpoint among them is known
         if all(m in live for m in gen.members):
@@ -392,6 +414,10 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                    and views[h].checkpoint.sha256 == wanted]
         rest = [m for m in staying if m not in receivers and not views[m].cannot_hold
                 and not (m not in gen.members and views[m].cannot_get == wanted)]
+        if holders and gen.source.get("host") not in holders:  # its holder's own copy rotted; a replica is whole
+            able = [m for m in staying if not views[m].cannot_hold]
+            return _new(number, able, views, f"the checkpoint of update {gen.source.get('update')} is copied from "
+                        f"{holders[0]} instead ({who})", now, at, (recent, churn), holders=holders)
         if (holders or full) and rest and quorate(order, set(rest)):
             # the checkpoint is whole where it is: the hosts that cannot take it are left out, never it
             return _new(number, rest, views, f"{', '.join(receivers)} left out at update "
@@ -428,7 +454,8 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
         saved = rank0.checkpoint.update if rank0 and rank0.checkpoint and rank0.checkpoint.generation == gen.number \
             else None
         seen = [memory.joining_since.setdefault((gen.number, h), saved) for h in joining]
-        training = any(views[m].ranks == RUNNING for m in gen.members if m in views)
+        # every member's ranks run (one that crashed waits for no save: there will be none)
+        training = all(views[m].ranks == RUNNING for m in gen.members if m in views)
         if not training or (saved is not None and any(s is None or saved > s for s in seen)):
             if training and len(churn) >= max_rejoins:  # a link that flaps: the run goes on without it
                 memory.waiting = (f"{', '.join(joining)} back, but the run's membership changed {len(churn)} times "
@@ -450,6 +477,9 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
     if fenced := [m for m in ended if views[m].ranks == STOPPED]:  # cut off from etcd, not a crash: no budget
         return _new(number, list(gen.members), views, f"ranks of {', '.join(fenced)} stopped by their keeper at "
                     f"update {at} (cut off from the run's majority): restarting", now, at, (recent, churn))
+    if dropped := sorted(unheard & set(gen.members)):  # a collective the network broke: no budget either
+        return _new(number, list(gen.members), views, f"ranks ended at update {at} after {', '.join(dropped)} "
+                    f"went unheard ({how}): restarting, not counted as a crash", now, at, (recent, churn))
     if not elastic:
         return Generation(number=number, members=(), reason=f"ranks ended ({how}); --no-elastic: the run stops",
                           time=round(now, 1), at_update=at, stopped="ranks ended, not elastic", among=gen.members)
@@ -458,7 +488,7 @@ def decide(me: str, order: list[str], views: dict[str, View], live: set[str], no
                           "the last hour already: the run stops", time=round(now, 1), at_update=at,
                           stopped="restarts exhausted", among=gen.members, restarts=recent, churn=churn)
     return _new(number, list(gen.members), views, f"ranks ended at update {at} ({how}): restarting", now, at,
-                ((*recent, round(now, 1)), churn))
+                ((*recent, round(clock, 1)), churn))
 
 
 def timeline_entry(gen: Generation, update_freq: int | None = None, ranks: int | None = None) -> dict:

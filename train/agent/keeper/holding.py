@@ -43,6 +43,7 @@ class Holding:
         self.fetch_failures: dict[str, int] = {}  # sha256 -> copies of it that did not arrive whole
         self.fetch_after = 0.0  # ticks: the next try waits (1, 2, 4 ... 60 s after each failure)
         self.corrupt = False
+        self.rehashed = ""  # the checkpoint hashed again because peers failed to copy it whole
         self.cannot_hold = ""  # why this host has no room for the checkpoint it needs (its /data full)
         self.needs = 0  # the bytes that checkpoint needs free
 
@@ -60,7 +61,12 @@ class Holding:
     def recheck(self) -> None:
         """A peer asked for a copy that no longer matches its manifest: hashed again, set aside if so.
         A full /data that has room again is said, and this host can be taken back."""
-        if self.corrupt:
+        mine = self.checkpoint
+        doubted = mine is not None and mine.sha256 != self.rehashed and any(
+            h != self.me and v.cannot_get == mine.sha256 for h, v in self.views.items())
+        if doubted:  # a peer's copies of it keep failing: its bytes hashed again (at rest, not from the cache)
+            self.rehashed = mine.sha256
+        if self.corrupt or doubted:
             self.corrupt, self.checkpoint = False, Checkpoint.of(self.verified())
         if self.cannot_hold and self.store.free(self.run_dir) >= self.needs:
             say(f"{self.me}'s /data has room for the run's checkpoint again ({self.needs:,} bytes)")
@@ -138,7 +144,11 @@ class Holding:
         if self.busy():
             return False
         if want["host"] == self.me:  # its snapshot moved on since: the newest it holds is the one now
-            return mine is not None and self.store.restore(self.run_dir) is None
+            if mine is None:  # it holds none any more (set aside as corrupt): a replica elsewhere, or the next best
+                self.fetch_failures[want["sha256"]] = FETCH_TRIES
+                self.fetch_error = f"{self.me} no longer holds the checkpoint of update {want['update']}"
+                return False
+            return self.store.restore(self.run_dir) is None
         if mine is not None and not descends_from(want, mine):
             aside = self.store.set_aside(self.run_dir, mine.to_dict(), keep=self.set_aside_kept())
             say(f"checkpoint of generation {mine.generation}, update {mine.update}: another history than the "

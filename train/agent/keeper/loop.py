@@ -53,6 +53,7 @@ from train.agent.keeper.generation import (
     View,
     current,
     decide,
+    runs_in,
     timeline_entry,
 )
 from train.agent.keeper.holding import Holding
@@ -104,6 +105,9 @@ class Keeper:
         self.holding = Holding(run_dir, spec, self.views, ticks,
                                **{k: world[k] for k in ("store", "spawn") if k in world})
         self.said_waiting = ""
+        self.clock_base = ((self.generation.clock if self.generation else 0.0) or 0.0, ticks())  # run_clock's
+        self.unheard_in: tuple | None = None  # the generation `unheard` is about,
+        self.unheard: set[str] = set()  # its members that went unheard since it began
         self.fence = Fence(self.ranks, self.lost_after_s)
         start = self.generation if self.generation and self.generation.pending else None
         self.consensus = Consensus(spec, start, self.fence, ticks, world.get("agreement")) \
@@ -188,6 +192,7 @@ class Keeper:
                     self.views[peer], self.heard[peer] = said, tick
             self.live = {self.me} | {p for p in self.peers if tick - self.heard[p] < self.lost_after_s}
             self.views[self.me] = self.view(state)
+            self.note_unheard(answers)
             seen = {h: v for h, v in self.views.items() if h in self.live}
         self.notices.save_for_leaving(seen, self.ranks, self.holding.checkpoint)
         if self.consensus is not None:
@@ -208,12 +213,39 @@ class Keeper:
             self.remember_peers()
         return self.act(seen)
 
+    def note_unheard(self, answers: dict[str, View | None]) -> None:
+        """The members of the current generation that went unheard this round, or said they did not hear
+        another member: ranks ending since then ended on the network (train.agent.keeper.generation.decide)."""
+        gen = self.generation
+        key = (gen.number, gen.members) if gen else None
+        if key != self.unheard_in:
+            self.unheard_in, self.unheard = key, set()
+        mine = self.views.get(self.me)
+        if gen is None or mine is None or mine.ranks != RUNNING or not runs_in(mine, gen):
+            return  # before the ranks run together, a peer not heard yet says nothing of the network
+        for m in gen.members:
+            said = answers.get(m) if m != self.me else self.views.get(self.me)
+            if m != self.me and said is None or said is not None and said.hears and not set(gen.members) <= set(
+                    said.hears):
+                self.unheard.add(m)
+
     def decide(self, now: float, agreed: Generation | None = None) -> Generation | None:
         # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
         return decide(self.me, self.order, dict(self.views), set(self.live), now, self.memory,
                       self.lost_after_s, float(self.spec.get("ended_grace_s", 25)),
                       int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)),
-                      max_rejoins=int(self.spec.get("max_rejoins", 6)), agreed=agreed, tick=self.ticks())
+                      max_rejoins=int(self.spec.get("max_rejoins", 6)), agreed=agreed, tick=self.ticks(),
+                      unheard=frozenset(self.unheard), clock=self.run_clock(agreed or self.generation))
+
+    def run_clock(self, gen: Generation | None) -> float:
+        """The run's clock (Generation.clock): this keeper's monotonic seconds on from the newest generation
+        it knows, never behind that generation's own; on a run from before it, the wall clock."""
+        tick = self.ticks()
+        if gen is not None and gen.clock and gen.clock > self.clock_base[0] + (tick - self.clock_base[1]):
+            self.clock_base = (gen.clock, tick)
+        if not self.clock_base[0]:
+            return self.clock()
+        return self.clock_base[0] + (tick - self.clock_base[1])
 
     def decide_locked(self, now: float, agreed: Generation) -> Generation | None:
         with self.lock:

@@ -68,9 +68,14 @@ def loose(run_dir: str | Path) -> bool:
 def manifest(run_dir: str | Path) -> dict | None:
     """{generation, update, sha256, size} of the whole checkpoint this host holds, or None."""
     _, snapshot, path = paths(run_dir)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    data = None
+    for copy in (path, _backup(path)):  # a torn or rotten manifest: its copy (the bytes are hashed anyway)
+        try:
+            data = json.loads(copy.read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    if not isinstance(data, dict):
         return None
     try:
         if snapshot.stat().st_size != data["size"]:
@@ -89,14 +94,20 @@ def _fsync(path: Path) -> None:
 
 
 def _write_manifest(path: Path, data: dict) -> None:
-    """The manifest, durably: after the file it names (fsync'd by the caller), then the directory."""
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        f.write(json.dumps(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """The manifest, durably: after the file it names (fsync'd by the caller), then the directory; and a
+    second copy beside it, so that one torn or rotten file never loses the checkpoint's history."""
+    for target in (path, _backup(path)):
+        tmp = target.with_name(f".{target.name}.tmp")
+        with tmp.open("w") as f:
+            f.write(json.dumps(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
     _fsync(path.parent)
+
+
+def _backup(path: Path) -> Path:
+    return path.with_name(f".{path.name}.bak")
 
 
 _verified: dict[str, tuple[int, int, int, str]] = {}  # path -> (inode, mtime, size, sha256) hashed by this process
@@ -230,7 +241,7 @@ def set_aside(run_dir: str | Path, held: dict, why: str = "", keep: int = SET_AS
     os.replace(source, aside)
     (folder / f"{name}.json").write_text(json.dumps({**held, "why": why or "another history",
                                                       "set_aside_at": time.time()}))
-    for stale in (last, man):
+    for stale in (last, man, _backup(man)):
         stale.unlink(missing_ok=True)
     for old in pruned(set_aside_list(run_dir), keep):
         Path(old["path"]).unlink(missing_ok=True)
@@ -269,7 +280,7 @@ def set_aside_list(run_dir: str | Path) -> list[dict]:
 def clear(run_dir: str | Path) -> None:
     """No checkpoint here: a generation that starts from none must find none on any host (a rank that
     finds one would wait on a broadcast the others never send)."""
-    for path in paths(run_dir):
+    for path in (*paths(run_dir), _backup(paths(run_dir)[2])):
         path.unlink(missing_ok=True)
 
 

@@ -85,3 +85,23 @@ def test_a_byte_flipped_at_rest_fails_verification_though_the_size_matches(tmp_p
         f.write(b"X")
     assert replica.manifest(tmp_path) == held  # the size alone says nothing is wrong
     assert not replica.verify(tmp_path, held)
+
+
+def test_a_torn_manifest_is_read_from_its_copy_and_the_checkpoint_keeps_its_history(tmp_path):
+    """One torn or rotten manifest.json (issue 52, 5): the checkpoint is not "generation 0, no lineage"
+    (set aside as another history) but keeps its generation and lineage from the manifest's copy."""
+    import json as _json
+
+    from train.agent.keeper import replica as _replica
+
+    last, snap, man = _replica.paths(tmp_path)
+    snap.parent.mkdir(parents=True)
+    snap.write_bytes(b"x" * 64)
+    held = {"generation": 7, "update": 350, "size": 64, "sha256": _replica.sha256_of(snap),
+            "lineage": [[5, "v100a", 0], [7, "v100b", 300]]}
+    _replica._write_manifest(man, held)
+    man.write_text(_json.dumps(held)[:20])  # torn
+    assert _replica.manifest(tmp_path) == held
+    assert _replica.verify(tmp_path, _replica.manifest(tmp_path))
+    _replica.clear(tmp_path)
+    assert _replica.manifest(tmp_path) is None and not list(snap.parent.glob(".*bak"))
