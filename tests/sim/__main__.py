@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.replay:
         data = json.loads(Path(args.replay).read_text())
-        outs = [sim.run(data["hosts"], data["schedule"], data.get("seed", 0), spec=data.get("spec"))]
+        outs = [sim.run(data["hosts"], data["schedule"], data.get("seed", 0), data.get("profile"), data.get("spec"))]
     else:
         lo, hi = (args.seed, args.seed + 1) if args.seed is not None else map(int, args.seeds.split(":"))
         started = time.monotonic()

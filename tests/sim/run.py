@@ -23,6 +23,7 @@ class Outcome:
     fired: dict = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     logs: dict = field(default_factory=dict)
+    last_members: list = field(default_factory=list)  # the hosts of the newest generation a keeper knows
 
 
 def schedule_of(seed: int) -> tuple[int, list[dict], dict]:
@@ -74,6 +75,8 @@ def run(hosts: int, schedule: list[dict], seed: int = 0, profile: dict | None = 
     finally:
         out.fired, out.events = checks.fired, world.events
         out.logs = {h.name: h.log for h in world.hosts.values()}
+        known = [h.keeper.generation for h in world.hosts.values() if h.keeper is not None and h.keeper.generation]
+        out.last_members = list(max(known, key=lambda g: g.number).members) if known else []
         world.close()
     return out
 

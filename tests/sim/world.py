@@ -95,7 +95,7 @@ class Host:
         self.keeper_down_until: int | None = None
         self.clock_offset_s = 0.0
         self.flaky_until = 0  # copies from or to it fail until then (connection reset)
-        self.etcd_lost = False  # its etcd member's data wiped: it cannot rejoin (etcd's membership is fixed)
+        self.etcd_lost = False  # its etcd member's data wiped: down until it joins again as a new member
         self.log: list[str] = []
 
 
@@ -280,6 +280,13 @@ class SimEtcd:
                 return True
         return False
 
+    def rejoin(self, h: Host) -> None:
+        """train.agent.keeper.etcd.rejoin, as the keeper's loop runs it while its member is down: a member
+        whose data is gone joins again as a new one once the others' majority answers."""
+        if h.etcd_lost and h.name in self.members and self.reachable(h.name):
+            h.etcd_lost = False
+            self.world.note(f"{h.name}'s etcd member joined again as a new member")
+
     def expire(self) -> None:
         now = self.world.now
         self.leases = {k: t for k, t in self.leases.items() if t > now}
@@ -442,6 +449,7 @@ class World:
         """One round of h's keeper."""
         if h.keeper is None or h.keeper_ended_ms is not None:
             return
+        self.etcd.rejoin(h)
         self.answers.pop(h.name, None)
         with self.speaking(h):
             ended = h.keeper.step()
@@ -535,7 +543,8 @@ class World:
                 continue  # still meeting at the rendezvous
             for h in hs:
                 h.procs.broken_since = h.procs.broken_since if h.procs.broken_since is not None else self.now
-                limit = PEER_DEAD_MS if dead_peer else LINK_CUT_MS
+                limit = PEER_DEAD_MS if dead_peer else int(self.profile.get("collective_timeout_s", LINK_CUT_MS // 1000)
+                                                           * 1000)
                 if key not in self.training_update:
                     limit = 0
                 if self.now - h.procs.broken_since >= limit:

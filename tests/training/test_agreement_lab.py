@@ -200,3 +200,45 @@ def test_an_isolated_host_that_exhausted_its_restarts_reconnects_without_stoppin
                               f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'; true")
     print(f"v100b cut off, its ranks crashed {crashes} times: stopped alone; plugged back and rejoined, taken "
           f"back by v100a's run {back:.0f} s after the cable, v100a never stopped")
+
+
+def test_a_host_back_with_a_full_disk_is_left_out_never_the_checkpoint_and_taken_back_once_it_has_room(data_ready):
+    """v100b is away while its /data fills (another program's file), then comes back: it cannot take
+    v100a's checkpoint. v100b is left out, v100a goes on from its own newest checkpoint (before: the
+    whole run went back to v100b's older one), `fab status` says the host, its free bytes and what the
+    checkpoint needs; once the file is gone v100b is taken back by itself."""
+    cfg = data_ready.cfg
+    run_id = start(data_ready, "fulldisk")
+    filler = "/data/tandem-filler"
+    try:
+        cut(cfg, "v100b")
+        supervise = ssh(cfg, "v100b", f"pgrep -af 'keeper.loop [s]upervise --run {RUNS}/{run_id}'").stdout.split()
+        python = supervise[1]
+        ssh(cfg, "v100b", f"pkill -9 -f 'train.agent.[k]eeper.loop .*{RUNS}/{run_id}'; "
+                          f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'")  # v100b down: every process of the run
+        wait_for(lambda: any(e["hosts"] == ["v100a"] for e in timeline(cfg, "v100a", run_id)), 120)
+        size = manifest(cfg, "v100a", run_id)["size"]
+        free = int(ssh(cfg, "v100b", "df --output=avail -B1 /data | tail -1").stdout)
+        ssh(cfg, "v100b", f"fallocate -l {free - size // 2} {filler}", sudo=True)  # less room than one checkpoint
+        cut(cfg, "v100b", "up")
+        back = time.monotonic()
+        ssh(cfg, "v100b", f"{python} -m train.agent.keeper.loop launch --run {RUNS}/{run_id}")
+        wait_for(lambda: any("v100b left out" in e.get("why", "") for e in timeline(cfg, "v100a", run_id)), 240)
+        left_out = time.monotonic() - back
+        entries = timeline(cfg, "v100a", run_id)
+        out = next(e for e in entries if "v100b left out" in e.get("why", ""))
+        assert "/data has" in out["why"] and "needs" in out["why"], out
+        best_before = max(e.get("from_update") or 0 for e in entries[:-1])
+        assert out["hosts"] == ["v100a"] and (out["from_update"] or 0) >= best_before, entries  # never back
+        said = " ".join(fab(data_ready, "status", "--run", run_id).stdout.split())  # as one line, unwrapped
+        assert "v100b left out" in said and "/data has" in said, said
+        ssh(cfg, "v100b", f"rm -f {filler}", sudo=True)
+        freed = time.monotonic()
+        wait_for(lambda: timeline(cfg, "v100a", run_id)[-1]["hosts"] == ["v100a", "v100b"]
+                 and ranks(cfg, "v100b", run_id), 240)
+        taken_back = time.monotonic() - freed
+    finally:
+        ssh(cfg, "v100b", f"rm -f {filler}", sudo=True)
+        stop(data_ready, run_id)
+    print(f"v100b back with a full /data: left out {left_out:.0f} s after it was back (v100a went on from update "
+          f"{out['from_update']}); taken back {taken_back:.0f} s after its /data had room again")

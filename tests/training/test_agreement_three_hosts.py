@@ -140,3 +140,51 @@ def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_
         fab(three_hosts, "stop", "--run", run_id, check=False)
     print(f"v100c's link flapped {flaps} times (25 s down, 20 s up): {changes} membership changes, then v100c "
           f"left out while v100a, v100b trained on ({time.monotonic() - started:.0f} s in all)")
+
+
+def test_etcd_lost_again_and_again_never_spends_the_restart_budget(three_hosts):
+    """v100c gone for good; v100a and v100b then lose each other twice for 25 s (past lost_after_s: each
+    side, without etcd's majority, stops its ranks: the fence). Each time the two train again once they
+    hear each other, and the run's restart budget (1 an hour here) is untouched: before, each fence
+    counted as a crash restart and the second stopped the run (issue 52, 2)."""
+    cfg = three_hosts.cfg
+    run_id = start_on_three(three_hosts, "etcdcuts", "restarts_per_hour=1")
+    routes = [("v100a", "v100b"), ("v100b", "v100a")]
+
+    def timeline() -> list[dict]:
+        return keeper_timeline(cfg, "v100a", run_id)
+
+    def blackhole(action: str) -> None:
+        for host, peer in routes:
+            subprocess.run(["ip", "netns", "exec", cfg.netns(host), "ip", "route", action, "blackhole",
+                            f"{cfg.cluster_ip(peer)}/32"], check=action == "add")
+
+    took = []
+    try:
+        wait_for_update(cfg, run_id, 40)
+        set_links(cfg, "v100c", "down")
+        deadline = time.monotonic() + 120
+        while not [e for e in timeline() if e["hosts"] == ["v100a", "v100b"]] and time.monotonic() < deadline:
+            time.sleep(2)
+        for _ in range(2):
+            before = len(timeline())
+            blackhole("add")
+            time.sleep(25)
+            blackhole("del")
+            healed = time.monotonic()
+            while time.monotonic() - healed < 180 and not (
+                    len(timeline()) > before and timeline()[-1]["hosts"] == ["v100a", "v100b"]
+                    and all(training_processes(cfg, h) for h in ("v100a", "v100b"))):
+                time.sleep(2)
+            took.append(time.monotonic() - healed)
+            assert timeline()[-1]["hosts"] == ["v100a", "v100b"], timeline()
+        at = int(re.findall(r'"num_updates": "(\d+)', log_of(cfg, "v100a", run_id))[-1])
+        wait_for_update(cfg, run_id, at + 10)
+        said = "".join(ssh(cfg, h, f"cat {RUNS}/{run_id}/keeper/keeper.log").stdout for h in ("v100a", "v100b"))
+        assert "restarts in the last hour already" not in said and "stopped by their keeper" in said, said[-3000:]
+    finally:
+        blackhole("del")
+        set_links(cfg, "v100c", "up")
+        fab(three_hosts, "stop", "--run", run_id, check=False)
+    print(f"v100c gone, v100a-v100b cut 25 s twice (restarts_per_hour=1): training again {took[0]:.0f} s and "
+          f"{took[1]:.0f} s after each cut healed, the run's restart budget untouched")

@@ -49,11 +49,13 @@ def test_every_rule_holds_over_seeded_fault_schedules(first):
 @pytest.mark.parametrize("path", sorted(SIM.glob("regressions/*.json")), ids=lambda p: p.stem)
 def test_each_defect_found_keeps_its_schedule_and_now_holds(path):
     data = json.loads(path.read_text())
-    out = sim.run(data["hosts"], data["schedule"], data.get("seed", 0), spec=data.get("spec"))
+    out = sim.run(data["hosts"], data["schedule"], data.get("seed", 0), data.get("profile"), data.get("spec"))
     assert not out.violation, explain(out)
-    said = "\n".join(line for lines in out.logs.values() for line in lines)
+    said = "\n".join([*out.events, *(line for lines in out.logs.values() for line in lines)])
     for words in data["said"]:  # the schedule still reaches the rule it was kept for
         assert words in said, f"{path.stem}: no keeper said {words!r}"
+    if "last_hosts" in data:
+        assert out.last_members == data["last_hosts"], f"{path.stem}: the run ended on {out.last_members}"
 
 
 def test_a_broken_rule_is_caught_and_named():

@@ -117,12 +117,24 @@ def etcd_member(run_dir: str, spec: dict) -> int | None:
         say("etcd is not installed on this host: provisioning installs it (etcd-server); the run's agreement "
             "waits for a majority of its etcd members")
         return None
+    joining = None if (data / "member").exists() else etcd.rejoin(spec)
+    if joining:  # its data is gone while the run's cluster lives on: a new member in its old one's place
+        shutil.rmtree(data, ignore_errors=True)
+        say(f"etcd: this host's member had no data; it joins the run's cluster as a new member ({joining})")
     log = (kdir / "etcd.log").open("ab")
-    proc = subprocess.Popen(etcd.member_command(spec, str(data), binary), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(etcd.member_command(spec, str(data), binary, joining), stdin=subprocess.DEVNULL,
                             stdout=log, stderr=log)
     (kdir / "etcd.pid").write_text(str(proc.pid))
     say(f"etcd member of the run started (pid {proc.pid}; members {', '.join(etcd.members(spec['order']))})")
     return proc.pid
+
+
+def member_alive(pid: int) -> bool:
+    """Whether this host's etcd member (a child of the keeper) still runs."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return False
+    return Path(f"/proc/{pid}").exists()
 
 
 def stop_etcd_member(pid: int, wait_s: float = 10) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from train.agent.keeper.generation import Generation
 
 LEADER, GENERATION = "leader", "generation"
 CLIENT_OFFSET, PEER_OFFSET = 1, 2  # etcd's ports: the keepers' heartbeat port + these
+ADD_TRIES = 15  # a second apart: etcd takes a new member once its leader heard a majority for 5 s
 
 
 class Unavailable(RuntimeError):
@@ -52,15 +54,24 @@ def start_key(spec: dict) -> str:
     return re.sub(r"[^0-9A-Za-z]", "-", str(spec.get("start") or "0"))
 
 
-def member_command(spec: dict, data_dir: str, etcd: str = "etcd") -> list[str]:
-    """The etcd member this host runs for the run (a host among `members`)."""
-    me, port, addresses = spec["me"], int(spec["port"]), spec["addresses"]
-    peer = f"http://{addresses[me]}:{port + PEER_OFFSET}"
-    client = f"http://{addresses[me]}:{port + CLIENT_OFFSET}"
-    cluster = ",".join(f"{h}=http://{addresses[h]}:{port + PEER_OFFSET}" for h in members(spec["order"]))
+def peer_url(spec: dict, host: str) -> str:
+    return f"http://{spec['addresses'][host]}:{int(spec['port']) + PEER_OFFSET}"
+
+
+def client_url(spec: dict, host: str) -> str:
+    return f"http://{spec['addresses'][host]}:{int(spec['port']) + CLIENT_OFFSET}"
+
+
+def member_command(spec: dict, data_dir: str, etcd: str = "etcd", joining: str | None = None) -> list[str]:
+    """The etcd member this host runs for the run (a host among `members`). `joining`: the cluster it
+    joins as a new member (its --initial-cluster, the members' list after `member add`), where the
+    run's cluster exists already and this host's data is gone (a new VM, a wiped disk)."""
+    me = spec["me"]
+    peer, client = peer_url(spec, me), client_url(spec, me)
+    cluster = joining or ",".join(f"{h}={peer_url(spec, h)}" for h in members(spec["order"]))
     return [etcd, "--name", me, "--data-dir", data_dir, "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer, "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--initial-cluster", cluster, "--initial-cluster-state", "new",
+            "--initial-cluster", cluster, "--initial-cluster-state", "existing" if joining else "new",
             "--initial-cluster-token", f"tandem-{spec['run_id']}-{start_key(spec)}",
             # a few heartbeats on a LAN; elections within ~1 s of a member's loss
             # (no --log-level: etcd 3.3, Ubuntu 22.04's, does not know it)
@@ -125,12 +136,53 @@ class Etcd:
                                         "success": [{"requestPut": put}]})
         return bool(said.get("succeeded"))
 
+    def member_list(self) -> list[dict]:
+        """The cluster's members: {ID, name ('' until it first started), peerURLs, clientURLs}."""
+        return list(self.call("/cluster/member/list", {}).get("members") or [])
+
+    def member_add(self, peer: str) -> list[dict]:
+        """Add a member at `peer` (its etcd then starts with --initial-cluster-state existing); the members after."""
+        return list(self.call("/cluster/member/add", {"peerURLs": [peer]}).get("members") or [])
+
+    def member_remove(self, member_id: str) -> None:
+        self.call("/cluster/member/remove", {"ID": str(member_id)})
+
     def grant(self, ttl_s: int) -> int:
         return int(self.call("/lease/grant", {"TTL": ttl_s})["ID"])
 
     def keepalive(self, lease: int) -> int:
         """The lease's time left in seconds after renewing it; 0 when it expired (then it is gone)."""
         return int(self.call("/lease/keepalive", {"ID": str(lease)}).get("TTL", 0))
+
+
+def rejoin(spec: dict, timeout_s: float = 2.0) -> str | None:
+    """This host's member lost its data (a new VM in its place, a wiped /data) while the run's cluster
+    lives on the other members: its old self removed and a new member added through them (etcd's member
+    API; a majority must answer). Returns the --initial-cluster to join with, or None where no cluster
+    answers (the run's first start: every member bootstraps it) or this host never started in it."""
+    me, mine = spec["me"], peer_url(spec, spec["me"])
+    others = [client_url(spec, h) for h in members(spec["order"]) if h != me]
+    if not others:
+        return None
+    cluster = Etcd(others, timeout_s)
+    try:
+        listed = cluster.member_list()
+        old = [m for m in listed if mine in (m.get("peerURLs") or [])]
+        if old and not old[0].get("clientURLs"):
+            return None  # listed but never started: the cluster's own bootstrap, which it joins as new
+        if old:
+            cluster.member_remove(old[0]["ID"])
+    except Unavailable:
+        return None
+    for _ in range(ADD_TRIES):  # etcd refuses a change while its leader has not heard a majority for 5 s
+        try:
+            after = cluster.member_add(mine)
+            break
+        except Unavailable:
+            time.sleep(1)
+    else:
+        return None
+    return ",".join(f"{m.get('name') or me}={(m.get('peerURLs') or [''])[0]}" for m in after)
 
 
 class Agreement:

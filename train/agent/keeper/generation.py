@@ -335,21 +335,21 @@ def _save_pending(views: dict[str, View], gen: Generation, going: list[str], sta
 def decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
            lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
            elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None,
-           tick: float | None = None, unheard: frozenset[str] = frozenset(),
+           tick: float | None = None, unheard: dict[str, int] | None = None,
            clock: float | None = None) -> Generation | None:
     """The next generation, when `me` leads and one is due (train.agent.keeper.generation's rules); else
     None. `clock`: the run's clock (Generation.clock; `now` when not given), which the restart budget and
     the membership changes are counted on."""
     clock = now if clock is None else clock
     made = _decide(me, order, views, live, now, memory, lost_after_s, ended_grace_s, max_restarts, elastic,
-                   max_rejoins, agreed, tick, unheard, clock)
+                   max_rejoins, agreed, tick, unheard or {}, clock)
     return replace(made, clock=round(clock, 1)) if made is not None and not made.clock else made
 
 
 def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], now: float, memory: LeaderMemory,
            lost_after_s: float = 20.0, ended_grace_s: float = 25.0, max_restarts: int = 3,
            elastic: bool = True, max_rejoins: int = 6, agreed: Generation | None = None,
-           tick: float | None = None, unheard: frozenset[str] = frozenset(),
+           tick: float | None = None, unheard: dict[str, int] | None = None,
            clock: float | None = None) -> Generation | None:
     """The next generation, when `me` leads and one is due; else None. `views`: every host's last
     heartbeat (`me`'s own included; a silent host's last one too: what it held), `live`: the hosts
@@ -358,8 +358,10 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
     the generation etcd holds, when etcd decides who leads (train.agent.keeper.etcd: `me` holds the
     lease); without it the leader is the first host of the order that `me` hears or hears of. `tick`: a
     monotonic clock for the leader's own waits (a wall clock stepped back an hour must not postpone them).
-    `unheard`: the members that went unheard (or did not hear another member) since the current
-    generation began: ranks that ended then ended on the network, not on a crash."""
+    `unheard`: the members that went unheard since the current generation's ranks ran together, each
+    with how many of the others missed it: ranks that ended then ended on the network, not on a crash,
+    and a member most others missed is the one whose link failed (its membership change, counted)."""
+    unheard = unheard or {}
     tick = now if tick is None else tick
     live = {h for h in live if h in views}  # a peer not heard yet since this keeper started says nothing
     if me not in live or (agreed is None and leader(me, order, views, live) != me):
@@ -477,9 +479,15 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
     if fenced := [m for m in ended if views[m].ranks == STOPPED]:  # cut off from etcd, not a crash: no budget
         return _new(number, list(gen.members), views, f"ranks of {', '.join(fenced)} stopped by their keeper at "
                     f"update {at} (cut off from the run's majority): restarting", now, at, (recent, churn))
-    if dropped := sorted(unheard & set(gen.members)):  # a collective the network broke: no budget either
+    if dropped := sorted(m for m in unheard if m in gen.members):  # the network broke the collective: no budget
+        flapped = [m for m in dropped if 2 * unheard[m] > len(gen.members) - 1]
+        rest = [m for m in gen.members if m not in flapped]
+        if flapped and rest and len(churn) >= max_rejoins and quorate(order, set(rest)):
+            return _new(number, rest, views, f"{', '.join(flapped)} left out at update {at}: its link went down "
+                        f"again ({len(churn)} membership changes in the last hour; {how})", now, at, changed)
         return _new(number, list(gen.members), views, f"ranks ended at update {at} after {', '.join(dropped)} "
-                    f"went unheard ({how}): restarting, not counted as a crash", now, at, (recent, churn))
+                    f"went unheard ({how}): restarting, not counted as a crash", now, at,
+                    changed if flapped else (recent, churn))
     if not elastic:
         return Generation(number=number, members=(), reason=f"ranks ended ({how}); --no-elastic: the run stops",
                           time=round(now, 1), at_update=at, stopped="ranks ended, not elastic", among=gen.members)

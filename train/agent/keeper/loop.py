@@ -42,7 +42,7 @@ from pathlib import Path
 from train.agent.keeper import etcd as agreement
 from train.agent.keeper import heartbeat as keeper_heartbeat
 from train.agent.keeper import supervision
-from train.agent.keeper.consensus import Consensus, Fence, etcd_member, stop_etcd_member
+from train.agent.keeper.consensus import Consensus, Fence, etcd_member, member_alive, stop_etcd_member
 from train.agent.keeper.files import keeper_dir, read_json, read_timeline, say, show, supervisor_pid, write_json
 from train.agent.keeper.generation import (
     FINISHED,
@@ -106,8 +106,8 @@ class Keeper:
                                **{k: world[k] for k in ("store", "spawn") if k in world})
         self.said_waiting = ""
         self.clock_base = ((self.generation.clock if self.generation else 0.0) or 0.0, ticks())  # run_clock's
-        self.unheard_in: tuple | None = None  # the generation `unheard` is about,
-        self.unheard: set[str] = set()  # its members that went unheard since it began
+        self.unheard_in: tuple | None = None  # the generation `missed_by` is about:
+        self.missed_by: dict[str, set[str]] = {}  # its members that went unheard since it ran, and by whom
         self.fence = Fence(self.ranks, self.lost_after_s)
         start = self.generation if self.generation and self.generation.pending else None
         self.consensus = Consensus(spec, start, self.fence, ticks, world.get("agreement")) \
@@ -214,20 +214,32 @@ class Keeper:
         return self.act(seen)
 
     def note_unheard(self, answers: dict[str, View | None]) -> None:
-        """The members of the current generation that went unheard this round, or said they did not hear
-        another member: ranks ending since then ended on the network (train.agent.keeper.generation.decide)."""
+        """Which members of the current generation went unheard since its ranks ran together: this keeper
+        got no answer from one, or a member said it no longer hears another. Ranks that end then ended on
+        the network, not on a crash (train.agent.keeper.generation.decide); a member most others missed
+        is the one whose link failed (`missed_by`: who missed it)."""
         gen = self.generation
         key = (gen.number, gen.members) if gen else None
         if key != self.unheard_in:
-            self.unheard_in, self.unheard = key, set()
+            self.unheard_in, self.missed_by = key, {}
         mine = self.views.get(self.me)
         if gen is None or mine is None or mine.ranks != RUNNING or not runs_in(mine, gen):
             return  # before the ranks run together, a peer not heard yet says nothing of the network
         for m in gen.members:
-            said = answers.get(m) if m != self.me else self.views.get(self.me)
-            if m != self.me and said is None or said is not None and said.hears and not set(gen.members) <= set(
-                    said.hears):
-                self.unheard.add(m)
+            for x in gen.members:
+                if x == m:
+                    continue
+                if x == self.me:  # no answer from m this round
+                    missed = answers.get(m) is None
+                else:  # x says it no longer hears m
+                    said = answers.get(x)
+                    missed = said is not None and bool(said.hears) and m not in said.hears
+                if missed:
+                    self.missed_by.setdefault(m, set()).add(x)
+
+    def unheard(self) -> dict[str, int]:
+        """Each member that went unheard, and by how many of the others."""
+        return {m: len(by) for m, by in self.missed_by.items()}
 
     def decide(self, now: float, agreed: Generation | None = None) -> Generation | None:
         # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
@@ -235,7 +247,7 @@ class Keeper:
                       self.lost_after_s, float(self.spec.get("ended_grace_s", 25)),
                       int(self.spec.get("max_restarts", 3)), bool(self.spec.get("elastic", True)),
                       max_rejoins=int(self.spec.get("max_rejoins", 6)), agreed=agreed, tick=self.ticks(),
-                      unheard=frozenset(self.unheard), clock=self.run_clock(agreed or self.generation))
+                      unheard=self.unheard(), clock=self.run_clock(agreed or self.generation))
 
     def run_clock(self, gen: Generation | None) -> float:
         """The run's clock (Generation.clock): this keeper's monotonic seconds on from the newest generation
@@ -328,6 +340,7 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     keeper = Keeper(run_dir, spec)
     keeper.notices.watch()
     member = etcd_member(run_dir, spec) if keeper.consensus is not None else None
+    member_retry = time.monotonic() + 10
     server = keeper.listen()
     say(f"keeper of {spec['run_id']} on {keeper.me}: peers {', '.join(keeper.peers) or 'none'}, "
          f"lost after {keeper.lost_after_s:g} s of silence")
@@ -352,6 +365,10 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
                 server.server_close()
                 say(f"the keeper's supervisor is gone: a new one ({launch(run_dir)}) takes over")
                 return 0
+            if member is not None and not member_alive(member) and time.monotonic() >= member_retry:
+                # its etcd exited (a full disk, its data gone): started again, as a new member if it must be
+                say("this host's etcd member exited (its etcd.log says why): started again")
+                member, member_retry = etcd_member(run_dir, spec), time.monotonic() + 10
             wake.wait(poll)
             wake.clear()
     finally:

@@ -131,3 +131,42 @@ def test_an_odd_number_of_members_on_the_runs_first_hosts_on_the_cluster_network
     assert said["--listen-client-urls"] == "http://127.0.0.2:29601"
     assert said["--initial-cluster"] == "a=http://127.0.0.1:29602,b=http://127.0.0.2:29602,c=http://127.0.0.3:29602"
     assert said["--initial-cluster-token"] == "tandem-run-7-s1"  # a cluster of its own each start
+
+
+@needs_etcd
+def test_a_member_whose_data_is_gone_rejoins_the_runs_etcd_as_a_new_member(cluster):
+    """A new VM in c's place (its /data empty) while a and b keep the run's cluster: c's member is removed
+    and added anew through them, and it serves again (issue 52, 3: before, its etcd exited "already
+    bootstrapped" or formed a cluster of its own, and the run had no margin left)."""
+    cluster.rounds(4)
+    consensus.stop_etcd_member(cluster.etcd.pop("c"))
+    kdir = cluster.dirs["c"] / "keeper"
+    shutil.rmtree(kdir / "etcd")
+    s = spec(cluster.dirs, "c", cluster.keepers["c"].spec["port"])
+    said: list[str] = []
+    files.LISTENER = said.append
+    try:
+        cluster.etcd["c"] = consensus.etcd_member(str(cluster.dirs["c"]), s)
+    finally:
+        files.LISTENER = None
+    assert any("joins the run's cluster as a new member" in line for line in said), said
+    only_c = agreement.Etcd([agreement.client_url(s, "c")], timeout_s=2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            listed = only_c.member_list()
+            only_c.get(agreement.GENERATION)  # a linearizable read: c is a voting member again
+            break
+        except agreement.Unavailable:
+            time.sleep(0.3)
+    else:
+        pytest.fail(f"c's new member never served: {(kdir / 'etcd.log').read_text()[-2000:]}")
+    assert sorted(m["name"] for m in listed) == ["a", "b", "c"] and all(m.get("clientURLs") for m in listed)
+    for host in ("a", "b"):  # c carries the majority with either of the others
+        consensus.stop_etcd_member(cluster.etcd.pop(host))
+        try:
+            assert cluster.keepers["c"].consensus.agreement.current().generation is not None
+        finally:
+            cluster.etcd[host] = consensus.etcd_member(str(cluster.dirs[host]), spec(cluster.dirs, host,
+                                                                                      cluster.keepers[host].spec["port"]))
+            time.sleep(2)
