@@ -40,6 +40,7 @@ session leader's pid, so `kill -- -PID` stops torchrun and every rank it started
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,9 +133,13 @@ class Launch:
         return str(PurePosixPath(self.log_path).parent)
 
 
+FIELDS = re.compile(r"\{(log_dir|save_dir|run_id)\}")
+
+
 def _fill(options: Mapping[str, Value], launch: Launch) -> dict[str, Value]:
     names = {"log_dir": launch.log_dir, "save_dir": launch.save_dir, "run_id": launch.run_id}
-    return {k: v.format(**names) if isinstance(v, str) else v for k, v in options.items()}
+    # only these three: any other brace in a value (a user's --set) is text, never a str.format field
+    return {k: FIELDS.sub(lambda m: names[m[1]], v) if isinstance(v, str) else v for k, v in options.items()}
 
 
 def fairseq_train_args(preset: Preset, launch: Launch) -> list[str]:

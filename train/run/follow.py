@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
 from ..cluster import Host
 from ..recipe.record import Run
 from ..watch.compact import HostLines, ProgressWithHosts
+from ..watch.render import plain
 from . import checkpoints, keepers, launch
 from .checkpoints import Backup, BackupPolicy
 from .launch import HostState
@@ -115,7 +117,7 @@ def follow(run: Run, hosts: list[Host], console, poll_s: float = 2.0, backup: Ba
                 away.answered()
                 for entry in keepers.sync(run, states, said):
                     if len(run.members) > 1 or entry.get("generation", 1) > 1:
-                        console.print(f"[cyan]{keepers.change_line(entry)}[/]", markup=True)
+                        console.print(f"[cyan]{escape(plain(keepers.change_line(entry)))}[/]", markup=True)
                 states = keepers.rank_order(run, states)
                 current = [h for n in run.hosts for h in everyone if h.name == n]
                 if current:

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import shlex
 
-import pytest
-
 from train.cluster import Host
 from train.recipe.record import Run
 from train.run import launch
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="train/run/command.py's _fill puts every option value through str.format: its owner's fix")
 def test_braces_in_a_set_value_reach_fairseq_as_typed():
     run = Run(run_id="r1", hosts=["a"], preset="tiny", overrides=["wandb_project={x}"], dataset="synthetic")
     words = shlex.split(launch.host_commands(run, [Host(name="a", address="10.0.0.1")])["a"])
