@@ -211,6 +211,9 @@ class SimStore:
     def free(self, run_dir: str) -> int:
         return self.disk(run_dir).free()
 
+    def said_no_room(self, run_dir: str, why: str) -> None:
+        pass  # fab status's file: the simulator reads the heartbeat
+
     def remove_partials(self, run_dir: str) -> None:
         pass  # a simulated copy is whole or absent
 

@@ -203,10 +203,10 @@ def test_an_isolated_host_that_exhausted_its_restarts_reconnects_without_stoppin
 
 
 def test_a_host_back_with_a_full_disk_is_left_out_never_the_checkpoint_and_taken_back_once_it_has_room(data_ready):
-    """v100b is away while its /data fills (another program's file), then comes back: it cannot take
-    v100a's checkpoint. v100b is left out, v100a goes on from its own newest checkpoint (before: the
-    whole run went back to v100b's older one), `fab status` says the host, its free bytes and what the
-    checkpoint needs; once the file is gone v100b is taken back by itself."""
+    """v100b is away while its /data fills (another program's file), then comes back without room for
+    the run's checkpoint: it says so (host, bytes free, bytes needed), is left out, and v100a goes on from
+    its own newest checkpoint (before: the whole run went back to v100b's older one); `fab status` says
+    it; once the file is gone v100b is taken back by itself."""
     cfg = data_ready.cfg
     run_id = start(data_ready, "fulldisk")
     filler = "/data/tandem-filler"
@@ -223,22 +223,23 @@ def test_a_host_back_with_a_full_disk_is_left_out_never_the_checkpoint_and_taken
         cut(cfg, "v100b", "up")
         back = time.monotonic()
         ssh(cfg, "v100b", f"{python} -m train.agent.keeper.loop launch --run {RUNS}/{run_id}")
-        wait_for(lambda: any("v100b left out" in e.get("why", "") for e in timeline(cfg, "v100a", run_id)), 240)
-        left_out = time.monotonic() - back
+        wait_for(lambda: "this host is left out until there is room" in keeper_log(cfg, "v100b", run_id), 120)
+        said_in = time.monotonic() - back
+        at = update(cfg, run_id)
+        wait_for(lambda: update(cfg, run_id) >= at + 30, 180)  # v100a trains on meanwhile
         entries = timeline(cfg, "v100a", run_id)
-        out = next(e for e in entries if "v100b left out" in e.get("why", ""))
-        assert "/data has" in out["why"] and "needs" in out["why"], out
-        best_before = max(e.get("from_update") or 0 for e in entries[:-1])
-        assert out["hosts"] == ["v100a"] and (out["from_update"] or 0) >= best_before, entries  # never back
-        said = " ".join(fab(data_ready, "status", "--run", run_id).stdout.split())  # as one line, unwrapped
-        assert "v100b left out" in said and "/data has" in said, said
+        assert entries[-1]["hosts"] == ["v100a"], entries  # never taken back without room, never a rollback
+        status = " ".join(fab(data_ready, "status", "--run", run_id).stdout.split())  # as one line, unwrapped
+        assert "v100b: /data has" in status and "needs" in status and "left out until there is room" in status, status
         ssh(cfg, "v100b", f"rm -f {filler}", sudo=True)
         freed = time.monotonic()
         wait_for(lambda: timeline(cfg, "v100a", run_id)[-1]["hosts"] == ["v100a", "v100b"]
                  and ranks(cfg, "v100b", run_id), 240)
         taken_back = time.monotonic() - freed
+        rejoined = timeline(cfg, "v100a", run_id)[-1]
+        assert (rejoined["from_update"] or 0) >= max(e.get("from_update") or 0 for e in entries), rejoined
     finally:
         ssh(cfg, "v100b", f"rm -f {filler}", sudo=True)
         stop(data_ready, run_id)
-    print(f"v100b back with a full /data: left out {left_out:.0f} s after it was back (v100a went on from update "
-          f"{out['from_update']}); taken back {taken_back:.0f} s after its /data had room again")
+    print(f"v100b back with a full /data: said {said_in:.0f} s after it was back, left out while v100a trained "
+          f"on; taken back {taken_back:.0f} s after its /data had room again, from update {rejoined['from_update']}")

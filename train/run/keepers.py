@@ -181,6 +181,13 @@ def set_aside_lines(states) -> list[str]:
     return lines
 
 
+def no_room_lines(states) -> list[str]:
+    """The hosts whose /data has no room for the run's checkpoint (left out until it has), a line each."""
+    return [f"{(s.keeper or {}).get('no_room')}: left out until there is room (free some space on "
+            f"{s.name}'s /data; it is taken back by itself)" for s in states
+            if s.reachable and (s.keeper or {}).get("no_room")]
+
+
 def lineage(entries: list[dict]) -> list[dict]:
     """The generations the run's newest checkpoint descends from, oldest first: after a split, the side
     whose history was set aside is left out (`fab status` still lists it)."""

@@ -221,6 +221,8 @@ def show(run: Run, hosts: list[Host], console, as_json: bool = False) -> None:
         console.print("membership (the hosts' keepers' record):")
         for entry in changes:
             console.print(f"  {keepers.change_line(entry)}", markup=False)
+    for line in keepers.no_room_lines(states):  # host text: escapes stripped
+        console.print(f"  {plain(line)}", markup=False)
     if aside := keepers.set_aside_lines(states):
         console.print("set aside by the keepers (kept whole, not trained on):")
         for line in aside:

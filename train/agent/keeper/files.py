@@ -75,6 +75,7 @@ def show(run_dir: str) -> dict:
     return {"keeper": supervisor_pid(run_dir) is not None, "spec": (kdir / "spec.json").exists(),
             "generation": read_json(kdir / "generation.json"),
             "ended": ended.read_text().strip() if ended.exists() else "",
-            "timeline": read_timeline(kdir), "set_aside": set_aside_list(run_dir), "offsite": newest_copy(run_dir)}
+            "timeline": read_timeline(kdir), "set_aside": set_aside_list(run_dir), "offsite": newest_copy(run_dir),
+            "no_room": read_json(kdir / "no_room.json", {}).get("why", "")}
 
 

@@ -408,7 +408,8 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
                     f"{', '.join(lost)} lost at update {at if at is not None else '?'} ({why})", now, at, changed)
     refused = {views[m].cannot_get for m in gen.members if views[m].cannot_get}
     wanted = (gen.source or {}).get("sha256")
-    full = [m for m in gen.members if views[m].cannot_hold and not runs_in(views[m], gen)]
+    # a host without room: left out before it joins, or while it holds rank 0 (its next save would die)
+    full = [m for m in gen.members if views[m].cannot_hold and (not runs_in(views[m], gen) or m == gen.members[0])]
     receivers = [m for m in gen.members if wanted and views[m].cannot_get == wanted] + full
     if receivers:
         who = "; ".join(f"{m}: {views[m].cannot_hold or views[m].cannot_get_why or 'failed'}" for m in receivers)
@@ -422,10 +423,10 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
                         f"{holders[0]} instead ({who})", now, at, (recent, churn), holders=holders)
         if (holders or full) and rest and quorate(order, set(rest)):
             # the checkpoint is whole where it is: the hosts that cannot take it are left out, never it
+            what = who if set(receivers) <= set(full) else (
+                f"cannot take the checkpoint of update {gen.source.get('update')} from {gen.source.get('host')}: {who}")
             return _new(number, rest, views, f"{', '.join(receivers)} left out at update "
-                        f"{at if at is not None else '?'}"
-                        f" (cannot take the checkpoint of update {gen.source.get('update')} from "
-                        f"{gen.source.get('host')}: {who})", now, at, changed, holders=[*rest, *holders])
+                        f"{at if at is not None else '?'} ({what})", now, at, changed, holders=[*rest, *holders])
         if not holders and wanted in refused:
             # no live host holds it whole any more: the next best, among every host that hears the others
             able = [h for h in staying if not views[h].cannot_hold]

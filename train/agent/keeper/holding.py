@@ -71,6 +71,10 @@ class Holding:
         if self.cannot_hold and self.store.free(self.run_dir) >= self.needs:
             say(f"{self.me}'s /data has room for the run's checkpoint again ({self.needs:,} bytes)")
             self.cannot_hold = ""
+            self.store.said_no_room(self.run_dir, "")
+        elif not self.cannot_hold and mine is not None and self.store.free(self.run_dir) < mine.size:
+            # the next save (or copy) will not fit: said before rank 0's save dies on it
+            self.no_room({"size": mine.size, "update": None})
 
     def no_room(self, want: dict, found: str = "") -> bool:
         """Whether this host lacks the room to copy `want` (said once, in its heartbeat: the leader leaves it
@@ -79,10 +83,12 @@ class Holding:
         if not found and free >= want["size"]:
             return False
         self.needs = want["size"]
-        why = (f"{self.me}: /data has {free:,} bytes free, the checkpoint of update {want['update']} needs "
-               f"{want['size']:,}{' (' + found + ')' if found else ''}")
+        what = f"the checkpoint of update {want['update']}" if isinstance(want["update"], int) else "the next save"
+        why = f"{self.me}: /data has {free:,} bytes free, {what} needs {want['size']:,}"
+        why += f" ({found})" if found else ""
         if not self.cannot_hold:
             say(f"{why}: this host is left out until there is room")
+            self.store.said_no_room(self.run_dir, why)  # for `fab status` (a tiny file: it fits, or is said)
         self.cannot_hold = why
         return True
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -349,9 +350,24 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: wake.set())
     supervisor, spec_file = os.getppid(), keeper_dir(run_dir) / "spec.json"
     spec_seen = spec_file.stat().st_mtime_ns
+    full_since: float | None = None
     try:
         while True:
-            ended = keeper.step()
+            try:
+                ended = keeper.step()
+                full_since = None
+            except OSError as err:
+                if err.errno != errno.ENOSPC:
+                    raise
+                # its own small files cannot be written: said once, tried again each round (its supervisor
+                # would restart it into the same wall until it gives up); the ranks are left as they are
+                if full_since is None:
+                    say(f"{spec['me']}: the run's disk is full ({err}): the keeper waits for room, "
+                        "its heartbeat still answers")
+                full_since = full_since or time.monotonic()
+                wake.wait(poll)
+                wake.clear()
+                continue
             if ended:
                 keeper.end(ended)
                 time.sleep(linger_s(spec))  # its heartbeat says so a while longer: every peer hears it

@@ -49,6 +49,18 @@ def free(run_dir: str | Path) -> int:
     return shutil.disk_usage(run_dir).free
 
 
+def said_no_room(run_dir: str | Path, why: str) -> None:
+    """Why this host has no room for the run's checkpoint ('' once it has), for `fab status`."""
+    path = Path(run_dir) / "keeper" / "no_room.json"
+    try:
+        if why:
+            path.write_text(json.dumps({"why": why, "since": time.time()}))
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass  # a disk too full for 100 bytes: the keeper's log and heartbeat say it
+
+
 PARTIALS = (f".{LAST}.incoming", f".{LAST}.link", f".{LAST}.restore")
 
 
