@@ -12,6 +12,7 @@ import re
 import subprocess
 import time
 
+import pytest
 from labtools import fab, set_links, ssh
 from test_keepers import ranks, timeline, update, wait_for
 
@@ -154,6 +155,8 @@ def test_a_corrupt_copy_is_never_resumed_and_no_host_starts_from_nothing_while_r
         stop(data_ready, run_id)
 
 
+@pytest.mark.extra(covered_by="the fault simulator (tests/sim): two hosts, one isolated while its ranks crash "
+                              "(the real Keeper.act, a stop that binds only the hosts that stopped)")
 def test_an_isolated_host_that_exhausted_its_restarts_reconnects_without_stopping_the_run(data_ready):
     """v100b, cut off, trains alone (two hosts: both sides may); its ranks crash again and again until its
     restart budget is spent and it stops alone (restarts_per_hour=1 here: two crashes spend it). Plugged

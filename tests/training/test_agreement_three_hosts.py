@@ -10,6 +10,7 @@ import re
 import subprocess
 import time
 
+import pytest
 from labtools import fab, set_links, ssh
 from test_train import QUICK_HEARTBEAT, RUNS, log_of, training_processes, wait_for_update
 from three_hosts_lab import keeper_timeline, start_on_three
@@ -60,6 +61,8 @@ def test_a_vm_replaced_at_a_new_address_takes_the_lost_hosts_place_in_the_runnin
           f"fab train --replace, from update {at}")
 
 
+@pytest.mark.extra(covered_by="tests/unit/train/agent/keeper/test_agreement.py (three keepers, a real etcd, the "
+                              "heartbeats cut one-sided) and the fault simulator's one-way cuts (tests/sim)")
 def test_a_one_sided_partition_trains_on_the_hosts_that_reach_each_other_without_taking_turns(three_hosts):
     """v100a and v100b lose each other (a route dropped on each side) while both still reach v100c:
     the run goes on on two hosts that reach each other (etcd's leader decides), the third waits, and
@@ -143,12 +146,13 @@ def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_
 
 
 def test_etcd_lost_again_and_again_never_spends_the_restart_budget(three_hosts):
-    """v100c gone for good; v100a and v100b then lose each other twice for 25 s (past lost_after_s: each
-    side, without etcd's majority, stops its ranks: the fence). Each time the two train again once they
-    hear each other, and the run's restart budget (1 an hour here) is untouched: before, each fence
-    counted as a crash restart and the second stopped the run (issue 52, 2)."""
+    """v100c gone for good; v100a and v100b then lose each other for 25 s (past lost_after_s: each side,
+    without etcd's majority, stops its ranks: the fence). The two train again once they hear each
+    other, and the run's restart budget (0 here: a crash would stop the run) is untouched: before, the
+    fence counted as a crash restart and stopped the run (issue 52, 2; the simulator's
+    etcd_cut_four_times repeats it four times)."""
     cfg = three_hosts.cfg
-    run_id = start_on_three(three_hosts, "etcdcuts", "restarts_per_hour=1")
+    run_id = start_on_three(three_hosts, "etcdcuts", "restarts_per_hour=0")
     routes = [("v100a", "v100b"), ("v100b", "v100a")]
 
     def timeline() -> list[dict]:
@@ -166,7 +170,7 @@ def test_etcd_lost_again_and_again_never_spends_the_restart_budget(three_hosts):
         deadline = time.monotonic() + 120
         while not [e for e in timeline() if e["hosts"] == ["v100a", "v100b"]] and time.monotonic() < deadline:
             time.sleep(2)
-        for _ in range(2):
+        for _ in range(1):
             before = len(timeline())
             blackhole("add")
             time.sleep(25)
@@ -186,5 +190,5 @@ def test_etcd_lost_again_and_again_never_spends_the_restart_budget(three_hosts):
         blackhole("del")
         set_links(cfg, "v100c", "up")
         fab(three_hosts, "stop", "--run", run_id, check=False)
-    print(f"v100c gone, v100a-v100b cut 25 s twice (restarts_per_hour=1): training again {took[0]:.0f} s and "
-          f"{took[1]:.0f} s after each cut healed, the run's restart budget untouched")
+    print(f"v100c gone, v100a-v100b cut 25 s (restarts_per_hour=0): training again {took[0]:.0f} s after the cut "
+          "healed, the run's restart budget untouched")
