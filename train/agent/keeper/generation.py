@@ -412,30 +412,41 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
     full = [m for m in gen.members if views[m].cannot_hold and (not runs_in(views[m], gen) or m == gen.members[0])]
     receivers = [m for m in gen.members if wanted and views[m].cannot_get == wanted] + full
     if receivers:
+        src = gen.source or {}
         who = "; ".join(f"{m}: {views[m].cannot_hold or views[m].cannot_get_why or 'failed'}" for m in receivers)
         holders = [h for h in live_order if h not in receivers and views[h].checkpoint is not None
                    and views[h].checkpoint.sha256 == wanted]
         rest = [m for m in staying if m not in receivers and not views[m].cannot_hold
                 and not (m not in gen.members and views[m].cannot_get == wanted)]
-        if holders and gen.source.get("host") not in holders:  # its holder's own copy rotted; a replica is whole
-            able = [m for m in staying if not views[m].cannot_hold]
-            return _new(number, able, views, f"the checkpoint of update {gen.source.get('update')} is copied from "
-                        f"{holders[0]} instead ({who})", now, at, (recent, churn), holders=holders)
+        source = src.get("host")
+        able = [m for m in staying if not views[m].cannot_hold]
+        if holders and source in receivers and source not in full and quorate(order, set(able)):
+            # its holder's own copy rotted (or is gone) and a replica is whole: copied from there instead
+            return _new(number, able, views, f"the checkpoint of update {src.get('update')} is copied from "
+                        f"{holders[0]} instead ({who})", now, at, (recent, churn), holders=[*able, *holders])
+        if full and full[0] == gen.members[0] and not (rest and quorate(order, set(rest))) and all(
+                views[m].checkpoint is not None for m in full):
+            # rank 0's host is full and the others are no majority without it: it trains on, rank 0 elsewhere
+            moved = [m for m in gen.members if m not in full] + full
+            if moved != list(gen.members) and quorate(order, set(moved)):
+                return _new(number, moved, views, f"rank 0 moves off {', '.join(full)} at update {at} ({who})", now,
+                            at, (recent, churn))
         if (holders or full) and rest and quorate(order, set(rest)):
             # the checkpoint is whole where it is: the hosts that cannot take it are left out, never it
             what = who if set(receivers) <= set(full) else (
-                f"cannot take the checkpoint of update {gen.source.get('update')} from {gen.source.get('host')}: {who}")
+                f"cannot take the checkpoint of update {src.get('update')} from {src.get('host')}: {who}")
             return _new(number, rest, views, f"{', '.join(receivers)} left out at update "
-                        f"{at if at is not None else '?'} ({what})", now, at, changed, holders=[*rest, *holders])
+                        f"{at if at is not None else '?'} ({what})", now, at, changed,
+                        holders=[*rest, *holders, *full])  # a full disk still serves the checkpoint it holds
         if not holders and wanted in refused:
             # no live host holds it whole any more: the next best, among every host that hears the others
             able = [h for h in staying if not views[h].cannot_hold]
             if elsewhere := _held_elsewhere(last_heard, [h for h in able if views[h].checkpoint is None
                                                           or views[h].checkpoint.sha256 not in refused]):
-                memory.waiting = f"no member can get the checkpoint {gen.source.get('host')} held; {elsewhere}"
+                memory.waiting = f"no member can get the checkpoint {src.get('host')} held; {elsewhere}"
                 return None
-            return _new(number, able, views, f"the checkpoint of update {gen.source.get('update')} on "
-                        f"{gen.source.get('host')} could not be copied whole ({who}): from the next best", now, at,
+            return _new(number, able, views, f"the checkpoint of update {src.get('update')} on "
+                        f"{src.get('host')} could not be copied whole ({who}): from the next best", now, at,
                         (recent, churn), refused)
         memory.waiting = f"{', '.join(receivers)} cannot take the run's checkpoint ({who}): the others wait"
         return None
