@@ -60,7 +60,7 @@ class Checks:
         members = key[1]
         live = [x for x in w.hosts.values() if x.name in members or (
             x.up and x.keeper is not None and x.keeper_ended_ms is None and all(w.both(x.name, m) for m in members))]
-        self.held_then[key] = [(f.update, x.name) for x in live if (f := whole(x, before))]
+        self.held_then[key] = [(f.update, x.name, f) for x in live if (f := whole(x, before))]
 
     def trains(self, w: World, key, hosts: list[Host], starts: set) -> None:
         number, members = key
@@ -68,7 +68,9 @@ class Checks:
         if len(starts) > 1:
             self.fail("one_start_for_all", f"generation {number} {list(members)}: ranks resumed from different files "
                                            f"{sorted(map(str, starts))}")
-        held = self.held_then.get(key, [])
+        # held when it was decided, and still whole when the ranks resume (a disk wiped or rotted since lost it)
+        held = [(update, name) for update, name, f in self.held_then.get(key, [])
+                if w.hosts[name].disk.snap is f and not f.corrupt]
         resumed = hosts[0].procs.resumed
         self.count("never_rolls_back")
         self.count("never_from_nothing")

@@ -420,7 +420,9 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
                 and not (m not in gen.members and views[m].cannot_get == wanted)]
         source = src.get("host")
         able = [m for m in staying if not views[m].cannot_hold]
-        if holders and source in receivers and source not in full and quorate(order, set(able)):
+        gone = source in receivers or source not in views or views[source].checkpoint is None or \
+            views[source].checkpoint.sha256 != wanted  # its holder no longer holds it whole
+        if holders and gone and source not in full and quorate(order, set(able)):
             # its holder's own copy rotted (or is gone) and a replica is whole: copied from there instead
             return _new(number, able, views, f"the checkpoint of update {src.get('update')} is copied from "
                         f"{holders[0]} instead ({who})", now, at, (recent, churn), holders=[*able, *holders])
@@ -444,6 +446,9 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
             if elsewhere := _held_elsewhere(last_heard, [h for h in able if views[h].checkpoint is None
                                                           or views[h].checkpoint.sha256 not in refused]):
                 memory.waiting = f"no member can get the checkpoint {src.get('host')} held; {elsewhere}"
+                return None
+            if not able or not quorate(order, set(able)):
+                memory.waiting = f"no majority can take a checkpoint ({who}): waiting"
                 return None
             return _new(number, able, views, f"the checkpoint of update {src.get('update')} on "
                         f"{src.get('host')} could not be copied whole ({who}): from the next best", now, at,
