@@ -504,7 +504,7 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
                         f"again ({len(churn)} membership changes in the last hour; {how})", now, at, changed)
         return _new(number, list(gen.members), views, f"ranks ended at update {at} after {', '.join(dropped)} "
                     f"went unheard ({how}): restarting, not counted as a crash", now, at,
-                    changed if flapped else (recent, churn))
+                    changed)  # a membership change all the same: a flapping link's count goes on
     if not elastic:
         return Generation(number=number, members=(), reason=f"ranks ended ({how}); --no-elastic: the run stops",
                           time=round(now, 1), at_update=at, stopped="ranks ended, not elastic", among=gen.members)

@@ -239,8 +239,10 @@ class Keeper:
                     self.missed_by.setdefault(m, set()).add(x)
 
     def unheard(self) -> dict[str, int]:
-        """Each member that went unheard, and by how many of the others."""
-        return {m: len(by) for m, by in self.missed_by.items()}
+        """Each member that went unheard, and by how many of the others: one this keeper (the leader, whose
+        own answers are fresh) did not hear counts as missed by all (the others' `hears` lag by lost_after_s)."""
+        others = len(self.generation.members) - 1 if self.generation else 0
+        return {m: others if self.me in by else len(by) for m, by in self.missed_by.items()}
 
     def decide(self, now: float, agreed: Generation | None = None) -> Generation | None:
         # every view, the silent hosts' last ones too: a lost rank 0's last update is in its own
