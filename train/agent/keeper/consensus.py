@@ -117,7 +117,11 @@ def etcd_member(run_dir: str, spec: dict) -> int | None:
         say("etcd is not installed on this host: provisioning installs it (etcd-server); the run's agreement "
             "waits for a majority of its etcd members")
         return None
-    joining = None if (data / "member").exists() else etcd.rejoin(spec)
+    try:
+        joining = None if (data / "member").exists() else etcd.rejoin(spec)
+    except etcd.Unavailable as err:
+        say(f"etcd: this host's member has no data and cannot join the run's cluster yet ({err}): tried again soon")
+        return None
     if joining:  # its data is gone while the run's cluster lives on: a new member in its old one's place
         shutil.rmtree(data, ignore_errors=True)
         say(f"etcd: this host's member had no data; it joins the run's cluster as a new member ({joining})")

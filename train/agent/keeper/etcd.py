@@ -159,7 +159,8 @@ def rejoin(spec: dict, timeout_s: float = 2.0) -> str | None:
     """This host's member lost its data (a new VM in its place, a wiped /data) while the run's cluster
     lives on the other members: its old self removed and a new member added through them (etcd's member
     API; a majority must answer). Returns the --initial-cluster to join with, or None where no cluster
-    answers (the run's first start: every member bootstraps it) or this host never started in it."""
+    answers (the run's first start: every member bootstraps it) or this host never started in it;
+    Unavailable where the cluster answers but takes no new member yet (the keeper tries again later)."""
     me, mine = spec["me"], peer_url(spec, spec["me"])
     others = [client_url(spec, h) for h in members(spec["order"]) if h != me]
     if not others:
@@ -181,7 +182,8 @@ def rejoin(spec: dict, timeout_s: float = 2.0) -> str | None:
         except Unavailable:
             time.sleep(1)
     else:
-        return None
+        # the cluster answered but took no new member: never bootstrap a cluster of its own beside it
+        raise Unavailable(f"{me}: the run's etcd cluster answers but did not take this host as a new member")
     return ",".join(f"{m.get('name') or me}={(m.get('peerURLs') or [''])[0]}" for m in after)
 
 

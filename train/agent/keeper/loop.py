@@ -352,21 +352,21 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: wake.set())
     supervisor, spec_file = os.getppid(), keeper_dir(run_dir) / "spec.json"
     spec_seen = spec_file.stat().st_mtime_ns
-    full_since: float | None = None
+    said_full = False
     try:
         while True:
             try:
                 ended = keeper.step()
-                full_since = None
+                said_full = False
             except OSError as err:
                 if err.errno != errno.ENOSPC:
                     raise
                 # its own small files cannot be written: said once, tried again each round (its supervisor
                 # would restart it into the same wall until it gives up); the ranks are left as they are
-                if full_since is None:
+                if not said_full:
                     say(f"{spec['me']}: the run's disk is full ({err}): the keeper waits for room, "
                         "its heartbeat still answers")
-                full_since = full_since or time.monotonic()
+                said_full = True
                 wake.wait(poll)
                 wake.clear()
                 continue
@@ -383,9 +383,11 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
                 server.server_close()
                 say(f"the keeper's supervisor is gone: a new one ({launch(run_dir)}) takes over")
                 return 0
-            if member is not None and not member_alive(member) and time.monotonic() >= member_retry:
+            if keeper.consensus is not None and keeper.me in agreement.members(keeper.order) and (
+                    member is None or not member_alive(member)) and time.monotonic() >= member_retry:
                 # its etcd exited (a full disk, its data gone): started again, as a new member if it must be
-                say("this host's etcd member exited (its etcd.log says why): started again")
+                if member is not None:
+                    say("this host's etcd member exited (its etcd.log says why): started again")
                 member, member_retry = etcd_member(run_dir, spec), time.monotonic() + 10
             wake.wait(poll)
             wake.clear()

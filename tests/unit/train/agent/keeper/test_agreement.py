@@ -170,3 +170,26 @@ def test_a_member_whose_data_is_gone_rejoins_the_runs_etcd_as_a_new_member(clust
             cluster.etcd[host] = consensus.etcd_member(str(cluster.dirs[host]), spec(cluster.dirs, host,
                                                                                       cluster.keepers[host].spec["port"]))
             time.sleep(2)
+
+
+def test_a_member_without_data_never_bootstraps_a_cluster_of_its_own_beside_the_runs(monkeypatch, tmp_path):
+    """The run's cluster answers but does not take c as a new member yet (no majority heard for 5 s):
+    c starts no etcd of its own (it would form a second cluster beside the run's); its keeper tries later."""
+    s = spec({h: tmp_path / h for h in HOSTS}, "c", 29640)
+    c = agreement.peer_url(s, "c")
+    monkeypatch.setattr(agreement.Etcd, "member_list",
+                        lambda self: [{"ID": "7", "name": "c", "peerURLs": [c], "clientURLs": ["http://x"]}])
+    monkeypatch.setattr(agreement.Etcd, "member_remove", lambda self, member_id: None)
+
+    def refuse(self, peer):
+        raise agreement.Unavailable("HTTP 503 Service Unavailable")
+
+    monkeypatch.setattr(agreement.Etcd, "member_add", refuse)
+    monkeypatch.setattr(agreement, "ADD_TRIES", 2)
+    monkeypatch.setattr(agreement.time, "sleep", lambda s: None)
+    with pytest.raises(agreement.Unavailable, match="did not take this host"):
+        agreement.rejoin(s)
+    run_dir = tmp_path / "c" / "r1"
+    (run_dir / "keeper").mkdir(parents=True)
+    if shutil.which("etcd"):
+        assert consensus.etcd_member(str(run_dir), s) is None and not (run_dir / "keeper" / "etcd.pid").exists()
