@@ -126,6 +126,8 @@ def test_a_keeper_or_its_supervisor_killed_with_sigkill_leaves_the_ranks_trainin
           "the ranks never restarted")
 
 
+@pytest.mark.extra(covered_by="the fault simulator's flipped bytes and torn manifests (tests/sim: never_rolls_back, "
+                              "never_from_nothing over 2,000 schedules) and the keeper unit tests' sha256 checks")
 def test_a_corrupt_copy_is_never_resumed_and_no_host_starts_from_nothing_while_rank_0s_is_away(data_ready):
     cfg = data_ready.cfg
     run_id = start(data_ready, "corrupt")

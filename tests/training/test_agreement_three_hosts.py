@@ -145,6 +145,8 @@ def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_
           f"left out while v100a, v100b trained on ({time.monotonic() - started:.0f} s in all)")
 
 
+@pytest.mark.extra(covered_by="tests/unit/train/agent/keeper/test_agreement.py (a keeper cut off from a real etcd's "
+                              "majority starts no ranks) and the simulator's etcd_cut_four_times (budget untouched)")
 def test_etcd_lost_again_and_again_never_spends_the_restart_budget(three_hosts):
     """v100c gone for good; v100a and v100b then lose each other for 40 s (past lost_after_s: each side,
     without etcd's majority, stops its ranks: the fence). The two train again once they hear each
