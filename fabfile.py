@@ -20,12 +20,14 @@ from train.cli import options
 from train.cli import version as tandem_version
 from train.cli.executor import cluster_task, console, ends_as_documented, errors, known_hosts, task
 from train.hosts.remote import venv_of
-from train.run import launch, logtail, offsite, pick, session
+from train.run import logtail, offsite, pick, session, stopping
 from train.run import status as run_status
 from train.run.command import parse_signature
 from train.run.evaluate import evaluate as evaluate_run
 
 ends_as_documented(fabric.main.program)  # an unknown option exits 2, Ctrl-C 130, a closed pipe quietly
+
+RUN_HELP = "run id (default: the run the hosts started last)"
 
 
 @task
@@ -80,8 +82,9 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
               "hosts hold each other's): every:MIN (at most every MIN minutes; default every:60), last (when the run "
               "ends), off; refused with --detach (nothing follows)",
     "resume_from": "URL of the store the run's hosts copied checkpoints to (s3://BUCKET/PREFIX, gs://..., a "
-                   "directory, sftp://...): every VM gone, the run goes on on --hosts from its newest whole copy "
-                   "there (--run names it when the store holds several), its batch derived again for them",
+                   "directory, sftp://...): every VM gone, the run goes on on --hosts from its newest copy whose "
+                   "sha256 matches (--run names it when the store holds several; URL/RUN/uN: that copy), its batch "
+                   "derived again for them",
     "checkpoints_to": "copy checkpoints off the cluster, uploaded by rank 0's host: s3://BUCKET/PREFIX (or an "
                       "S3-compatible store: endpoint_url in the hosts' ~/.aws/config), gs://BUCKET/PREFIX, a directory "
                       "on every host (/mnt/share/runs), sftp://[user@]host[:port]/path; credentials from each host, "
@@ -94,7 +97,7 @@ def prepare_data(c, hosts, name=None, source=None, wmt16=False, vocab_size=None,
               preset=options.PRESET, set=options.SET, dataset=options.DATASET, run=options.name,
               update_freq=options.whole(1), precision=options.PRECISION, port=options.PORT, comm=options.COMM,
               backup=options.backup, replace=options.replacement, checkpoints_to=options.checkpoints_to,
-              checkpoints_every=options.minutes)
+              checkpoints_every=options.minutes, resume_from=offsite.store_url)
 def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, update_freq=None,
           precision=None, port=29500, dry_run=False, detach=False, accept_slow_network=False, elastic=True,
           comm=None, rejoin=False, backup=None, replace=None, resume_from=None, checkpoints_to=None,
@@ -109,10 +112,12 @@ def train(c, hosts, preset=None, set=None, dataset=None, run=None, new=False, up
         accept_slow_network=accept_slow_network, elastic=elastic, comm=comm, rejoin=rejoin, backup=backup,
         replace=replace, resume_from=resume_from, checkpoints_to=checkpoints_to,
         checkpoints_every=checkpoints_every)
+    if not (new or run or resume_from):  # the latest run to resume: the one the hosts started last
+        pick.resumable(hosts, console.print)
     session.train(request, hosts, known_hosts(c), console)
 
 
-@task(help={"run": "run id (default: the latest)",
+@task(help={"run": RUN_HELP,
             "json": "print it as JSON: the run's state and update, per host its ranks, state, update, loss, "
                     "s/update, last log line and why it could not be reached"})
 @cluster_task(run=options.name)
@@ -123,7 +128,7 @@ def status(c, hosts, run=None, json=False):
     run_status.show(pick.find(run, hosts, (errors if json else console).print), hosts, console, as_json=json)
 
 
-@task(help={"run": "run id (default: the latest)", "every": "seconds between refreshes (default 2)",
+@task(help={"run": RUN_HELP, "every": "seconds between refreshes (default 2)",
             "link_mbps": "the link's speed when the run measured none (default: the inventory's)",
             "once": "print one frame and return (no full screen)"})
 @cluster_task(run=options.name, every=options.seconds, link_mbps=options.mbps)
@@ -140,7 +145,7 @@ def watch(c, hosts, run=None, every=2.0, link_mbps=None, once=False):
               link_mbps=float(expected) if expected else None, once=bool(once))
 
 
-@task(help={"run": "run id (default: the latest)", "port": "the local port to open it on (default 6006)"})
+@task(help={"run": RUN_HELP, "port": "the local port to open it on (default 6006)"})
 @cluster_task(run=options.name, port=options.port)
 def tensorboard(c, hosts, run=None, port=6006):
     """TensorBoard of a run on rank 0's host (127.0.0.1 there), forwarded over SSH to a local port; Ctrl-C stops it."""
@@ -151,7 +156,7 @@ def tensorboard(c, hosts, run=None, port=6006):
     tb.serve(host, venv_of(host), the_run.remote_dir, port, lambda line: console.print(line, markup=False))
 
 
-@task(help={"run": "run id (default: the latest)", "lines": "lines per host (default 20)",
+@task(help={"run": RUN_HELP, "lines": "lines per host (default 20)",
             "follow": "go on printing every host's new lines, each prefixed with its host, until Ctrl-C"})
 @cluster_task(run=options.name, lines=options.whole(1))
 def logs(c, hosts, run=None, lines=20, follow=False):
@@ -165,26 +170,20 @@ def logs(c, hosts, run=None, lines=20, follow=False):
         run_status.show_logs(the_run, hosts, lines, console)
 
 
-@task(help={"run": "run id (default: the latest)"})
+@task(help={"run": RUN_HELP})
 @cluster_task(run=options.name)
 def stop(c, hosts, run=None):
-    """Stop every rank on every host and confirm none is left (non-zero exit naming a host that won't stop).
+    """Stop every rank on every host and confirm none is left; say the run stopped and its hosts.
 
-    With --checkpoints-to it says where the newest copy off the cluster is, or that the final one still uploads."""
+    Exit 1 naming a host that still trains: the run's ranks, or (without --run) another run's. With
+    --checkpoints-to it says where the newest copy off the cluster is, or that the final one still uploads."""
     the_run = pick.find(run, hosts, console.print)
-    known, spare = launch.to_stop(the_run, hosts)
-    outcome = launch.stop(the_run, known, spare=spare)
-    said = {"stopped": "stopped", "killed": "killed (did not stop on SIGTERM)", "none": "was not running",
-            "unreachable": "unreachable, and out of the run when this controller last heard; should it train "
-                           "again, `fab stop` once it answers ends it"}
-    for name, what in outcome.items():
-        left = "" if what == "unreachable" else "; no training process left"
-        console.print(f"{name}: {said.get(what, what)}{left}")
+    stopping.stop(the_run, hosts, named=bool(run), say=lambda line: console.print(line, markup=False))
     if copied := offsite.after_stop(the_run, the_run.hosts_of(hosts)):
         console.print(copied, markup=False)
 
 
-@task(help={"run": "run id (default: the latest)", "checkpoint": "checkpoint file name (default checkpoint_best.pt)"})
+@task(help={"run": RUN_HELP, "checkpoint": "checkpoint file name (default checkpoint_best.pt)"})
 @cluster_task(run=options.name, checkpoint=options.checkpoint)
 def evaluate(c, hosts, run=None, checkpoint="checkpoint_best.pt"):
     """Translate the test set with the best checkpoint on the first host and print SacreBLEU."""
@@ -294,7 +293,7 @@ def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measur
         sys.exit(exits.REFUSED)
 
 
-@task(help={"run": "run id (default: the latest)",
+@task(help={"run": RUN_HELP,
             "link_mbps": "the link's speed when no bench-net result exists (default: the inventory's)"})
 @cluster_task(run=options.name, link_mbps=options.mbps)
 def report(c, hosts, run=None, link_mbps=None):

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import paramiko
 import yaml
-from fabric import Config, Connection, ThreadingGroup
+from fabric import Connection, ThreadingGroup
 from fabric.exceptions import GroupException
 from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 
-from . import hostvars, inventory_cache
+from . import hostvars, inventory_cache, ssh_config
 from .errors import ClusterError  # below train.hostvars, which raises it too; callers import it from here
 
 TOP = Path(__file__).resolve().parent.parent
@@ -170,11 +170,13 @@ def _host(name: str, variables: dict) -> Host:
     def var(key: str):
         return hostvars.value(variables, key, name)
 
+    address = var("ansible_host") or name
+    said = ssh_config.lookup(address)  # the inventory's login first, then ~/.ssh/config's, as with Ansible
     return Host(
         name=name,
-        address=var("ansible_host") or name,
-        user=var("ansible_user") or os.environ.get("USER", "root"),
-        port=var("ansible_port"),
+        address=address,
+        user=var("ansible_user") or said.get("user") or os.environ.get("USER", "root"),
+        port=var("ansible_port") if "ansible_port" in variables else _ssh_port(name, said),
         key=var("ansible_ssh_private_key_file"),
         known_hosts=var("tandem_known_hosts_file"),
         gpus=var("gpus"),
@@ -183,6 +185,15 @@ def _host(name: str, variables: dict) -> Host:
         vars=dict(variables),
         cluster_address=var("cluster_address") or "",
     )
+
+
+def _ssh_port(name: str, said: dict) -> int:
+    """The Port ~/.ssh/config gives the host (22 when none)."""
+    try:
+        return int(said.get("port", 22))
+    except ValueError:
+        raise ClusterError(f"{name}: ~/.ssh/config gives it Port {said['port']!r}, not a number: fix it there, "
+                           "or set ansible_port in the inventory") from None
 
 
 def select(hosts: list[Host], names: list[str] | None) -> list[Host]:
@@ -247,15 +258,27 @@ def connect(host: Host, timeout: float | None = None) -> Connection:
     connect_kwargs = {"banner_timeout": timeout * 0.8, "auth_timeout": timeout}
     if host.key:
         connect_kwargs["key_filename"] = os.path.expanduser(host.key)
-    config = Config(overrides={"load_ssh_configs": False})
-    conn = HostConnection(host.address, user=host.user, port=host.port, config=config,
+    # ~/.ssh/config as ssh reads it (train.ssh_config): the alias's HostName, its IdentityFile after the
+    # inventory's key, its ProxyJump; user and port are the host's, already resolved with it
+    conn = HostConnection(host.address, user=host.user, port=host.port, config=ssh_config.settings(),
                           connect_kwargs=connect_kwargs, connect_timeout=timeout)
-    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     known = os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
-    if os.path.exists(known):
-        conn.client.load_host_keys(known)
+    check_host_keys(conn, [known])
+    hop = conn.gateway
+    while isinstance(hop, Connection):  # a ProxyJump's hosts are checked too (Fabric would accept any key)
+        check_host_keys(hop, [known, os.path.expanduser("~/.ssh/known_hosts")])
+        hop.connect_timeout = timeout  # a bastion that does not answer fails as the host would
+        hop = hop.gateway
     conn.tandem_host = host  # the inventory name, for messages
     return conn
+
+
+def check_host_keys(conn: Connection, files: list[str]) -> None:
+    """Refuse a host key that none of `files` (known_hosts) holds."""
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    for known in dict.fromkeys(files):
+        if os.path.exists(known):
+            conn.client.load_host_keys(known)
 
 
 TRANSFER_STALL_S = 60  # a copy that moves no byte for this long has lost its host

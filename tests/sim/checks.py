@@ -145,9 +145,17 @@ class Checks:
         self.count("a_healed_majority_trains")
         if self.live_again(w, best_before):
             return
-        kept = [m for m in w.etcd.members if not w.hosts[m].etcd_lost]
+        if any(whole(h, w.now) for h in w.hosts.values() if h.gone) and \
+                not any(whole(h, w.now) for h in w.hosts.values() if not h.gone):
+            # the run's only whole checkpoints were on hosts lost for good: never from nothing, the keepers
+            # wait (the user resumes from a copy off the cluster, or starts anew)
+            self.count("oracle: only hosts lost for good held a whole checkpoint")
+            return
+        kept = [m for m in w.etcd.members if not w.hosts[m].etcd_lost and not w.hosts[m].gone]
         if len(w.order) >= 3 and 2 * len(kept) <= len(w.etcd.members):
-            self.count("oracle: etcd's majority lost its data for good")  # a new `fab train` start forms a new one
+            # a majority of etcd's members lost (their data, or their hosts for good) before one could be
+            # replaced: no member change can pass; a new `fab train` start forms a new cluster
+            self.count("oracle: etcd's majority lost for good")
             return
         said = "; ".join(f"{h.name}: {h.log[-1] if h.log else 'nothing'}" for h in w.hosts.values())
         self.fail("a_healed_majority_trains", f"{within_ms / 1000:.0f} s after every fault healed no majority "

@@ -8,7 +8,8 @@ from __future__ import annotations
 import random
 
 OPS = ("cut", "isolate", "flap", "crash_host", "crash_keeper", "crash_ranks", "disk_full", "flip_byte",
-       "tear_manifest", "clock_step", "flaky", "etcd_cut")
+       "tear_manifest", "clock_step", "flaky", "etcd_cut", "lose")
+LOSE_EVERY_S = 75  # hosts lost for good, one after the other: past etcd_replace_after_s (60) and a round
 SAFETY_S = 180  # faults land within this; then the liveness phase heals everything
 
 
@@ -24,8 +25,12 @@ def profile(rng: random.Random) -> dict:
 
 def draw(rng: random.Random, prof: dict, names: list[str]) -> list[dict]:
     out = []
+    if "lose" in prof["ops"]:  # a minority of the hosts gone for good (spot VMs never given back), one at a time
+        most = 1 if len(names) == 2 else (len(names) - 1) // 2
+        for i, host in enumerate(rng.sample(names, rng.randint(1, most))):
+            out.append({"at": 20 + i * LOSE_EVERY_S + rng.randint(0, 5), "op": "lose", "host": host})
     for _ in range(prof["faults"]):
-        op = rng.choice(prof["ops"])
+        op = rng.choice([o for o in prof["ops"] if o != "lose"] or ["cut"])
         at = rng.randint(20, SAFETY_S - 10)
         host = rng.choice(names)
         other = rng.choice([n for n in names if n != host])
@@ -51,6 +56,8 @@ def apply(world, f: dict) -> list[tuple[int, callable]]:
     """Carry out fault `f` now; returns what undoes it later: [(ms, action)]."""
     h = world.hosts[f["host"]]
     op, now = f["op"], world.now
+    if h.gone:
+        return []  # lost for good: nothing happens to it any more that anyone could see
     world.note(f"fault: {describe(f)}")
     later = []
     if op in ("cut", "etcd_cut"):
@@ -72,6 +79,9 @@ def apply(world, f: dict) -> list[tuple[int, callable]]:
             later.append((t, lambda: world.sever(pairs)))
             later.append((t + f["down"] * 1000, lambda: world.mend(pairs)))
             t += (f["down"] + f["up"]) * 1000
+    elif op == "lose":
+        world.crash_host(h)
+        h.gone = True  # never back: no fault's undo and no heal boots it
     elif op == "crash_host":
         world.crash_host(h)
         later.append((now + f["lasts"] * 1000, lambda: world.boot_host(h, f.get("wipe", False))))

@@ -61,8 +61,8 @@ def run(hosts: int, schedule: list[dict], seed: int = 0, profile: dict | None = 
             h.disk.capacity, h.flaky_until = world.disk_size, 0
             if not h.up:
                 world.boot_host(h, False)
-        best = max((h.disk.snap.update for h in world.hosts.values() if h.disk.snap and not h.disk.snap.corrupt),
-                   default=0)
+        best = max((h.disk.snap.update for h in world.hosts.values()
+                    if h.disk.snap and not h.disk.snap.corrupt and not h.gone), default=0)
         world.note("everything healed")
         healed_at = world.now
         while world.now - healed_at < HEAL_S * 1000:

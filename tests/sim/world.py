@@ -96,6 +96,7 @@ class Host:
         self.clock_offset_s = 0.0
         self.flaky_until = 0  # copies from or to it fail until then (connection reset)
         self.etcd_lost = False  # its etcd member's data wiped: down until it joins again as a new member
+        self.gone = False  # lost for good (faults "lose")
         self.log: list[str] = []
 
 
@@ -205,8 +206,8 @@ class SimStore:
         d.aside = [a for i, a in enumerate(d.aside) if i not in removed]
         return Path(run_dir) / "set-aside" / f"g{held.get('generation')}-u{held.get('update')}"
 
-    def fetch(self, url: str, token: str, run_dir: str, want: dict) -> dict:
-        return self.world.copy(url.split("//")[1].split(":")[0], self.world.by_dir[run_dir], want)
+    def fetch(self, url: str, token: str, run_dir: str, want: dict, keep=lambda: True, lock=None) -> dict:
+        return self.world.copy(url.split("//")[1].split(":")[0], self.world.by_dir[run_dir], want, keep)
 
     def free(self, run_dir: str) -> int:
         return self.disk(run_dir).free()
@@ -260,6 +261,7 @@ class SimEtcd:
 
     def __init__(self, world: World, order: list[str]):
         self.world, self.members = world, etcd.members(order)
+        self.starts_at: dict[str, int] = {}  # an added member serves from then (ms)
         self.generation: tuple[str | None, int] = (None, 0)
         self.revision = 0
         self.leader: tuple[str, int, int] | None = None  # (holder, lease, expiry ms)
@@ -268,7 +270,22 @@ class SimEtcd:
 
     def serving(self, m: str) -> bool:
         h = self.world.hosts[m]
-        return h.up and not h.etcd_lost
+        return h.up and not h.etcd_lost and self.world.now >= self.starts_at.get(m, 0)
+
+    def follow(self, live: set[str], gone: set[str]) -> str | None:
+        """etcd's member API as train.agent.keeper.etcd.Agreement.follow uses it: the real next_change; an
+        added member serves once its host's keeper started it (a round later, while its host is up)."""
+        listed = {m: self.world.now >= self.starts_at.get(m, 0) for m in self.members}
+        remove, add = etcd.next_change(listed, live, gone, self.world.order, len(etcd.members(self.world.order)))
+        if remove is not None:
+            self.members.remove(remove)
+            self.world.note(f"etcd: {remove}'s member removed")
+        if add is not None:
+            self.members.append(add)
+            self.starts_at[add] = self.world.now + POLL_MS
+            self.world.hosts[add].etcd_lost = False  # a new member: whatever its data was, it joins afresh
+            self.world.note(f"etcd: {add} added as a member")
+        return f"etcd: {remove} removed, {add} added" if remove or add else None
 
     def reachable(self, me: str) -> bool:
         w = self.world
@@ -324,6 +341,12 @@ class SimAgreement:
         if store.leader is None:
             store.leader = (self.me, self.lease, 0)
         return store.leader[0] == self.me and store.leader[1] == self.lease
+
+    def follow(self, live: set[str], gone: set[str]) -> str | None:
+        try:
+            return self.store().follow(live, gone)
+        except etcd.Unavailable:
+            return None
 
     def current(self) -> etcd.Agreed:
         value, revision = self.store().generation
@@ -470,7 +493,7 @@ class World:
         self.copies.append(c)
         return c
 
-    def copy(self, holder: str, to: Host, want: dict) -> dict:
+    def copy(self, holder: str, to: Host, want: dict, keep=lambda: True) -> dict:
         src = self.hosts[holder]
         if not self.both(holder, to.name):
             raise replica.FetchError(f"http://{holder}: URLError: timed out")
@@ -487,6 +510,9 @@ class World:
         d = to.disk
         if d.free() < f.size:
             raise replica.FetchError(f"http://{holder}: OSError: [Errno 28] No space left on device")
+        if not keep():
+            raise replica.Superseded(f"http://{holder}: the copy of update {want['update']} arrived after this "
+                                     "host's ranks started from another: dropped")
         d.last = d.snap = File(f.id, f.update, f.size, False, f.made_ms)
         d.manifest = {k: want[k] for k in ("generation", "update", "size", "sha256", "lineage") if k in want}
         d.torn = False
@@ -612,7 +638,9 @@ class World:
 
     def boot_host(self, h: Host, wipe: bool) -> None:
         """Back (tandem-boot starts its keeper); `wipe`: a new VM in its place, /data empty, the run's spec
-        written again (fab train --replace)."""
+        written again (fab train --replace). A host lost for good never is."""
+        if h.gone:
+            return
         h.up = True
         if wipe:
             h.disk = Disk(capacity=self.disk_size)

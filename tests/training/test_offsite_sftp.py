@@ -46,10 +46,12 @@ def test_a_checkpoint_goes_whole_to_an_sftp_target_and_comes_back_checked(sftp_t
               f"{{'checkpoint_last.pt': Path({RUN_DIR!r}) / 'checkpoint_last.pt'}})")
     uploaded = ssh(cfg, "v100a", f"{PYTHON} -c {shlex.quote(upload)}")
     assert uploaded.returncode == 0, uploaded.stderr[-2000:]
-    newest = json.loads(offsite(cfg, "v100a", "newest", url, "sftp-test").stdout)
-    assert newest["update"] == 40 and newest["files"]["checkpoint_last.pt"]["sha256"] == local_sum
-    fetched = offsite(cfg, "v100a", "fetch", newest["where"], "/tmp/sftp-fetched")
+    listed = json.loads(offsite(cfg, "v100a", "runs", url).stdout)
+    assert [(r["run"], r["update"]) for r in listed] == [("sftp-test", 40)]
+    fetched = offsite(cfg, "v100a", "fetch", url, "sftp-test", "/tmp/sftp-fetched")
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    newest = json.loads(fetched.stdout)
+    assert newest["update"] == 40 and newest["files"]["checkpoint_last.pt"]["sha256"] == local_sum
     assert ssh(cfg, "v100a", "sha256sum /tmp/sftp-fetched/checkpoint_last.pt").stdout.split()[0] == local_sum
     held = ssh(cfg, "v100b", f"ls {STORE}/sftp-test/u40").stdout.split()
     assert set(held) == {"checkpoint_last.pt", "manifest.json"}, held

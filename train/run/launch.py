@@ -7,10 +7,12 @@ train.run.checkpoints.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
 from ..cluster import ClusterError, Host, connect, rank_layout, ranks_label, run_all, run_each
+from ..hosts import paths
 from ..hosts.remote import agent_command, train_threads, venv_of
 from ..recipe import logformat
 from ..recipe.presets import Preset
@@ -107,27 +109,63 @@ def to_stop(run: Run, hosts: list[Host]) -> tuple[list[Host], frozenset[str]]:
     return known, frozenset(h.name for h in known) - training
 
 
-def stop(run: Run, hosts: list[Host], wait_s: float = 20, spare: frozenset[str] = frozenset()) -> dict[str, str]:
+LEFT_MARK = "--- training processes left"  # in stop's answer: what follows is still_training()'s
+
+
+def still_training() -> str:
+    """The shell line that lists this host's training processes of any run, `PID COMMAND LINE` each (a rank
+    names its run's save dir; train.agent.keeper.state.run_pids); `[-]` keeps the shell running it from
+    matching itself."""
+    return f"pgrep -af -- {shlex.quote('[-]-save-dir ' + paths.RUNS_ROOT + '/')} || true"
+
+
+def left_runs(listed: str) -> dict[str, list[int]]:
+    """{run id: pids} of what still_training() printed."""
+    rank = re.compile(rf"^(\d+) .*?--save-dir {re.escape(paths.RUNS_ROOT)}/([^/\s'\"]+)")
+    out: dict[str, list[int]] = {}
+    for line in listed.splitlines():
+        if found := rank.match(line.strip()):
+            out.setdefault(found[2], []).append(int(found[1]))
+    return out
+
+
+class Stopped(dict[str, str]):
+    """stop's {host: stopped|killed|none|unreachable}, with what still trained on each host it reached
+    right after (`left`: {host: {run id: pids}}), asked in the same SSH round."""
+
+    left: dict[str, dict[str, list[int]]]
+
+    def __init__(self, outcome=(), left: dict[str, dict[str, list[int]]] | None = None):
+        super().__init__(outcome)
+        self.left = left or {}
+
+
+def stop(run: Run, hosts: list[Host], wait_s: float = 20, spare: frozenset[str] = frozenset()) -> Stopped:
     """Stop every rank on every host (train.agent.keeper.stop: every process naming the run's save dir);
-    confirm none is left. Returns {host: stopped|killed|none|unreachable}; raises naming the hosts that
-    could not be reached or stopped, but for those in `spare` (hosts the run may have lost: one that
-    cannot be reached is reported "unreachable", not an error)."""
+    confirm none is left, then list each host's training processes of any run (Stopped.left). Returns
+    {host: stopped|killed|none|unreachable}; raises naming the hosts that could not be reached or stopped,
+    but for those in `spare` (hosts the run may have lost: one that cannot be reached is reported
+    "unreachable", not an error)."""
     # the keeper first (it would start the ranks again), told on every host: its peers hear it too
     stop_keeper = agent_command(hosts[0], "keeper.loop", "stop", "--run", run.remote_dir, "--wait", f"{wait_s:g}")
-    results = run_all(hosts, stop_keeper, timeout=wait_s + 30)
-    outcome, problems = {}, []
+    then_left = f"{stop_keeper}; said=$?; echo {shlex.quote(LEFT_MARK)}; {still_training()}; exit $said"
+    results = run_all(hosts, then_left, timeout=wait_s + 30)
+    outcome, left, problems = Stopped(), {}, []
     for host in hosts:
         result = results[host.name]
+        word, _, listed = result.stdout.partition(LEFT_MARK)
         if not result.reachable and host.name in spare:
             outcome[host.name] = "unreachable"
         elif not result.reachable:
             problems.append(f"{host.name}: unreachable ({result.error}); its ranks may still run")
         elif not result.ok:
-            said = result.stdout.strip() or result.stderr.strip()[-300:]
+            said = word.strip() or result.stderr.strip()[-300:]
             problems.append(f"{host.name}: training processes still alive after SIGKILL ({said})" if said == "alive"
                             else f"{host.name}: could not stop its ranks: {said}")
         else:
-            outcome[host.name] = result.stdout.strip()
+            outcome[host.name] = word.strip()
+            left[host.name] = left_runs(listed)
     if problems:
         raise ClusterError("stop incomplete:\n  " + "\n  ".join(problems))
+    outcome.left = left
     return outcome

@@ -23,6 +23,7 @@ from ..hosts.remote import agent_command
 from ..plan import batching
 from ..recipe.record import NAME, NAMED, Run, check_record
 from .elastic import scaled_update_freq
+from .offsite import ago, store_url
 
 REMAKEABLE = {"synthetic": False, "wmt16": True}  # datasets prepare-data makes again from their name alone (wmt16?)
 DERIVED_AGAIN = ("max_tokens", "max_tokens_cap", "save_interval_updates", "gpu_name", "link_mbps")
@@ -43,15 +44,63 @@ def _on(host: Host, command: str, timeout: float) -> dict | None:
     return answer
 
 
-def newest_copy(host: Host, url: str, run_id: str | None) -> dict:
-    """The newest whole copy of `run_id` (None: of any run) under `url`, as rank 0's new host finds it."""
-    args = ["newest", url, *([run_id] if run_id else [])]
-    copy = _on(host, agent_command(host, "offsite.upload", *args), timeout=300)
-    if not copy:
-        which = f"of {run_id}" if run_id else "of any run"
-        raise ClusterError(f"{host.name}: {url} holds no whole copy {which} (a copy counts once its manifest.json "
-                           "is written beside its files): check the URL, or --run for the run's name")
-    return copy
+class WhichRun(OptionError):
+    """--resume-from's store holds several runs and --run named none: each listed, one a line (exit 2)."""
+
+    def __init__(self, text: str):
+        ValueError.__init__(self, text)
+        self.option = "--resume-from"
+
+
+def runs_held(host: Host, url: str) -> list[dict]:
+    """Each run's newest whole copy under `url` (or the copy `url` is), as rank 0's new host finds it."""
+    return _on(host, agent_command(host, "offsite.upload", "runs", url), timeout=300) or []
+
+
+def listing(found: list[dict], now: float) -> str:
+    """One line a run: its name, newest update, age, preset, dataset and hosts (what a user knows it by)."""
+    return "\n".join(f"  {_shown(r['run'])}: update {r['update']:,}, {ago(now - float(r.get('time') or now))} old, "
+                     f"{_shown(r.get('preset') or 'preset not recorded')}, "
+                     f"{_shown(r.get('dataset') or 'dataset not recorded')}, "
+                     f"hosts {','.join(map(_shown, r.get('hosts') or [])) or 'not recorded'}" for r in found)
+
+
+def _shown(value: object) -> str:
+    """A name from the store as said: as it is when a plain name, else quoted (whoever writes the store wrote it)."""
+    return value if isinstance(value, str) and NAME.fullmatch(value.replace(" ", "_")) else repr(value)[:80]
+
+
+def which_run(found: list[dict], run_id: str | None, url: str) -> dict:
+    """The run to resume: the one --run names, the only one there; never a guess among several."""
+    now = time.time()
+    if run_id and not any(r.get("run") == run_id for r in found):
+        _none(f"{url} holds no whole copy of {run_id}", found, now)
+    if run_id:
+        found = [r for r in found if r.get("run") == run_id]
+    elif len(found) > 1:
+        raise WhichRun(f"--resume-from: {url} holds copies of {len(found)} runs: name one with --run RUN (or give "
+                       f"its copy's folder, URL/RUN/uN):\n{listing(found, now)}")
+    elif not found:
+        _none(f"{url} holds no whole copy of any run", found, now)
+    chosen = found[0]
+    if not isinstance(chosen.get("run"), str) or not NAME.fullmatch(chosen["run"]):  # the hosts' run directory
+        raise ClusterError(f"{url}: the newest copy refused: its run expected {NAMED}, found {chosen.get('run')!r}")
+    return chosen
+
+
+def _none(what: str, found: list[dict], now: float):
+    there = f"; it holds:\n{listing(found, now)}" if found else \
+        " (a copy counts once its manifest.json is written beside its files): check the URL"
+    raise ClusterError(what + there)
+
+
+def same_model(facts: dict, asked: dict | None, where: str) -> None:
+    """A copy of another preset or dataset than the options asked for is refused, both named (exit 2)."""
+    for option, want in (asked or {}).items():
+        if want and facts.get(option) and facts[option] != want:
+            raise OptionError(option, f"{want} asked, but {facts.get('run')}'s copy at {where} trained "
+                              f"{option} {facts[option]}: resume it without --{option}, or name the run that "
+                              f"trained {want} (--run)")
 
 
 def adopted(record: dict, hosts: list[Host], copy: dict, url: str) -> Run:
@@ -74,34 +123,42 @@ def adopted(record: dict, hosts: list[Host], copy: dict, url: str) -> Run:
     return run
 
 
-def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run, dict]:
-    """Find the newest whole copy, fetch it onto rank 0's new host (sha256 checked there), and record
-    the run here on `hosts`. Returns the run and the copy's manifest."""
+def adopt(url: str, run_id: str | None, hosts: list[Host], console, asked: dict | None = None) -> tuple[Run, dict]:
+    """Find the run's newest whole copy (the one --run names, or the only run there; `asked`: the preset
+    and dataset the options named), fetch it onto rank 0's new host with every sha256 checked there (a
+    copy that fails it said, and the next whole one taken), and record the run here on `hosts`. Returns
+    the run and the copy's manifest."""
     if not url:
         raise OptionError("resume-from", "expected a store URL (s3://BUCKET/PREFIX, gs://..., a directory, sftp://...)")
+    url = store_url(url)
     rank0 = hosts[0]
-    with console.status(f"{rank0.name}: looking for the newest copy under {url}"):
-        copy = newest_copy(rank0, url, run_id)
-    if "run" not in copy:
-        raise ClusterError(f"{copy.get('where', url)}: its manifest names no run")
-    if not isinstance(copy["run"], str) or not NAME.fullmatch(copy["run"]):  # it names the hosts' run directory
-        raise ClusterError(f"{url}: the newest copy refused: its run expected {NAMED}, found {copy['run']!r}")
-    age = time.time() - float(copy.get("time") or time.time())
-    console.print(f"newest copy: {copy['run']} at update {copy['update']:,} ({age / 60:.0f} min old), "
-                  f"{copy['where']}", markup=False)
-    remote_dir = Run(run_id=copy["run"], hosts=[], preset="", overrides=[], dataset="").remote_dir
+    with console.status(f"{rank0.name}: looking for the runs' copies under {url}"):
+        chosen = which_run(runs_held(rank0, url), run_id, url)
+    same_model(chosen, asked, chosen.get("where") or url)
+    name = chosen["run"]
+    age = time.time() - float(chosen.get("time") or time.time())
+    console.print(f"newest copy: {name} at update {chosen['update']:,} ({ago(age)} old), {chosen['where']}",
+                  markup=False)
+    remote_dir = Run(run_id=name, hosts=[], preset="", overrides=[], dataset="").remote_dir
     into = f"{remote_dir}/checkpoints"
     held = run_all(hosts, f"test -e {shlex.quote(into + '/checkpoint_last.pt')}", timeout=60)
-    if holders := [name for name, r in held.items() if r.ok]:  # never overwritten by an older copy from the store
+    if holders := [h for h, r in held.items() if r.ok]:  # never overwritten by an older copy from the store
         raise ClusterError(f"{', '.join(holders)} already hold{'s' if len(holders) == 1 else ''} a checkpoint of "
-                           f"{copy['run']} ({into}): these hosts are not fresh; resume it there with `fab train "
-                           f"--run {copy['run']}` (its keepers go on from the newest any host holds)")
-    size = sum(int(f.get("size") or 0) for f in (copy.get("files") or {}).values())
+                           f"{name} ({into}): these hosts are not fresh; resume it there with `fab train "
+                           f"--run {name}` (its keepers go on from the newest any host holds)")
     started = time.monotonic()
-    with console.status(f"{rank0.name}: fetching {size / 1e9:.2f} GB from the store (sha256 checked; at most "
+    pinned = ["--update", str(chosen["pinned"])] if chosen.get("pinned") is not None else []
+    with console.status(f"{rank0.name}: fetching {name}'s newest whole copy (every sha256 checked; at most "
                         f"{FETCH_TIMEOUT_S // 60} min)"):
-        _on(rank0, agent_command(rank0, "offsite.upload", "fetch", copy["where"], into), timeout=FETCH_TIMEOUT_S)
+        copy = _on(rank0, agent_command(rank0, "offsite.upload", "fetch", chosen["store"], name, into, *pinned),
+                   timeout=FETCH_TIMEOUT_S)
+    for why in copy.get("refused") or []:
+        console.print(f"refused, not whole: {why}", markup=False)
+    if copy["update"] != chosen["update"]:
+        console.print(f"{name} resumes from its next whole copy: update {copy['update']:,}, {copy['where']}",
+                      markup=False)
     took = time.monotonic() - started
+    size = sum(int(f.get("size") or 0) for f in (copy.get("files") or {}).values())
     console.print(f"{rank0.name} fetched {size / 1e9:.2f} GB in {took:.0f} s ({size / 1e6 / max(took, 1e-3):.0f} MB/s)",
                   markup=False)
     record_path = shlex.quote(f"{into}/run.json")
@@ -113,6 +170,7 @@ def adopt(url: str, run_id: str | None, hosts: list[Host], console) -> tuple[Run
     except ValueError:
         held = read.stdout[:80]  # refused by adopted, as found
     run = adopted(held, hosts, copy, url)
+    same_model({"run": name, "preset": run.preset, "dataset": run.dataset}, asked, f"{copy['where']}/run.json")
     run.save()
     console.print(f"{run.run_id} moved to {', '.join(run.hosts)}: checkpoint of update {copy['update']:,} on "
                   f"{rank0.name} (the keepers copy it to the others); the batch is derived again for "

@@ -30,6 +30,15 @@ def target_of(url: str):
         raise OptionError("checkpoints_to", err) from None
 
 
+def store_url(url: str) -> str:
+    """--resume-from's value: a store URL parsed as --checkpoints-to's is (exit 2 naming why, never
+    repeating a secret it held). fab train's parser, and moved.adopt's first step."""
+    try:
+        return parse(str(url)).url
+    except BadTarget as err:
+        raise OptionError("resume_from", err) from None
+
+
 def choose(run: Run, url: str | None, every_min: float | None) -> None:
     """The run's target and interval: the asked ones, else a resumed run's own (`off` drops it)."""
     if url is not None:
@@ -107,7 +116,7 @@ def status_line(run: Run, states, now: float | None = None) -> str | None:
     if copies is None:
         return None
     newest = copies["newest"]
-    line = (f"newest copy off the cluster: update {newest['update']:,}, {_age(newest['age_s'])} ago, "
+    line = (f"newest copy off the cluster: update {newest['update']:,}, {ago(newest['age_s'])} ago, "
             f"{newest['where']}" if newest else "no copy off the cluster yet")
     for name, update in copies["uploading"].items():
         line += f"; {name} uploading update {update:,}"
@@ -132,7 +141,7 @@ def after_stop(run: Run, hosts) -> str | None:
     return stop_line(run, launch.states(run, hosts)) if run.checkpoints_to else None
 
 
-def _age(seconds: float) -> str:
+def ago(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 90:
         return f"{seconds:.0f} s"

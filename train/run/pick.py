@@ -1,10 +1,14 @@
-"""Which run a task acts on: this controller's record (reports/<id>/run.json), else the hosts'.
+"""Which run a task acts on: without --run, the run the hosts started last; with it, this controller's
+record of it (reports/<id>/run.json), else the hosts'.
 
 `fab train` leaves its run record on every host it starts, beside the keepers' spec
 (RUN/run.json, written again at each start), so that a run can be followed from anywhere: a
 checkout that did not start it finds it on the hosts, copies the record into its own reports/
-and says so in one line. `latest` is this controller's latest run; on a controller without one,
-the run the hosts started last (the newest spec or record any host holds).
+and says so in one line. Without --run every task asks the hosts which run they started last (the
+newest spec or record any host holds) and acts on it; this checkout's latest (reports/latest) only
+when it is that run, or when no host answers, or when no host holds it and it was made after the
+hosts' newest start (a run started here whose record did not reach them). A teammate's newer run is
+said in one line and becomes this checkout's latest.
 
 The SSH side is one command on every host (`listing`): a line per run directory,
 
@@ -21,6 +25,7 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from ..cluster import ClusterError, Host, require_reachable, run_all
 from ..errors import OptionError
@@ -112,12 +117,18 @@ def choose(run_id: str | None, runs: list[KnownRun], asked: list[str], silent: d
                            "follow it from the controller that started it") from None
 
 
-def on_hosts(run_id: str | None, hosts: list[Host]) -> Run:
-    """The run the hosts know by that id (None: the newest), asked of all at once."""
+def asked(hosts: list[Host]) -> tuple[list[KnownRun], list[str], dict[str, str]]:
+    """What the hosts know, asked of all at once (one SSH round): their runs newest first, the hosts
+    asked, and {host: why} of those that did not answer."""
     said = run_all(hosts, listing(), timeout=LIST_TIMEOUT_S)
     silent = {name: str(r.error) if r.error is not None else r.why for name, r in said.items() if not r.ok}
     answers = {name: r.stdout for name, r in said.items() if r.ok}
-    return choose(run_id, known_runs(answers), [h.name for h in hosts], silent)
+    return known_runs(answers), [h.name for h in hosts], silent
+
+
+def on_hosts(run_id: str | None, hosts: list[Host]) -> Run:
+    """The run the hosts know by that id (None: the newest), asked of all at once."""
+    return choose(run_id, *asked(hosts))
 
 
 def here(run_id: str | None) -> bool:
@@ -125,12 +136,56 @@ def here(run_id: str | None) -> bool:
     return (record.REPORTS / (run_id or "latest") / "run.json").exists()
 
 
+def started_since(mine: Run, runs: list[KnownRun]) -> KnownRun | None:
+    """The run the hosts started after this checkout's latest, `mine` (None: mine is the newest they
+    know, or they know none). A `mine` no host holds counts from when it was made: a run started here
+    whose record did not reach the hosts is not older than what they hold."""
+    if not runs or runs[0].run_id == mine.run_id:
+        return None
+    if not any(r.run_id == mine.run_id for r in runs) and runs[0].started <= made(mine):
+        return None
+    return runs[0]
+
+
+def made(run: Run) -> float:
+    """When the run was made, in seconds since the epoch (0 for a record without a readable time)."""
+    try:
+        return datetime.fromisoformat(run.created).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def find(run_id: str | None, hosts: list[Host], say: Callable[[str], object]) -> Run:
-    """The run a task acts on: this controller's (the named one, else its latest), else the hosts',
-    its record then copied to reports/<id>/ and `say`d in one line."""
-    if here(run_id):
+    """The run a task acts on, as the module says: a named one this controller holds, else the hosts'
+    run of that name; unnamed, the run the hosts started last. A record taken from the hosts is copied to
+    reports/<id>/ (and reports/latest) and `say`d in one line."""
+    if run_id and here(run_id):
         return Run.load(run_id)
-    run = on_hosts(run_id, hosts)
+    if run_id or not here(None):
+        return copied(on_hosts(run_id, hosts), say)
+    mine = Run.load(None)
+    runs, names, silent = asked(hosts)
+    if (theirs := started_since(mine, runs)) is None:  # no host answering knows a newer one
+        return mine
+    run = choose(theirs.run_id, runs, names, silent)
+    run.save()
+    say(f"reports/latest is {mine.run_id}; the hosts started {run.run_id} since: acting on {run.run_id} "
+        f"(--run {mine.run_id} for the other; its record copied to reports/{run.run_id})")
+    return run
+
+
+def resumable(hosts: list[Host], say: Callable[[str], object]) -> None:
+    """Before `fab train` resumes "the latest run" (reports/latest): made the run the hosts started last,
+    as `find` picks it and says it; nothing when neither this checkout nor a host knows a run (fab train
+    then starts one)."""
+    if here(None):
+        find(None, hosts, say)
+    elif (known := asked(hosts))[0]:
+        copied(choose(None, *known), say)
+
+
+def copied(run: Run, say: Callable[[str], object]) -> Run:
+    """A run record found on the hosts, saved here and said."""
     run.save()
     say(f"{run.run_id} found on the hosts (started from another controller): its record copied to "
         f"reports/{run.run_id}")

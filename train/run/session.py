@@ -171,7 +171,8 @@ def moved_here(request: TrainRequest, hosts: list[Host], console) -> TrainReques
         raise OptionError("resume-from", f"resumes a run from its copy off the cluster; {other} does not go with it")
     if request.dry_run:
         raise OptionError("resume-from", "fetches a checkpoint onto the hosts: --dry-run does not go with it")
-    run, _ = moved.adopt(request.resume_from, request.run_id, hosts, console)
+    asked = {"preset": request.preset, "dataset": request.dataset}  # a copy of another is refused by name
+    run, _ = moved.adopt(request.resume_from, request.run_id, hosts, console, asked)
     moved.data_on(run, hosts, console)
     run.save()
     return replace(request, run_id=run.run_id)

@@ -59,6 +59,18 @@ def test_a_directory_is_refused_unread(tmp_path):
                     f"(e.g. export FABRIC_INVENTORY={tmp_path}/mine.yml)")
 
 
+def test_fabric_yamls_inventory_a_directory_or_not_yaml_is_refused_too(tmp_path):
+    """fab's own inventory setting (fabric.yaml `inventory:`, `fab -f other.yaml`), not FABRIC_INVENTORY."""
+    (tmp_path / "mine.yml").write_text(MINE)
+    with pytest.raises(BadInventory) as refused:
+        inventory_choice.load(str(tmp_path), say=pytest.fail, environ={})
+    assert str(refused.value).startswith(f"fabric.yaml's inventory is {tmp_path}, a directory: name the inventory ")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alpha: [unclosed\n")
+    with pytest.raises(BadInventory, match=r"^fabric.yaml's inventory is .*notes.txt, which is not YAML \(line 2"):
+        inventory_choice.load(str(notes), say=pytest.fail, environ={})
+
+
 def test_invalid_yaml_is_said_in_one_line_with_its_line(tmp_path):
     bad = tmp_path / "mine.yml"
     bad.write_text(MINE.replace("gpus: 0}", "gpus: 0"))

@@ -51,6 +51,9 @@ class Consensus:
         self.agreed_now = False  # etcd answered this round
         self.start_to_propose = start  # a start fab train asked for, proposed at the first round
         self.said_unavailable = ""
+        self.leads_now = False
+        self.followed_at: float | None = None  # ticks: the leader's last look at etcd's membership
+        self.replace_after_s = float(spec.get("etcd_replace_after_s", max(60.0, 3 * fence.lost_after_s)))
 
     def agree(self, decide) -> Generation | None:
         """The generation to record, or None. `decide(agreed)`: the leader's next generation after etcd's
@@ -80,6 +83,7 @@ class Consensus:
         self.agreed_now, self.said_unavailable = True, ""
         self.fence.lifted()
         gen = held.generation
+        self.leads_now = leads
         if not leads or gen is None:
             return gen
         decided = decide(gen)
@@ -93,18 +97,27 @@ class Consensus:
         return gen  # another generation was agreed meanwhile: the next round reads it
 
 
+    def follow_hosts(self, heard: dict[str, float], me: str) -> None:
+        """The leader, every 10 s: etcd's members follow the run's hosts (etcd.Agreement.follow). `heard`:
+        each peer's last heartbeat (ticks); one unheard for `replace_after_s` (a minute, three times
+        lost_after_s: a flapping link never churns the members) is gone."""
+        tick = self.ticks()
+        if not self.leads_now or (self.followed_at is not None and tick - self.followed_at < 10):
+            return
+        self.followed_at = tick
+        live = {me} | {h for h, t in heard.items() if tick - t < self.fence.lost_after_s}
+        gone = {h for h, t in heard.items() if tick - t >= self.replace_after_s}
+        said = self.agreement.follow(live, gone)
+        if said:
+            say(said)
+
+
 def etcd_member(run_dir: str, spec: dict) -> int | None:
     """This host's etcd member of the run (its data in RUN/keeper/etcd/, kept across restarts: Raft's
     log is the agreement's memory): started, or the one a killed keeper left running taken over.
-    Its pid, or None on a host that is not a member."""
-    if spec["me"] not in etcd.members(spec["order"]):
-        return None
+    Its pid, or None where this host is no member now (etcd says so: `etcd.how_to_join`)."""
     kdir = keeper_dir(run_dir)
     data = kdir / "etcd" / etcd.start_key(spec)
-    for older in (kdir / "etcd").glob("*"):  # an earlier start's cluster: this start formed its own
-        if older != data:
-            shutil.rmtree(older, ignore_errors=True)
-    data.parent.mkdir(exist_ok=True)
     with contextlib.suppress(OSError, ValueError):
         pid = int((kdir / "etcd.pid").read_text())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -112,24 +125,30 @@ def etcd_member(run_dir: str, spec: dict) -> int | None:
             return pid  # left running by a keeper killed with SIGKILL: taken over
         if str(kdir / "etcd").encode() in cmdline:
             stop_etcd_member(pid)  # an earlier start's member left running: it holds the ports
+    try:
+        runs, joining = etcd.how_to_join(spec, (data / "member").exists())
+    except etcd.Unavailable as err:
+        say(f"etcd: this host's member cannot join the run's cluster yet ({err}): tried again soon")
+        return None
+    if not runs:
+        return None
+    for older in (kdir / "etcd").glob("*"):  # an earlier start's cluster: this start formed its own
+        if older != data:
+            shutil.rmtree(older, ignore_errors=True)
+    data.parent.mkdir(exist_ok=True)
     binary = shutil.which("etcd") or "/usr/bin/etcd"
     if not os.path.exists(binary):
         say("etcd is not installed on this host: provisioning installs it (etcd-server); the run's agreement "
             "waits for a majority of its etcd members")
         return None
-    try:
-        joining = None if (data / "member").exists() else etcd.rejoin(spec)
-    except etcd.Unavailable as err:
-        say(f"etcd: this host's member has no data and cannot join the run's cluster yet ({err}): tried again soon")
-        return None
-    if joining:  # its data is gone while the run's cluster lives on: a new member in its old one's place
+    if joining:  # a new member of the run's cluster: whatever data an older one of this host left is void
         shutil.rmtree(data, ignore_errors=True)
-        say(f"etcd: this host's member had no data; it joins the run's cluster as a new member ({joining})")
+        say(f"etcd: this host joins the run's cluster as a new member ({joining})")
     log = (kdir / "etcd.log").open("ab")
     proc = subprocess.Popen(etcd.member_command(spec, str(data), binary, joining), stdin=subprocess.DEVNULL,
                             stdout=log, stderr=log)
     (kdir / "etcd.pid").write_text(str(proc.pid))
-    say(f"etcd member of the run started (pid {proc.pid}; members {', '.join(etcd.members(spec['order']))})")
+    say(f"etcd member of the run started (pid {proc.pid})")
     return proc.pid
 
 

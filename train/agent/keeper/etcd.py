@@ -1,9 +1,12 @@
 """Agreement among three or more hosts, by etcd (Raft): who leads, and the one current generation.
 
-With three hosts or more a run's first 3 (or 5) hosts each run an etcd member for the run (its data
+With three hosts or more a run's first 3 (or 5) hosts each start an etcd member for the run (its data
 in RUN/keeper/etcd/START/, on the cluster network at the keepers' port + 1 and + 2), started by the
 keeper (`member_command`). Each `fab train` start forms a cluster of its own (a replaced VM changes
-the members), its first generation numbered after the ones the hosts recorded. Every keeper talks
+the members), its first generation numbered after the ones the hosts recorded. The members then
+follow the hosts: the leader removes the member of a host unheard for long and adds a live host in
+its place (`next_change`, `Agreement.follow`); each keeper asks etcd whether its host is a member
+(`how_to_join`), so a majority of the run's hosts keeps the agreement through one loss after another. Every keeper talks
 to etcd through its v3 JSON gateway (`/v3/kv/range`,
 `/v3/kv/txn`, `/v3/lease/*`: plain HTTP, keys and values base64), its own member first:
 - the *leader* is the keeper whose lease holds the key `leader`: a txn puts it with the keeper's
@@ -155,26 +158,100 @@ class Etcd:
         return int(self.call("/lease/keepalive", {"ID": str(lease)}).get("TTL", 0))
 
 
-def rejoin(spec: dict, timeout_s: float = 2.0) -> str | None:
-    """This host's member lost its data (a new VM in its place, a wiped /data) while the run's cluster
-    lives on the other members: its old self removed and a new member added through them (etcd's member
-    API; a majority must answer). Returns the --initial-cluster to join with, or None where no cluster
-    answers (the run's first start: every member bootstraps it) or this host never started in it;
-    Unavailable where the cluster answers but takes no new member yet (the keeper tries again later)."""
-    me, mine = spec["me"], peer_url(spec, spec["me"])
-    others = [client_url(spec, h) for h in members(spec["order"]) if h != me]
-    if not others:
-        return None
-    cluster = Etcd(others, timeout_s)
+def host_of(spec: dict, member: dict) -> str | None:
+    """The run's host whose peer URL a listed member has (None: none of the run's)."""
+    urls = member.get("peerURLs") or []
+    return next((h for h in spec["order"] if peer_url(spec, h) in urls), None)
+
+
+def listing(spec: dict, members: list[dict]) -> dict[str, bool]:
+    """etcd's members as the run's hosts: host -> whether its member ever started (an added member is
+    listed without a name until it does)."""
+    out = {}
+    for m in members:
+        host = host_of(spec, m)
+        if host is not None:
+            out[host] = bool(m.get("name")) or bool(m.get("clientURLs"))
+    return out
+
+
+def next_change(listed: dict[str, bool], live: set[str], gone: set[str], order: list[str],
+                size: int) -> tuple[str | None, str | None]:
+    """The next change of etcd's membership that follows the run's hosts: (a member to remove, a host
+    to add), either None. A member whose host is `gone` (unheard for long) makes room for a `live` host
+    that is not a member; members are added up to `size` (3, or 5 from five hosts on). Never a change
+    while an added member has not started yet, and never an add that would leave the started members
+    short of a majority (etcd counts an added member toward its quorum at once): so one loss at a time,
+    with the others still a majority, never costs the run its agreement."""
+    if not all(listed.values()):
+        return None, None  # an added member not started yet: wait for it
+    members = list(listed)
+    candidates = [h for h in order if h in live and h not in listed]
+    remove = next((m for m in members if m in gone), None)
+    after = [m for m in members if m != remove]
+    if remove is not None and not candidates and len(after) < 3:
+        remove = None  # nothing to take its place, and fewer than three would survive no loss
+        after = members
+    add = None
+    if candidates and len(after) < size:
+        started = [m for m in after if m in live]
+        if 2 * len(started) > len(after) + 1:  # a majority of members and the added one
+            add = candidates[0]
+    return remove, add
+
+
+def ask_members(spec: dict, timeout_s: float = 2.0) -> tuple[list[dict] | None, bool]:
+    """(etcd's members as the other hosts' members list them, None where none answers; whether a majority
+    stands behind the answer: a linearizable read). Every host is asked: members change."""
+    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != spec["me"]], timeout_s)
     try:
         listed = cluster.member_list()
-        old = [m for m in listed if mine in (m.get("peerURLs") or [])]
-        if old and not old[0].get("clientURLs"):
-            return None  # listed but never started: the cluster's own bootstrap, which it joins as new
-        if old:
-            cluster.member_remove(old[0]["ID"])
     except Unavailable:
-        return None
+        return None, False
+    try:
+        cluster.get(GENERATION)
+        return listed, True
+    except Unavailable:
+        return listed, False
+
+
+def joining_cluster(spec: dict, members: list[dict]) -> str:
+    """--initial-cluster of a member joining the run's cluster: every listed member, named."""
+    return ",".join(f"{m.get('name') or host_of(spec, m) or spec['me']}={(m.get('peerURLs') or [''])[0]}"
+                    for m in members)
+
+
+def how_to_join(spec: dict, has_data: bool, timeout_s: float = 2.0) -> tuple[bool, str | None]:
+    """Whether this host runs an etcd member of the run now, and the --initial-cluster it joins with
+    (None: it starts from its own data, or bootstraps the run's cluster with the others). Asked of etcd
+    itself, since members follow the hosts (`next_change`):
+    - not listed while etcd answers: removed (its host was gone) or never added: no member;
+    - listed, never started: added by the leader (or late to the first start): joins with the list;
+    - listed and started, its data gone (a new VM, a wiped disk): its old self removed and a new
+      member added through the others (a majority must answer);
+    - nobody answers: with its data, it starts again; without, only a first member bootstraps.
+    Raises Unavailable where the cluster answers but takes no change yet (tried again later)."""
+    me, mine = spec["me"], peer_url(spec, spec["me"])
+    listed, quorate = ask_members(spec, timeout_s)
+    if listed is None:
+        return has_data or me in members(spec["order"]), None
+    own = [m for m in listed if mine in (m.get("peerURLs") or [])]
+    if not own:
+        return False, None
+    if not (own[0].get("name") or own[0].get("clientURLs")):  # listed, never started
+        first = {peer_url(spec, h) for h in members(spec["order"])}
+        if not quorate and {u for m in listed for u in m.get("peerURLs") or []} == first:
+            return True, None  # the run's first start, its cluster not formed yet: bootstrapped with the others
+        if not quorate:
+            raise Unavailable(f"{me}: added to the run's etcd cluster, which has no majority to join yet")
+        return True, joining_cluster(spec, listed)
+    if has_data:
+        return True, None
+    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != me], timeout_s)
+    try:
+        cluster.member_remove(own[0]["ID"])
+    except Unavailable:
+        return False, None
     for _ in range(ADD_TRIES):  # etcd refuses a change while its leader has not heard a majority for 5 s
         try:
             after = cluster.member_add(mine)
@@ -184,18 +261,18 @@ def rejoin(spec: dict, timeout_s: float = 2.0) -> str | None:
     else:
         # the cluster answered but took no new member: never bootstrap a cluster of its own beside it
         raise Unavailable(f"{me}: the run's etcd cluster answers but did not take this host as a new member")
-    return ",".join(f"{m.get('name') or me}={(m.get('peerURLs') or [''])[0]}" for m in after)
+    return True, joining_cluster(spec, after)
 
 
 class Agreement:
     """One keeper's part in the agreement: its lease, whether it leads, the agreed generation."""
 
     def __init__(self, spec: dict):
-        port = int(spec["port"]) + CLIENT_OFFSET
-        own = [spec["me"]] if spec["me"] in members(spec["order"]) else []
-        others = [h for h in members(spec["order"]) if h not in own]
-        self.etcd = Etcd([f"http://{spec['addresses'][h]}:{port}" for h in own + others])
-        self.me = spec["me"]
+        # every host's client port, its own and the first members' first: members follow the hosts
+        first = members(spec["order"])
+        hosts = sorted(spec["order"], key=lambda h: (h != spec["me"], h not in first))
+        self.etcd = Etcd([client_url(spec, h) for h in hosts])
+        self.spec, self.me = spec, spec["me"]
         self.ttl_s = max(2, int(float(spec.get("lost_after_s", 20)) / 2))
         self.lease: int | None = None
 
@@ -220,3 +297,24 @@ class Agreement:
     def propose(self, gen: Generation, revision: int) -> bool:
         """Make `gen` the agreed generation if none was agreed since `revision`."""
         return self.etcd.put_if(GENERATION, json.dumps(gen.to_dict()), revision)
+
+    def follow(self, live: set[str], gone: set[str]) -> str | None:
+        """The leader's part in etcd following the run's hosts: one change of the membership
+        (`next_change`) through etcd's member API; what changed, said, or None."""
+        remove = add = None
+        said: list[str] = []
+        try:
+            listed = self.etcd.member_list()
+            hosts = listing(self.spec, listed)
+            remove, add = next_change(hosts, live, gone, self.spec["order"], len(members(self.spec["order"])))
+            if remove is not None:
+                self.etcd.member_remove(next(m["ID"] for m in listed if host_of(self.spec, m) == remove))
+                said.append(f"{remove}'s member removed (its host unheard for long)")
+            if add is not None:
+                self.etcd.member_add(peer_url(self.spec, add))
+                said.append(f"{add} added as a member (it starts its own)")
+        except Unavailable as err:  # etcd takes a change once its leader heard a majority for 5 s: next round
+            if remove is not None or add is not None:
+                said.append(f"no more changed this round ({err})")
+        return "etcd: " + "; ".join(said) if said else None
+

@@ -260,6 +260,7 @@ class LeaderMemory:
     waiting: str = ""  # why no generation is made although one is due (the keeper says it once)
     # host -> tick it was first heard again holding more training than the hosts that hear each other
     returning_since: dict[str, float] = field(default_factory=dict)
+    pending_since: float | None = None  # tick: a start waits for a member that does not answer since
 
 
 def best_checkpoint(views: dict[str, View], hosts: list[str], refused: set[str] = frozenset()) -> dict | None:
@@ -382,10 +383,23 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
     memory.waiting = ""
     if gen.pending:  # a start: every member answers, so the newest checkpoint among them is known
         if all(m in live for m in gen.members):
+            memory.pending_since = None
             return Generation(number=gen.number, members=gen.members, reason=gen.reason, time=round(now, 1),
                               source=best_checkpoint(views, list(gen.members)), at_update=progress(views),
                               start=gen.start, restarts=recent, churn=churn)
-        return None
+        # a member that never answers (lost for good since the start was asked) must not hold it forever:
+        # past lost_after_s the hosts that answer start it, never from less than a silent one held
+        since = memory.pending_since = memory.pending_since if memory.pending_since is not None else tick
+        answering = [m for m in live_order if m in gen.members]
+        if tick - since < lost_after_s or not quorate(order, set(answering)) or \
+                _held_elsewhere(last_heard, answering):
+            return None
+        memory.pending_since = None
+        silent = [m for m in gen.members if m not in answering]
+        return Generation(number=gen.number, members=tuple(answering), time=round(now, 1),
+                          reason=f"{gen.reason}; {', '.join(silent)} silent since it was asked: started without",
+                          source=best_checkpoint(views, answering), at_update=progress(views), start=gen.start,
+                          restarts=recent, churn=churn)
     at = progress(last_heard)
     leaving = [h for h in live_order if views[h].leaving is not None]  # their cloud reclaims them: never taken back
     staying = [h for h in live_order if h not in leaving] or live_order
@@ -422,7 +436,8 @@ def _decide(me: str, order: list[str], views: dict[str, View], live: set[str], n
         able = [m for m in staying if not views[m].cannot_hold]
         gone = source in receivers or source not in views or views[source].checkpoint is None or \
             views[source].checkpoint.sha256 != wanted  # its holder no longer holds it whole
-        if holders and gone and source not in full and quorate(order, set(able)):
+        failing = [m for m in receivers if views[m].cannot_get == wanted]  # not only hosts without room
+        if holders and gone and failing and source not in full and quorate(order, set(able)):
             # its holder's own copy rotted (or is gone) and a replica is whole: copied from there instead
             return _new(number, able, views, f"the checkpoint of update {src.get('update')} is copied from "
                         f"{holders[0]} instead ({who})", now, at, (recent, churn), holders=[*able, *holders])

@@ -46,6 +46,8 @@ class Holding:
         self.rehashed = ""  # the checkpoint hashed again because peers failed to copy it whole
         self.cannot_hold = ""  # why this host has no room for the checkpoint it needs (its /data full)
         self.needs = 0  # the bytes that checkpoint needs free
+        self.starts = 0  # how often this host's ranks started: a copy begun before one lands nowhere
+        self.installing = threading.Lock()  # a copy put in place, or the ranks starting: one at a time
 
     def verified(self) -> dict | None:
         """This host's snapshot's manifest, its bytes hashed against it; a snapshot that does not match
@@ -119,6 +121,16 @@ class Holding:
     def busy(self) -> bool:
         return self.fetching is not None and self.fetching.is_alive()
 
+    def ready_to_start(self, gen: Generation) -> bool:
+        """`ready`, and from then on no copy begun before lands under the ranks about to start: a late copy
+        of the last generation's would make this host's checkpoint another than its ranks resumed from,
+        and the next member to join would resume from that one (the fault simulator's seed 242)."""
+        with self.installing:
+            if not self.ready(gen):
+                return False
+            self.starts += 1
+            return True
+
     def ready(self, gen: Generation) -> bool:
         """This host holds `gen`'s checkpoint (or none, when it starts from none); False while a fetch runs."""
         holder = (gen.source or {}).get("host")
@@ -189,15 +201,20 @@ class Holding:
             return
         url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
 
+        began = self.starts
+
         def fetch() -> None:
             started = time.monotonic()
             try:
-                got = self.store.fetch(url, self.spec["token"], self.run_dir, want)
+                got = self.store.fetch(url, self.spec["token"], self.run_dir, want,
+                                       keep=lambda: self.starts == began, lock=self.installing)
                 self.checkpoint, self.fetch_error = Checkpoint.of(got), ""
                 self.fetch_failures.pop(want["sha256"], None)
                 self.seen = self.store.seen_now(self.run_dir)
                 say(f"checkpoint of update {want['update']} from {want['host']}: {want['size']:,} bytes, "
                          f"sha256 checked, in {time.monotonic() - started:.1f} s")
+            except replica.Superseded as err:  # its ranks resumed from what this host held: so do all members
+                say(str(err))
             except replica.FetchError as err:
                 if "No space left" in str(err):  # this host's trouble, never the checkpoint's
                     self.no_room(want, "the copy ran out of space")

@@ -198,6 +198,7 @@ class Keeper:
         self.notices.save_for_leaving(seen, self.ranks, self.holding.checkpoint)
         if self.consensus is not None:
             decided = self.consensus.agree(lambda agreed: self.decide_locked(now, agreed))
+            self.consensus.follow_hosts(dict(self.heard), self.me)
         else:
             with self.lock:
                 newest = current(seen, self.order, self.me)
@@ -314,7 +315,7 @@ class Keeper:
         if self.ranks.alive():
             say(f"stopping this host's ranks of generation {self.ranks.active} for generation {gen.number}")
             self.ranks.stop()
-        if not self.holding.ready(gen) or not self.ranks.start(gen, self.holding.checkpoint):
+        if not self.holding.ready_to_start(gen) or not self.ranks.start(gen, self.holding.checkpoint):
             return
         self.holding.resumed()  # what it resumes from: no save of this generation
         self.ranks.save()
@@ -342,9 +343,9 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
         (keeper_dir(run_dir) / "keeper.pid").write_text(str(os.getpid()))
     keeper = Keeper(run_dir, spec)
     keeper.notices.watch()
+    server = keeper.listen()  # first: asking etcd whether this host is a member may take seconds
     member = etcd_member(run_dir, spec) if keeper.consensus is not None else None
     member_retry = time.monotonic() + 10
-    server = keeper.listen()
     say(f"keeper of {spec['run_id']} on {keeper.me}: peers {', '.join(keeper.peers) or 'none'}, "
          f"lost after {keeper.lost_after_s:g} s of silence")
     poll = poll_s or float(spec.get("poll_s", 2))
@@ -383,11 +384,12 @@ def run(run_dir: str, poll_s: float | None = None) -> int:
                 server.server_close()
                 say(f"the keeper's supervisor is gone: a new one ({launch(run_dir)}) takes over")
                 return 0
-            if keeper.consensus is not None and keeper.me in agreement.members(keeper.order) and (
-                    member is None or not member_alive(member)) and time.monotonic() >= member_retry:
-                # its etcd exited (a full disk, its data gone): started again, as a new member if it must be
+            if keeper.consensus is not None and (member is None or not member_alive(member)) \
+                    and time.monotonic() >= member_retry:
+                # its etcd exited (a full disk, its data gone, its member removed) or this host was added
+                # as a member: started as etcd's member list says (consensus.etcd_member)
                 if member is not None:
-                    say("this host's etcd member exited (its etcd.log says why): started again")
+                    say("this host's etcd member exited (its etcd.log says why)")
                 member, member_retry = etcd_member(run_dir, spec), time.monotonic() + 10
             wake.wait(poll)
             wake.clear()

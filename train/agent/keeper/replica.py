@@ -17,10 +17,12 @@ RUN/checkpoints/set-aside/, its manifest beside it, the least trained removed be
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +38,10 @@ SET_ASIDE_KEPT = 1  # histories set aside a host keeps (GBs each, in preflight's
 
 class FetchError(RuntimeError):
     """A copy that did not arrive whole; the host keeps its previous checkpoint."""
+
+
+class Superseded(FetchError):
+    """A copy that arrived whole after this host's ranks started from another: dropped, never put under them."""
 
 
 def paths(run_dir: str | Path) -> tuple[Path, Path, Path]:
@@ -211,9 +217,12 @@ def received(source, partial: Path, chunk: int = CHUNK) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: float = 30.0) -> dict:
+def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: float = 30.0,
+          keep=lambda: True, lock: threading.Lock | None = None) -> dict:
     """Copy the checkpoint `want` (a manifest: size, sha256, generation, update) from a peer's keeper
-    at `url`, verify it, and make it this host's checkpoint. FetchError when it did not arrive whole."""
+    at `url`, verify it, and make it this host's checkpoint. FetchError when it did not arrive whole;
+    Superseded when `keep()` says no, asked under `lock` as the copy is put in place (the ranks that
+    started meanwhile own checkpoint_last.pt)."""
     last, snap, man = paths(run_dir)
     snap.parent.mkdir(parents=True, exist_ok=True)
     partial = last.with_name(f".{LAST}.incoming")
@@ -224,13 +233,18 @@ def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: floa
         if size != want["size"] or sha256 != want["sha256"]:
             raise FetchError(f"{url}: {size:,} bytes, sha256 {sha256[:12]}; the manifest says "
                              f"{want['size']:,} bytes, {want['sha256'][:12]}: not replaced")
-        link = snap.with_name(f".{LAST}.link")
-        link.unlink(missing_ok=True)
-        os.link(partial, link)
-        os.replace(partial, last)
-        os.replace(link, snap)
-        _stamp(snap, want["sha256"])
-        _write_manifest(man, {k: want[k] for k in ("generation", "update", "size", "sha256", "lineage") if k in want})
+        with lock or contextlib.nullcontext():
+            if not keep():
+                raise Superseded(f"{url}: the copy of update {want['update']} arrived after this host's ranks "
+                                 "started from another: dropped")
+            link = snap.with_name(f".{LAST}.link")
+            link.unlink(missing_ok=True)
+            os.link(partial, link)
+            os.replace(partial, last)
+            os.replace(link, snap)
+            _stamp(snap, want["sha256"])
+            _write_manifest(man, {k: want[k] for k in ("generation", "update", "size", "sha256", "lineage")
+                                  if k in want})
         return want
     except OSError as err:
         raise FetchError(f"{url}: {type(err).__name__}: {err}") from err

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from train.agent.keeper.replica import received
-from train.agent.offsite.target import Target, parse
+from train.agent.offsite.target import Target, parse, scrubbed
 
 MANIFEST = "manifest.json"
 KEEP = 2  # whole copies of each kind kept in the store (the newest first)
@@ -42,7 +42,7 @@ class OffsiteError(RuntimeError):
 
 def said(err: Exception) -> str:
     """An exception as one line a user can act on (s3fs maps AccessDenied to PermissionError, etc.)."""
-    text = " ".join(str(err).split()) or type(err).__name__
+    text = " ".join(scrubbed(err).split()) or type(err).__name__  # a URL in it: never its secret
     return f"{type(err).__name__}: {text}"[:400]
 
 
@@ -88,6 +88,20 @@ def upload(target: Target, run_id: str, kind: str, update: int, files: dict[str,
     fs.pipe_file(f"{where}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
     prune(fs, target, run_id, kind)
     return {**manifest, "where": target.url_of(run_id, KINDS[kind], f"u{update}")}
+
+
+def abort_stale_uploads(fs, target: Target, run_id: str) -> int:
+    """S3 keeps, and bills, the parts of a multipart upload never completed (its uploader killed with the VM),
+    unseen by any listing: every one under RUN/ is aborted (one uploader a run, and none of this one's
+    open when called: before and after each copy). The number aborted; other stores: 0."""
+    if target.scheme != "s3":
+        return 0
+    bucket, _, prefix = target.path(run_id).partition("/")
+    held = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=f"{prefix}/")
+    stale = held.get("Uploads") or []
+    for upload in stale:
+        fs.abort_mpu(bucket, upload["Key"], upload["UploadId"])
+    return len(stale)
 
 
 def read_manifest(fs, where: str) -> dict | None:
@@ -154,6 +168,48 @@ def newest(url: str, run_id: str | None = None, kind: str = "last") -> dict | No
     """The newest whole copy (whole_copies' first), or None."""
     copies = whole_copies(url, run_id, kind)
     return copies[0] if copies else None
+
+
+def listed(url: str) -> list[dict]:
+    """What a resume from `url` may take, one entry a run, newest first: its newest whole copy's run,
+    update, time, preset, dataset, hosts and `store` (the URL its runs are under), with how many whole
+    copies it has. `url` a copy's own folder (RUN/uN: its manifest there): that copy alone, `pinned`."""
+    target = parse(url)
+    fs = target.filesystem()
+    if (own := read_manifest(fs, target.root)) is not None and isinstance(own.get("update"), int):
+        up = 3 if own.get("kind") == "best" else 2  # STORE/RUN/[best/]uN
+        return [{**summary({**own, "where": target.url}), "store": target.url.rsplit("/", up)[0], "copies": 1,
+                 "pinned": own["update"]}]
+    found = []
+    for run in runs(fs, target):
+        if held := whole_copies(url, run):
+            found.append({**summary(held[0]), "store": target.url, "copies": len(held)})
+    return sorted(found, key=lambda m: (m.get("time") or 0), reverse=True)
+
+
+def summary(manifest: dict) -> dict:
+    """What a user picks a run's copy by (and the resume checks): run, update, age, preset, dataset, hosts."""
+    hosts = manifest.get("hosts") or ([manifest["host"]] if manifest.get("host") else [])
+    return {"run": manifest.get("run"), "update": manifest.get("update"), "time": manifest.get("time"),
+            "preset": manifest.get("preset"), "dataset": manifest.get("dataset"), "hosts": hosts,
+            "where": manifest.get("where")}
+
+
+def fetch_whole(url: str, run_id: str, dest: str | Path, update: int | None = None) -> dict:
+    """The newest copy of `run_id` under `url` whose every file matches its manifest's sha256 (only
+    update `update`'s when given), fetched into `dest`; the copies refused on the way, newest first,
+    each with why, in its `refused`. OffsiteError when none is whole."""
+    refused = []
+    for copy in whole_copies(url, run_id):
+        if update is not None and copy.get("update") != update:
+            continue
+        try:
+            return {**fetch(copy["where"], dest), "refused": refused}
+        except OffsiteError as err:  # a flipped byte, a truncated upload: the next whole copy
+            refused.append(str(err))
+    which = f"update {update} of {run_id}" if update is not None else f"copy of {run_id}"
+    raise OffsiteError(f"{url}: no whole {which} (manifest, sizes and every sha256)"
+                       + (": " + "; ".join(refused) if refused else ""))
 
 
 def fetch(copy_url: str, dest: str | Path) -> dict:

@@ -31,6 +31,7 @@ from train.agent.trainer import checkpoint_info
 STATE = "offsite.json"
 STAGED = ".offsite"  # in RUN/checkpoints/: the files an upload sends, hard links
 RETRY_S = (30, 60, 120, 300, 600)  # a failed upload is tried again later and later
+NOTICE_RETRY_S = 5  # a notice's save that failed: tried again soon (AWS gives 2 min, GCP 30 s)
 FINAL_S = 1800.0  # the longest an ending keeper waits for its last copies (the spec's offsite.final_s)
 
 
@@ -86,14 +87,21 @@ class Uploads:
             return
         self.members = list(members)
         try:
+            urgent = self.notice_save()  # a notice's save goes first: before a routine upload, any back-off
             job = self.state.get("pending")
             if job and job.get("pid"):  # started: still running, or its result to collect
-                if self.running(job):
+                if self.running(job) and (not urgent or job.get("notice")):
                     return
-                self.collect(job)
-            if members[:1] != [self.spec["me"]] or self.clock() < self.state.get("retry_at", 0):
+                if self.running(job):
+                    self.say(f"the save for {self.state['soon']['why']} (update {urgent}) goes first: the copy "
+                             "under way is stopped (no manifest: it never counts)")
+                    self.stop(job)
+                    self.collect(job, failed=False)
+                else:
+                    self.collect(job)
+            if members[:1] != [self.spec["me"]] or (not urgent and self.clock() < self.state.get("retry_at", 0)):
                 return
-            job = self.state.get("pending") or self.due()
+            job = (None if urgent else self.state.get("pending")) or self.due()
             if job:
                 self.start(job)
         except Exception as err:  # an upload's trouble never ends the keeper
@@ -104,9 +112,18 @@ class Uploads:
             return self.child.poll() is None
         return uploader_alive(job.get("pid"), self.run_dir)  # a keeper before this one started it
 
-    def collect(self, job: dict, again: bool = True) -> None:
+    def notice_save(self) -> int | None:
+        """The update of the save rank 0 made for a notice, when it is not off the cluster yet (or None)."""
+        soon, held = self.state.get("soon"), replica.manifest(self.run_dir)
+        if not soon or not held or self.clock() > soon["until"] or held["update"] <= soon["after"]:
+            return None
+        uploaded = (self.state.get("uploaded", {}).get("last") or {}).get("update", -1)
+        return held["update"] if held["update"] > uploaded else None
+
+    def collect(self, job: dict, again: bool = True, failed: bool = True) -> None:
         """The child ended: its result recorded (the newest copy), or the job kept to be redone later
-        (`again`: by this keeper, after a wait; else by the next keeper of the run)."""
+        (`again`: by this keeper, after a wait; else by the next keeper of the run); a job stopped for a
+        notice's save (`failed` False) is dropped, what it held staged again with the notice's."""
         self.child = None
         result = read_json(self.kdir / RESULT, {})
         if result.get("id") == job["id"] and not result.get("error"):
@@ -120,10 +137,13 @@ class Uploads:
                 self.state["newest"] = newest[-1]
             for name in job.get("staged", []):
                 Path(name).unlink(missing_ok=True)
+        elif not failed:
+            self.state.update(pending=None)
         else:
             why = result.get("error") if result.get("id") == job["id"] else "the upload ended before it finished"
             failures = self.state.get("failures", 0) + 1
-            delay = RETRY_S[min(failures, len(RETRY_S)) - 1]
+            # a notice's save is tried again soon: the VMs may be gone within minutes
+            delay = NOTICE_RETRY_S if job.get("notice") else RETRY_S[min(failures, len(RETRY_S)) - 1]
             self.state.update(error=why, failures=failures, retry_at=self.clock() + delay,
                               pending={**job, "pid": None})  # redone as it was: the same files, staged
             newest = self.state.get("newest")
@@ -151,6 +171,7 @@ class Uploads:
             self.state["last_started"] = self.clock()
             if now and soon:
                 soon["after"] = held["update"]
+                items[-1]["notice"] = True
                 self.say(f"the save for {soon['why']} (update {held['update']}) goes off the cluster at once")
         best = Path(self.run_dir) / "checkpoints" / "checkpoint_best.pt"
         stamp = _stamp(best)
@@ -161,7 +182,8 @@ class Uploads:
         if not items:
             return None
         return {"id": f"{self.spec['run_id']}-{self.clock():.3f}", "url": self.config["url"],
-                "run_id": self.spec["run_id"], "items": items, "staged": staged, "facts": self.facts(held)}
+                "run_id": self.spec["run_id"], "items": items, "staged": staged, "facts": self.facts(held),
+                "notice": any(i.get("notice") for i in items)}
 
     def stage(self, folder: Path, kind: str, source: Path, update: int, expected: dict, staged: list) -> dict:
         folder.mkdir(parents=True, exist_ok=True)
@@ -184,7 +206,7 @@ class Uploads:
             len(run.get("hosts") or []) * int(run.get("ranks_per_host") or 1)
         update_freq = (self.spec.get("update_freq") or {}).get(",".join(members)) or run.get("update_freq")
         tokens = (run.get("max_tokens") or 0) * (update_freq or 1) * (world or 1) or None
-        return {"host": self.spec["me"], "preset": run.get("preset"), "dataset": run.get("dataset"),
+        return {"host": self.spec["me"], "hosts": members, "preset": run.get("preset"), "dataset": run.get("dataset"),
                 "world_size": world, "update_freq": update_freq, "max_tokens": run.get("max_tokens"),
                 "tokens_per_update": tokens, "generation": (held or {}).get("generation"),
                 "lineage": (held or {}).get("lineage")}
@@ -257,15 +279,19 @@ class Uploads:
         if self.running(job):
             kinds = ", ".join(f"checkpoint_{i['kind']} of update {i['update']}" for i in job["items"])
             self.say(f"the copy off the cluster of {kinds} did not finish within {bound:g} s: stopped")
-            try:
-                os.killpg(job["pid"], signal.SIGTERM)  # its session: the uploader and what it started
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.kill(job["pid"], signal.SIGTERM)
-            ends = time.monotonic() + 10
-            while self.running(job) and time.monotonic() < ends:
-                time.sleep(0.1)
+            self.stop(job)
         self.collect(job, again=False)
+
+    def stop(self, job: dict) -> None:
+        """The upload under way ended (SIGTERM to its session), waited for 10 s at most."""
+        try:
+            os.killpg(job["pid"], signal.SIGTERM)  # its session: the uploader and what it started
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.kill(job["pid"], signal.SIGTERM)
+        ends = time.monotonic() + 10
+        while self.running(job) and time.monotonic() < ends:
+            time.sleep(0.1)
 
 
 def newest_copy(run_dir: str) -> dict:

@@ -3,7 +3,8 @@
     s3://BUCKET/PREFIX                 AWS S3, or an S3-compatible store (endpoint_url in ~/.aws/config)
     gs://BUCKET/PREFIX                 Google Cloud Storage (the VM's service account, gcloud ADC)
     /mnt/share/runs, file:///mnt/...   a directory on every host (an NFS mount)
-    sftp://[user@]host[:port]/path     a machine reached over SSH with the hosts' own keys
+    sftp://[user@]host[:port]/path     a machine reached over SSH with the hosts' own keys (its host key
+                                       checked against their known_hosts: train.agent.offsite.sftp)
 
 Credentials come from the host alone (instance role, environment, ~/.aws, gcloud's ADC, ~/.ssh): a URL
 goes into the run's spec and logs, so one holding a secret (a password, a query string with a key) is
@@ -24,8 +25,9 @@ class BadTarget(ValueError):
 # Per kind of store: fsspec's protocol, and what to do when a host cannot write there (HOST: the host).
 PROTOCOLS = {"s3": "s3", "gs": "gcs", "file": "file", "sftp": "sftp"}
 FIXES = {
-    "s3": "give the VM's role (instance profile) s3:PutObject, s3:GetObject, s3:DeleteObject and s3:ListBucket on "
-          "{where}, or set credentials in ~/.aws on {host} (endpoint_url in ~/.aws/config for an S3-compatible store)",
+    "s3": "give the VM's role (instance profile) s3:PutObject, s3:GetObject, s3:DeleteObject, s3:ListBucket, "
+          "s3:ListBucketMultipartUploads and s3:AbortMultipartUpload on {where}, or set credentials in ~/.aws on "
+          "{host} (endpoint_url in ~/.aws/config for an S3-compatible store)",
     "gs": "give the VM's service account roles/storage.objectAdmin on {where}, or run `gcloud auth "
           "application-default login` as the training user on {host}",
     "file": "mount the share on {host} (the same path on every host) and let the training user write {where}",
@@ -68,6 +70,8 @@ class Target:
     def fix(self, host: str, err: BaseException | None = None) -> str:
         """What to do when `host` could not use the target, by what went wrong (`err`)."""
         names = {type(e).__name__ for e in _causes(err)}
+        if "HostKeyRefused" in names:  # its message says the fix, naming the server
+            return f"do that on {host} (nothing goes to a server whose key its known_hosts does not hold)"
         if any(n.endswith(UNREACHABLE_ERRORS) for n in names):
             return UNREACHABLE.format(where=self.url, host=host)
         if "FileNotFoundError" in names or "NoSuchBucket" in names:
@@ -84,7 +88,9 @@ class Target:
             return fsspec.filesystem("s3", default_block_size=16 << 20, skip_instance_cache=True)
         if self.scheme == "gs":
             return fsspec.filesystem("gcs", skip_instance_cache=True)
-        return fsspec.filesystem("sftp", skip_instance_cache=True, **self.options)
+        from train.agent.offsite.sftp import KnownHostsSFTP  # paramiko: on a host
+
+        return KnownHostsSFTP(skip_instance_cache=True, **self.options)
 
 
 def _causes(err: BaseException | None) -> list[BaseException]:
@@ -96,48 +102,72 @@ def _causes(err: BaseException | None) -> list[BaseException]:
 
 
 def parse(url: str) -> Target:
-    """The target a URL names; BadTarget saying why not (a secret in it, a relative path, another scheme)."""
+    """The target a URL names; BadTarget saying why not (a secret in it, a relative path, another scheme),
+    never repeating the secret."""
     text = str(url).strip()
     if not text:
         raise BadTarget("expected a URL: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, /a/directory or "
                         "sftp://[user@]host[:port]/path")
     if text.startswith("/"):
         text = "file://" + text
-    parts = urlsplit(text)
+    shown = redacted(text)
+    if shown != text:
+        raise BadTarget(f"{shown}: holds a password, a query string or a port that is not a number; a URL goes into "
+                        "the run's spec and logs, so credentials come from each host instead (~/.aws, the VM's role, "
+                        "gcloud ADC, SSH keys)")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as err:  # "Invalid IPv6 URL", a port out of range: said without the URL's text
+        raise BadTarget(f"{shown}: not a URL ({err})") from None
     scheme = parts.scheme.lower()
     if scheme not in PROTOCOLS:
-        raise BadTarget(f"{url!r}: not a URL tandem writes to (s3://, gs://, file:// or a path from /, sftp://)")
-    if parts.password is not None or parts.query or parts.fragment:
-        raise BadTarget(f"{redacted(text)}: holds a password or a query string; a URL goes into the run's spec "
-                        "and logs, so credentials come from each host instead (~/.aws, the VM's role, gcloud ADC, "
-                        "SSH keys)")
+        raise BadTarget(f"{shown!r}: not a URL tandem writes to (s3://, gs://, file:// or a path from /, sftp://)")
     if not SAFE_PATH.fullmatch(parts.path) or not SAFE_PATH.fullmatch(parts.netloc):
-        raise BadTarget(f"{url!r}: only letters, digits and . _ / ~ + = @ : - in a target")
+        raise BadTarget(f"{shown!r}: only letters, digits and . _ / ~ + = @ : - in a target")
     if scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise BadTarget(f"{url!r}: a directory by its absolute path (the same on every host), e.g. /mnt/share/runs")
+            raise BadTarget(f"{shown!r}: a directory by its absolute path (the same on every host), "
+                            "e.g. /mnt/share/runs")
         return Target(url=parts.path.rstrip("/") or "/", scheme="file", root=parts.path.rstrip("/") or "/")
     if scheme == "sftp":
         if not parts.hostname or not parts.path.startswith("/") or parts.path == "/":
-            raise BadTarget(f"{url!r}: expected sftp://[user@]host[:port]/path (a directory on that machine)")
-        try:
-            port = parts.port or 22
-        except ValueError:
-            raise BadTarget(f"{url!r}: the port is not a number") from None
-        options = {"host": parts.hostname, "port": port, **({"username": parts.username} if parts.username else {})}
+            raise BadTarget(f"{shown!r}: expected sftp://[user@]host[:port]/path (a directory on that machine)")
+        options = {"host": parts.hostname, "port": port or 22,
+                   **({"username": parts.username} if parts.username else {})}
         return Target(url=text.rstrip("/"), scheme="sftp", root=parts.path.rstrip("/"), options=options)
-    if parts.username is not None or not parts.hostname or parts.port is not None:
-        raise BadTarget(f"{url!r}: expected {scheme}://BUCKET/PREFIX (a bucket name, then the prefix)")
+    if parts.username is not None or not parts.hostname or port is not None:
+        raise BadTarget(f"{shown!r}: expected {scheme}://BUCKET/PREFIX (a bucket name, then the prefix)")
     prefix = parts.path.strip("/")
     return Target(url=f"{scheme}://{parts.netloc}" + (f"/{prefix}" if prefix else ""), scheme=scheme,
                   root=f"{parts.netloc}/{prefix}".rstrip("/"))
 
 
-def redacted(url: str) -> str:
-    """The URL with its password and query replaced by `***`: what an error may say of a refused one."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc, query="***" if parts.query else "",
-                          fragment="***" if parts.fragment else "").geturl()
+NOT_A_PORT = re.compile(r"([^/@]*):(?!\d*(?:/|$))")  # host:wJalr...: a secret whose '/' or '@' went missing
+
+
+def redacted(url: object) -> str:
+    """The URL as anything may print it: a password (whatever it holds, '/' included: the last '@' ends it),
+    a query string or fragment (X-Amz-Signature=..., a session token) and what follows a port that is not a
+    number each replaced by `***`; a user name kept. The one function for every URL a host or the CLI says."""
+    text = str(url).strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    cut = min([i for i in (rest.find("?"), rest.find("#")) if i >= 0], default=len(rest))
+    rest, tail = rest[:cut], "?***" if cut < len(rest) else ""
+    user, at, host = rest.rpartition("@")
+    if at and ":" in user:
+        name = user.split(":", 1)[0]
+        rest = f"{name if '/' not in name else '***'}:***@{host}"
+    elif sep and (odd := NOT_A_PORT.match(rest)):
+        rest = f"{odd.group(1)}:***"
+    return scheme + sep + rest + tail
+
+
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+
+
+def scrubbed(text: object) -> str:
+    """Free text (an exception's message, a host's answer) with every URL in it redacted."""
+    return URL_IN_TEXT.sub(lambda m: redacted(m.group(0)), str(text))

@@ -1,8 +1,9 @@
 """Checkpoint copies off the cluster, on a host (`fab train --checkpoints-to URL`).
 
     python -m train.agent.offsite.upload check URL [--host NAME]   (fab train, on every host: write, read, delete)
-    python -m train.agent.offsite.upload newest URL [RUN]           (the newest whole copy: one JSON line, or null)
-    python -m train.agent.offsite.upload fetch COPY_URL DEST        (a copy into DEST, every sha256 checked)
+    python -m train.agent.offsite.upload runs URL                   (each run's newest whole copy, or URL's own copy)
+    python -m train.agent.offsite.upload fetch URL RUN DEST [--update N]  (RUN's newest copy whose every sha256
+                                                                    matches, into DEST; the refused ones said)
     python -m train.agent.offsite.upload upload --run DIR           (the keeper's child: RUN/keeper/offsite-job.json)
 
 Where and how: train.agent.offsite.target (the URL), train.agent.offsite.copies (the store's layout,
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 from train.agent.offsite import copies
-from train.agent.offsite.target import BadTarget
+from train.agent.offsite.target import BadTarget, redacted
 
 JOB, RESULT = "offsite-job.json", "offsite-result.json"  # in RUN/keeper/: what to upload, what was
 
@@ -52,12 +53,14 @@ def upload_job(run_dir: str) -> dict:
     done, error = [], ""
     try:
         fs = target.filesystem()
+        tidy(fs, target, job["run_id"])
         for item in job["items"]:
             made = copies.upload(target, job["run_id"], item["kind"], item["update"],
                                  {name: Path(path) for name, path in item["files"].items()},
                                  item.get("expected"), {**job.get("facts", {}), **item.get("facts", {})}, fs=fs)
             done.append({k: made[k] for k in ("kind", "update", "time", "where")})
             print(f"{item['kind']} of update {item['update']}: {made['where']}", flush=True)
+            tidy(fs, target, job["run_id"])
     except Exception as err:  # the keeper redoes the job later and says why
         error = copies.said(err)
         print(f"upload failed: {error}", flush=True)
@@ -66,30 +69,40 @@ def upload_job(run_dir: str) -> dict:
     return result
 
 
+def tidy(fs, target, run_id: str) -> None:
+    """A killed upload's parts left on S3, aborted; a store that will not list them is said, not fatal
+    (the bucket's lifecycle rule, AbortIncompleteMultipartUpload, is the backstop)."""
+    try:
+        if aborted := copies.abort_stale_uploads(fs, target, run_id):
+            print(f"aborted {aborted} unfinished multipart upload(s) under {run_id}/ (an uploader killed)", flush=True)
+    except Exception as err:  # s3:ListBucketMultipartUploads or s3:AbortMultipartUpload not granted
+        print(f"unfinished multipart uploads under {run_id}/ not aborted: {copies.said(err)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.agent.offsite.upload", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     c = sub.add_parser("check", help="write, read back and delete a small object under URL")
     c.add_argument("url")
     c.add_argument("--host", default="", help="this host's name in the run (said in the fix)")
-    n = sub.add_parser("newest", help="the newest whole copy of RUN (or of any run) under URL")
+    n = sub.add_parser("runs", help="each run's newest whole copy under URL (URL a copy's folder: that copy)")
     n.add_argument("url")
-    n.add_argument("run", nargs="?")
-    n.add_argument("--kind", choices=sorted(copies.KINDS), default="last")
-    f = sub.add_parser("fetch", help="a whole copy (its URL, `where`) into DEST, sha256 checked")
+    f = sub.add_parser("fetch", help="RUN's newest copy under URL whose every sha256 matches, into DEST")
     f.add_argument("url")
+    f.add_argument("run")
     f.add_argument("dest")
+    f.add_argument("--update", type=int, help="that update's copy only")
     u = sub.add_parser("upload", help="the keeper's job (RUN/keeper/offsite-job.json)")
     u.add_argument("--run", required=True)
     args = p.parse_args(argv)
     try:
         if args.what == "check":
             copies.check(args.url, args.host)
-            print(json.dumps({"ok": True, "url": args.url}))
-        elif args.what == "newest":
-            print(json.dumps(copies.newest(args.url, args.run, args.kind)))
+            print(json.dumps({"ok": True, "url": redacted(args.url)}))
+        elif args.what == "runs":
+            print(json.dumps(copies.listed(args.url)))
         elif args.what == "fetch":
-            print(json.dumps(copies.fetch(args.url, args.dest)))
+            print(json.dumps(copies.fetch_whole(args.url, args.run, args.dest, args.update)))
         else:
             lower_priority()
             return 1 if upload_job(args.run)["error"] else 0

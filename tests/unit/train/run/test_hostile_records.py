@@ -100,8 +100,8 @@ def test_a_hostile_record_in_a_bucket_copy_is_refused_naming_the_copy(copy_run, 
 
 
 def test_a_bucket_copy_naming_a_hostile_run_is_refused_before_any_host_is_asked(monkeypatch):
-    monkeypatch.setattr(moved, "newest_copy", lambda *_: {"run": INJECTION, "update": 1, "time": 1.0,
-                                                          "where": "s3://b/runs/x/u1"})
+    monkeypatch.setattr(moved, "runs_held", lambda *_: [{"run": INJECTION, "update": 1, "time": 1.0,
+                                                         "where": "s3://b/runs/x/u1", "store": "s3://b/runs"}])
     sent = []
     monkeypatch.setattr(moved, "run_all", lambda hosts, command, **_: sent.append(command))
     with pytest.raises(ClusterError, match=r"^s3://b/runs: the newest copy refused: .*found 'zz;touch"):

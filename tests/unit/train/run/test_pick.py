@@ -1,7 +1,8 @@
 """Following a run from anywhere: a checkout that did not start a run (an empty reports/) finds it on the
-hosts, `latest` there being the run the hosts started last, and `fab stop` acts on it. The hosts'
-answers are recorded as `fab train` leaves them (its record line and the listing run in a real shell
-on a directory standing for /data/tandem/runs); no lab."""
+hosts, `latest` there being the run the hosts started last, and `fab stop` acts on it; a checkout whose
+latest is an older run (a teammate started a newer one since) acts on the hosts' newer run and says so.
+The hosts' answers are recorded as `fab train` leaves them (its record line and the listing run in a real
+shell on a directory standing for /data/tandem/runs); no lab."""
 
 from __future__ import annotations
 
@@ -64,9 +65,9 @@ def test_latest_on_a_checkout_without_runs_is_the_run_the_hosts_started_last(sec
     assert run == NEWER
     assert said == ["run-20261126-080102 found on the hosts (started from another controller): its record copied "
                     "to reports/run-20261126-080102"]
-    assert Run.load(None) == NEWER  # copied, and the latest here now: the next task asks no host
-    sent = answered(monkeypatch, {})
-    assert pick.find(None, HOSTS, said.append) == NEWER and not sent and len(said) == 1
+    assert Run.load(None) == NEWER  # copied, and the latest here now: the next task says nothing more
+    sent = answered(monkeypatch, ANSWERS)
+    assert pick.find(None, HOSTS, said.append) == NEWER and len(sent) == 1 and len(said) == 1
 
 
 def test_a_named_run_is_found_on_the_hosts_and_fab_stop_acts_on_it(second_checkout, monkeypatch):
@@ -86,11 +87,48 @@ def test_a_named_run_is_found_on_the_hosts_and_fab_stop_acts_on_it(second_checko
     assert names == ["v100a", "v100b"] and "keeper.loop stop --run /data/tandem/runs/run-20261125-090000" in command
 
 
-def test_a_run_this_controller_holds_asks_no_host(second_checkout, monkeypatch):
+def test_a_run_this_controller_holds_by_name_asks_no_host(second_checkout, monkeypatch):
     OLDER.save()
     sent = answered(monkeypatch, ANSWERS)
-    assert pick.find(None, HOSTS, print) == OLDER and pick.find(OLDER.run_id, HOSTS, print) == OLDER
+    assert pick.find(OLDER.run_id, HOSTS, pytest.fail) == OLDER
     assert not sent
+
+
+def test_a_teammates_newer_run_is_acted_on_and_said_in_one_line(second_checkout, monkeypatch):
+    """This checkout followed OLDER once; a teammate started NEWER since: `fab stop` must not stop OLDER."""
+    OLDER.save()
+    sent = answered(monkeypatch, ANSWERS)
+    said = []
+    assert pick.find(None, HOSTS, said.append) == NEWER and len(sent) == 1
+    assert said == ["reports/latest is run-20261125-090000; the hosts started run-20261126-080102 since: acting on "
+                    "run-20261126-080102 (--run run-20261125-090000 for the other; its record copied to "
+                    "reports/run-20261126-080102)"]
+    assert Run.load(None) == NEWER and Run.load(OLDER.run_id) == OLDER  # the latest here now; the old one kept
+
+
+def test_this_checkouts_latest_is_acted_on_when_it_is_the_hosts_newest(second_checkout, monkeypatch):
+    mine = Run(**{**asdict(NEWER), "members": [{"hosts": ["v100b", "v100a"], "from_update": 0}]})  # followed here
+    mine.save()
+    sent = answered(monkeypatch, ANSWERS)
+    assert pick.find(None, HOSTS, pytest.fail) == mine and len(sent) == 1
+
+
+def test_no_host_answering_leaves_this_checkouts_latest(second_checkout, monkeypatch):
+    OLDER.save()
+    answered(monkeypatch, {h.name: ConnectionRefusedError("refused") for h in HOSTS})
+    assert pick.find(None, HOSTS, pytest.fail) == OLDER
+
+
+def test_a_run_started_here_that_the_hosts_do_not_hold_counts_from_when_it_was_made(second_checkout, monkeypatch):
+    """Its record did not reach the hosts (or --hosts names others): older than their newest start only if it is."""
+    answered(monkeypatch, ANSWERS)
+    later = Run(**{**asdict(OLDER), "run_id": "run-20261127-000000", "created": "2026-11-27T00:00:00+00:00"})
+    later.save()
+    assert pick.find(None, HOSTS, pytest.fail) == later
+    before = Run(**{**asdict(OLDER), "run_id": "run-20261101-000000", "created": "2026-11-01T00:00:00+00:00"})
+    before.save()
+    said = []
+    assert pick.find(None, HOSTS, said.append) == NEWER and said[0].startswith("reports/latest is run-20261101-000000;")
 
 
 def test_one_host_answering_is_enough(second_checkout, monkeypatch):
@@ -152,3 +190,21 @@ def test_what_fab_train_leaves_on_a_host_is_what_the_listing_reads(tmp_path, mon
     assert not list((tmp_path / "runs" / NEWER.run_id).glob("*.new"))
     monkeypatch.setattr(paths, "RUNS_ROOT", str(tmp_path / "none"))  # a host that never trained
     assert subprocess.run(["sh", "-c", pick.listing()], check=True, capture_output=True, text=True).stdout == ""
+
+
+def test_fab_train_resumes_the_run_the_hosts_started_last(second_checkout, monkeypatch):
+    """`fab train` without --new or --run reads reports/latest: the hosts' newest run becomes it first."""
+    OLDER.save()
+    answered(monkeypatch, ANSWERS)
+    said = []
+    pick.resumable(HOSTS, said.append)
+    assert Run.load(None) == NEWER and said[0].startswith("reports/latest is run-20261125-090000; the hosts started")
+    (second_checkout / "latest").unlink()  # a checkout that never ran: the hosts' run, said so
+    pick.resumable(HOSTS, said.append)
+    assert Run.load(None) == NEWER and said[1].startswith("run-20261126-080102 found on the hosts")
+
+
+def test_fab_train_starts_a_run_where_no_one_knows_one(second_checkout, monkeypatch):
+    answered(monkeypatch, {"v100a": "", "v100b": ConnectionRefusedError("refused")})
+    pick.resumable(HOSTS, pytest.fail)
+    assert not pick.here(None)
