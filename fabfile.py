@@ -212,7 +212,7 @@ def _say(message):
     "nccl_sockets": "NCCL's TCP sockets per peer for this run, e.g. 16 or 4x4 (threads x sockets), or none "
                     "(NCCL's defaults); default: what provisioning wrote from iperf3's stream count",
 })
-@cluster_task(checks=[options.sizes_in_order], min_size=options.size, max_size=options.size,
+@cluster_task(checks=[options.sizes_in_order, options.hosts_answer], min_size=options.size, max_size=options.size,
               iters=options.whole(1), budget_s=options.seconds, iperf_seconds=options.seconds,
               threshold=options.fraction, port=options.port, nccl_sockets=nccl_sockets_option)
 def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iperf_seconds=3, threshold=None,
@@ -234,10 +234,10 @@ def bench_net(c, hosts, min_size="1M", max_size=None, iters=5, budget_s=20, iper
     "comm": options.COMM_LIST.help + " (default sync), or auto (fab train's pick at each capped rate); several "
             "are compared side by side at the end",
 })
-@cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset], rates=options.rates,
-              preset=options.PRESET, set=options.SET_TEXT, dataset=options.DATASET, updates=options.whole(1),
-              cycles=options.whole(1), skip=options.whole(0), port=options.PORT, precision=options.PRECISION,
-              comm=options.COMM_LIST)
+@cluster_task(checks=[options.precision_fits_hosts, options.overrides_fit_preset, options.hosts_answer],
+              rates=options.rates, preset=options.PRESET, set=options.SET_TEXT, dataset=options.DATASET,
+              updates=options.whole(1), cycles=options.whole(1), skip=options.whole(0), port=options.PORT,
+              precision=options.PRECISION, comm=options.COMM_LIST)
 def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=None, dataset="synthetic",
                updates=8, cycles=2, skip=1, port=29500, precision=None, comm="sync"):
     """Train on all hosts while capping the link at each rate (tc): s/update, wps, bytes sent; table + plot."""
@@ -262,10 +262,10 @@ def bench_step(c, hosts, rates="10mbit,100mbit,1gbit,none", preset="tiny", set=N
     "run": "price what is left of this run (its preset, options and strategy; from its newest known update, e.g. "
            "after --resume-from) on --hosts; the other model options are then its own",
 })
-@cluster_task(checks=[options.overrides_fit_preset], preset=options.PRESET, set=options.SET_TEXT,
-              dataset=options.name, link=options.link, compute_s=options.seconds, precision=options.precision,
-              update_freq=options.whole(1), max_update=options.whole(1), overlap=options.fraction,
-              comm=options.COMM, run=options.name)
+@cluster_task(checks=[options.overrides_fit_preset, options.hosts_answer], preset=options.PRESET,
+              set=options.SET_TEXT, dataset=options.name, link=options.link, compute_s=options.seconds,
+              precision=options.precision, update_freq=options.whole(1), max_update=options.whole(1),
+              overlap=options.fraction, comm=options.COMM, run=options.name)
 def predict(c, hosts, preset="tiny", set=None, dataset="synthetic", link="measure", compute_s=None,
             precision=None, update_freq=None, max_update=None, overlap=None, json=False, comm="sync", run=None):
     """Predict s/update, hours and dollars of every host subset x --comm, and say the verdict.
@@ -356,9 +356,11 @@ def bench_quality(c, hosts, comm="sync,fp16,local-sgd:16", preset="tiny", set=No
            "reads when FABRIC_INVENTORY is not set)",
     "force": "overwrite --out when it exists",
     "check": "write nothing: check the inventory fab reads (FABRIC_INVENTORY, else fabric.yaml's inventory/mine.yml)",
+    "from_": "another laptop's: rebuild the inventory and the cluster key from one provisioned host (ADDRESS or "
+             "ADDRESS:PORT; with --user, --key): its /etc/tandem/cluster.json",
 })
 def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_at=None, data_device=None,
-         hourly_usd=None, known_hosts=None, vars=None, out=None, force=False, check=False, port=None):
+         hourly_usd=None, known_hosts=None, vars=None, out=None, force=False, check=False, port=None, from_=None):
     """Write an inventory for your hosts (or --check yours), then check each: SSH, sudo, OS, Python, GPUs, NIC, disk.
 
     One table, each problem with its fix under it. Exit 0 when every host passes, 1 when one fails,
@@ -370,9 +372,9 @@ def init(c, hosts_at=None, user=None, key=None, names=None, gpus=None, cluster_a
 
     try:
         code = inventory_init.init(console, c.config.get("inventory"), check=check, out=out, force=force,
-                                   hosts_at=hosts_at, user=user, key=key, names=names, cluster_at=cluster_at,
-                                   gpus=gpus, data_device=data_device, hourly_usd=hourly_usd, known_hosts=known_hosts,
-                                   vars=vars, port=port)
+                                   from_host=from_, hosts_at=hosts_at, user=user, key=key, names=names,
+                                   cluster_at=cluster_at, gpus=gpus, data_device=data_device, hourly_usd=hourly_usd,
+                                   known_hosts=known_hosts, vars=vars, port=port)
     except OptionError as err:
         say_error(err)
         code = BAD_INPUT

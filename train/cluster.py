@@ -24,7 +24,7 @@ from fabric.exceptions import GroupException
 from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 
-from . import hostvars, inventory_cache, ssh_config
+from . import hostvars, inventory_cache, inventory_vault, ssh_config
 from .errors import ClusterError  # below train.hostvars, which raises it too; callers import it from here
 
 TOP = Path(__file__).resolve().parent.parent
@@ -106,10 +106,11 @@ def load_hosts(path: Path) -> list[Host]:
     if not path.exists():
         raise ClusterError(f"inventory {path} does not exist (lab: `make lab-up` writes inventory/lab.yml)")
     cached = inventory_cache.read(path)
-    if cached is None:
-        cached = parse_inventory(path)
+    if cached is None:  # tandem's variables only, read or not from the cache: one behaviour either way
+        cached = inventory_cache.kept(parse_inventory(path))
         inventory_cache.write(path, cached)
-    return one_name_a_machine([_host(name, variables) for name, variables in cached], path)
+    return one_name_a_machine([_host(name, inventory_vault.opened(name, variables)) for name, variables in cached],
+                              path)
 
 
 def one_name_a_machine(hosts: list[Host], path: Path) -> list[Host]:

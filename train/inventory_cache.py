@@ -6,14 +6,25 @@ inventory (a YAML or INI file, its group_vars/ and host_vars/ beside it) is read
 of those files changed (their paths, sizes and modification times are the key). A dynamic inventory
 (a file naming a `plugin:`, a script) is never cached: what the cloud answers changes without a file
 changing.
+
+The cache keeps no secret: only the variables tandem reads (train.hostvars) and the groups, a vaulted one
+still sealed (train.inventory_vault opens it in memory), in a 0600 file in a 0700 folder, one file an
+inventory (an older reading of it, and any file of the layout before that kept every variable, removed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
+
+from . import hostvars, inventory_vault
+
+KEPT = frozenset(hostvars.DEFINITION) | {"group_names"}  # group_names: Ansible's own, hostvars.groups reads it
+LEGACY = re.compile(r"[0-9a-f]{24}\.json")  # the layout before, holding every variable (passwords, keys)
 
 
 def cache_dir() -> Path:
@@ -27,7 +38,8 @@ def is_static(path: Path) -> bool:
 
 
 def key(path: Path) -> str | None:
-    """What the reading depends on, hashed; None for an inventory that is not cached."""
+    """What the reading depends on, hashed, after the inventory's own prefix (its path hashed): None for an
+    inventory that is not cached."""
     path = path.resolve()
     if not is_static(path):
         return None
@@ -39,7 +51,19 @@ def key(path: Path) -> str | None:
                 if f.is_file():
                     stat = f.stat()
                     parts.append(f"{f} {stat.st_size} {stat.st_mtime_ns}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    content = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    return f"{_prefix(path)}-{content}"
+
+
+def _prefix(path: Path) -> str:
+    return hashlib.sha256(str(path).encode()).hexdigest()[:16]
+
+
+def kept(members: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """Each host's variables that tandem reads, a vaulted one sealed; every other (a become password, a
+    cloud key, vaulted or not) left out, never decrypted."""
+    return [(name, {k: inventory_vault.sealed(v) or v for k, v in variables.items() if k in KEPT})
+            for name, variables in members]
 
 
 def read(path: Path) -> list[tuple[str, dict]] | None:
@@ -53,15 +77,23 @@ def read(path: Path) -> list[tuple[str, dict]] | None:
 
 
 def write(path: Path, members: list[tuple[str, dict]]) -> None:
+    """Cache `members` (kept()'s) for the inventory at `path`, removing its older readings."""
     digest = key(path)
     if digest is None:
         return
-    wanted = [(name, {k: v for k, v in variables.items() if k not in ("hostvars", "groups", "omit")})
-              for name, variables in members]
+    folder = cache_dir()
     try:
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir() / f".{digest}.{os.getpid()}"
-        tmp.write_text(json.dumps(wanted, default=str))
-        tmp.replace(cache_dir() / f"{digest}.json")
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)  # one made 0755 before
+        tmp = folder / f".{digest}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)  # made 0600 here, never an older file's mode
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            json.dump(members, out, default=lambda v: inventory_vault.sealed(v) or str(v))  # a vaulted one nested
+        tmp.replace(folder / f"{digest}.json")
+        mine = digest.split("-")[0] + "-"
+        for old in folder.iterdir():
+            if LEGACY.fullmatch(old.name) or (old.name.startswith(mine) and old.name != f"{digest}.json"):
+                with contextlib.suppress(OSError):
+                    old.unlink()
     except OSError:
         pass  # a cache, not a result

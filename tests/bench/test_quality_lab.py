@@ -15,7 +15,7 @@ RUNS = "/data/tandem/runs"
 
 
 def training_processes(cfg) -> dict[str, str]:
-    found = {name: processes(cfg, name, "fairseq_train|torchrun|fairseq-generate") for name in cfg.names}
+    found = {name: processes(cfg, name, "fairseq_train|torchrun|fairseq[-_]generate") for name in cfg.names}
     return {name: procs for name, procs in found.items() if procs}
 
 

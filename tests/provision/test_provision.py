@@ -100,7 +100,7 @@ def test_host_state(provisioned, name):
     env = host.file("/etc/tandem/env").content_string
     nic = link_nic(provisioned.cfg)  # ens5 on the two-network lab: the cluster network's NIC
     assert f"NCCL_SOCKET_IFNAME={nic}" in env and f"GLOO_SOCKET_IFNAME={nic}" in env
-    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in env
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in env  # checkpoints load as data only (issue 54)
     hosts_file = host.file("/etc/hosts").content_string
     assert all(f"{provisioned.cfg.peer_ip(n)} {n}" in hosts_file for n in HOSTS)
     assert all(host.file("/etc/ssh/ssh_known_hosts").contains(n) for n in HOSTS)
@@ -299,19 +299,22 @@ class Disk:
         finally:
             subprocess.run(["umount", str(mountpoint)], check=True)
 
-    def holds(self) -> str:
-        return subprocess.run(["blkid", "--probe", "-o", "value", "-s", "TYPE", self.device],
+    def holds(self, tag: str = "TYPE") -> str:
+        return subprocess.run(["blkid", "--probe", "-o", "value", "-s", tag, self.device],
                               capture_output=True, text=True).stdout.strip()
 
     def detach(self) -> None:
         subprocess.run(["losetup", "-d", self.device], check=False)
 
 
-def unmount_scratch(provisioned, hosts: str) -> None:
-    """Unmount /srv/keep on the hosts and drop its fstab line."""
-    subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(provisioned.inventory),
-                    hosts, "-m", "ansible.posix.mount", "-a", "path=/srv/keep state=absent"],
-                   cwd=TOP, capture_output=True, text=True)
+def unmount_scratch(provisioned, hosts: str, path: str = "/srv/keep") -> None:
+    """Unmount `path` on the hosts and drop its fstab line."""
+    mount(provisioned, hosts, f"path={path} state=absent")
+
+
+def mount(provisioned, hosts: str, args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(provisioned.inventory),
+                           hosts, "-m", "ansible.posix.mount", "-a", args], cwd=TOP, capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -348,7 +351,7 @@ def test_data_on_an_ext4_device_survives_even_when_named_for_erasing(provisioned
     assert host.mount_point("/srv/keep").exists
     assert f"v100a: kept the existing ext4 on {disk.device}, " in " ".join(run.output.split())
 
-    run = data_volume_run(provisioned, disk.device, "-e", f"data_volume_force_format=v100a:{disk.device}")
+    run = data_volume_run(provisioned, disk.device, "-e", f"data_volume_force_format=v100a:UUID={disk.holds('UUID')}")
     assert run.rc == 0, run.output[-4000:]
     assert f"v100a: {disk.device} already holds ext4: kept, not erased" in " ".join(run.output.split())
     assert host.file("/srv/keep/precious.txt").content_string == "keep me\n"
@@ -361,6 +364,37 @@ def test_force_format_true_is_refused_before_anything_is_erased(provisioned, dis
     assert ("data_volume_force_format: true would erase every host's data device; name the host and device"
             in " ".join(run.output.split()))
     assert disk.holds() == "ext2"
+
+
+@pytest.mark.parametrize("named", ["{device}", "v100a:{device}"])
+def test_force_format_without_a_host_or_by_a_kernel_name_is_refused_before_anything_is_erased(provisioned, disk,
+                                                                                               tmp_path, named):
+    """`-e data_volume_force_format=/dev/nvme1n1` named that device on every host; a kernel name names another
+    disk after a stop/start (issue 54)."""
+    disk.put_file("ext2", "precious.txt", "keep me\n", tmp_path / "mnt")
+    value = named.format(device=disk.device)
+    run = data_volume_run(provisioned, disk.device, "-e", f"data_volume_force_format={value}")
+    assert run.rc != 0
+    assert f"data_volume_force_format: {value} " in " ".join(run.output.split())
+    assert disk.holds() == "ext2"
+
+
+def test_a_device_mounted_elsewhere_is_neither_mounted_nor_erased(provisioned, disk, tmp_path):
+    """A data_device typo naming the root partition mounted / again at /data and chowned it (issue 54)."""
+    disk.put_file("ext4", "precious.txt", "keep me\n", tmp_path / "mnt")
+    mounted = mount(provisioned, "v100a", f"path=/srv/other src={disk.device} fstype=ext4 state=ephemeral")
+    assert mounted.returncode == 0, mounted.stdout + mounted.stderr
+    try:
+        run = data_volume_run(provisioned, disk.device, "-e",
+                              f"data_volume_force_format=v100a:UUID={disk.holds('UUID')}")
+        text = " ".join(run.output.split())
+        assert run.rc != 0
+        assert f"v100a: {disk.device} (ext4, UUID {disk.holds('UUID')}, 67.1 MB, " in text
+        assert f"is in use: {disk.device} at /srv/other; refusing to mount or erase it for /srv/keep" in text
+        assert not provisioned.testinfra_host("v100a").mount_point("/srv/keep").exists
+    finally:
+        mount(provisioned, "v100a", "path=/srv/other state=unmounted")
+    assert disk.holds() == "ext4"
 
 
 def test_force_format_erases_only_the_refused_host_device(provisioned, two_disks, tmp_path):
@@ -378,19 +412,20 @@ def test_force_format_erases_only_the_refused_host_device(provisioned, two_disks
     refused = scratch.playbook("--tags", "data_volume")
     text = " ".join(refused.output.split())
     assert refused.rc != 0
-    b = two_disks["v100b"].device
-    assert f"v100b: {b} already holds a filesystem (xfs, 335.5 MB, " in text, text[-3000:]
+    b, b_uuid = two_disks["v100b"].device, two_disks["v100b"].holds("UUID")
+    assert f"v100b: {b} already holds a filesystem (xfs, UUID {b_uuid}, 335.5 MB, " in text, text[-3000:]
     assert "refusing to format it as ext4" in text
-    advice = f"ansible-playbook -i {scratch.inventory} provision.yml -e data_volume_force_format=v100b:{b}"
+    advice = f"ansible-playbook -i {scratch.inventory} provision.yml -e data_volume_force_format=v100b:UUID={b_uuid}"
     assert advice in text
     assert "v100a: /dev" not in text.split("Refuse to format")[-1].split("PLAY RECAP")[0]
     print(refused.output.split("Refuse to format")[-1].split("PLAY RECAP")[0])
     assert two_disks["v100b"].holds() == "xfs"
 
-    forced = scratch.playbook("--tags", "data_volume", "-e", f"data_volume_force_format=v100b:{b}")
+    forced = scratch.playbook("--tags", "data_volume", "-e", f"data_volume_force_format=v100b:UUID={b_uuid}")
     text = " ".join(forced.output.split())
     assert forced.rc == 0, forced.output[-4000:]
-    assert f"v100b: ERASING {b} (xfs, 335.5 MB, " in text and " used), as data_volume_force_format asks" in text
+    assert f"v100b: ERASING {b} (xfs, UUID {b_uuid}, 335.5 MB, " in text
+    assert " used), as data_volume_force_format asks" in text
     assert "v100a: ERASING" not in text
     assert provisioned.testinfra_host("v100a").file("/srv/keep/precious.txt").content_string == "keep me\n"
     assert two_disks["v100b"].holds() == "ext4"
@@ -403,7 +438,7 @@ def test_device_with_another_filesystem_is_never_formatted(provisioned, disk, tm
     run = data_volume_run(provisioned, disk.device)
     assert run.rc != 0
     text = " ".join(run.output.split())
-    assert f"v100a: {disk.device} already holds a filesystem (ext2, 67.1 MB, " in text
+    assert f"v100a: {disk.device} already holds a filesystem (ext2, UUID {disk.holds('UUID')}, 67.1 MB, " in text
     assert "refusing to format it as ext4" in text and "partition" not in text.split("refusing")[1][:300]
     mnt = tmp_path / "mnt"
     subprocess.run(["mount", "-o", "ro", disk.device, str(mnt)], check=True)

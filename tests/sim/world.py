@@ -206,7 +206,8 @@ class SimStore:
         d.aside = [a for i, a in enumerate(d.aside) if i not in removed]
         return Path(run_dir) / "set-aside" / f"g{held.get('generation')}-u{held.get('update')}"
 
-    def fetch(self, url: str, token: str, run_dir: str, want: dict, keep=lambda: True, lock=None) -> dict:
+    def fetch(self, url: str, token: str, run_dir: str, want: dict, keep=lambda: True, lock=None,
+              context=None) -> dict:
         return self.world.copy(url.split("//")[1].split(":")[0], self.world.by_dir[run_dir], want, keep)
 
     def free(self, run_dir: str) -> int:

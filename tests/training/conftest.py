@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from labtools import Provisioned, lab_cli
+from labtools import Provisioned, lab_cli, ssh
 
 from lab.config import LabConfig
 
@@ -29,3 +29,29 @@ def three_hosts(tmp_path_factory):
     finally:
         if os.environ.get("TANDEM_KEEP_LAB") != "1":  # as tests/conftest.py's lab
             lab_cli("down", prefix=cfg.prefix, check=False)
+
+
+NEWEST_RUN = ("d=$(ls -td /data/tandem/runs/*/ 2>/dev/null | head -1); [ -n \"$d\" ] || exit 0; echo \"$d\"; "
+              "cat \"$d/keeper/timeline.jsonl\" 2>/dev/null; tail -n 60 \"$d/keeper/keeper.log\" 2>/dev/null")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A lab test that fails says what each host's keeper recorded of the newest run (its timeline and
+    the last lines of its log): a lab is torn down with its module, and CI keeps only what was printed."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for name in ("data_ready", "three_hosts", "two_by_two", "provisioned"):
+        lab = item.funcargs.get(name)
+        if lab is None:
+            continue
+        for host in lab.cfg.names:
+            try:
+                said = ssh(lab.cfg, host, NEWEST_RUN).stdout
+            except Exception as err:  # the report must never fail the report
+                said = f"({type(err).__name__}: {err})"
+            report.sections.append((f"keepers: {host}", said[-6000:]))
+        return
+

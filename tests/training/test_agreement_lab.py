@@ -15,6 +15,7 @@ import time
 import pytest
 from labtools import fab, set_links, ssh
 from test_keepers import ranks, timeline, update, wait_for
+from test_train import KILL_THE_RANK
 
 RUNS = "/data/tandem/runs"
 
@@ -57,8 +58,11 @@ def test_a_split_whose_one_side_crashes_is_rejoined_on_the_side_with_more_traini
         cut(cfg, "v100b")  # both sides go on alone
         wait_for(lambda: any(e["hosts"] == ["v100b"] for e in timeline(cfg, "v100b", run_id))
                  and ranks(cfg, "v100b", run_id), 120)
-        # v100b's side suffers: its ranks crash, its keeper restarts them (one more generation there)
-        ssh(cfg, "v100b", f"pkill -9 -f '{RUNS}/{run_id}/checkpoint[s]'")
+        # v100b's side suffers: its ranks crash, its keeper restarts them (one more generation there). Killed
+        # once they train alone (past their checkpoint of 25): a kill as they launch found no rank yet (CI, 29 Nov)
+        alone = next(e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"])
+        wait_for(lambda: update(cfg, run_id, "v100b") >= (alone["at_update"] or 0) + 5, 120)  # its log goes on
+        ssh(cfg, "v100b", KILL_THE_RANK)
         wait_for(lambda: len([e for e in timeline(cfg, "v100b", run_id) if e["hosts"] == ["v100b"]]) >= 2
                  and ranks(cfg, "v100b", run_id), 120)
         a_side, b_side = timeline(cfg, "v100a", run_id)[-1], timeline(cfg, "v100b", run_id)[-1]

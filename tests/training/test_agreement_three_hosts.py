@@ -13,7 +13,7 @@ import time
 import pytest
 from labtools import fab, set_links, ssh
 from test_train import QUICK_HEARTBEAT, RUNS, log_of, training_processes, wait_for_update
-from three_hosts_lab import keeper_timeline, start_on_three
+from three_hosts_lab import asked_without_certificate, keeper_timeline, start_on_three
 
 
 def test_a_vm_replaced_at_a_new_address_takes_the_lost_hosts_place_in_the_running_run(three_hosts):
@@ -122,6 +122,11 @@ def test_a_third_host_whose_link_flaps_is_counted_and_left_out_while_the_others_
 
     try:
         wait_for_update(cfg, run_id, 40)
+        stranger = asked_without_certificate(cfg, "v100c", "v100a")  # a peer's address, not the run's certificate
+        # issue 54: mutual TLS; both servers listen (no "Connection refused") and refuse a client without the
+        # run's certificate, over TLS and over plain HTTP (which used to answer, 403 without the token)
+        assert stranger.count("refused") == 4 and "answered" not in stranger and "Connection refused" not in stranger, \
+            stranger
         started = time.monotonic()
         flaps = 0
         while len(timeline()) < rejoins + 2 and time.monotonic() - started < 300:  # the start, 2 changes, a 3rd loss

@@ -46,6 +46,7 @@ BAD = [
     (["train", "--precision", "fp16"], "--precision"),  # the inventory's hosts have no GPU
     (["train", "--port", "abc"], "--port"),
     (["train", "--port", "70000"], "--port"),
+    (["train", "--port", "8080"], "--port: expected a whole number from 29500 to 29507"),  # outside the firewall's
     (["train", "--comm", "gossip"], "--comm"),
     (["train", "--comm", "local-sgd:x"], "--comm"),
     (["train", "--set", "lr"], "--set"),

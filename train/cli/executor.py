@@ -200,9 +200,9 @@ def cluster_task(body=None, /, *, checks=(), **parsers):
         except UNREACHABLE as err:
             if getattr(err, "tandem_host", None) is None:  # not an SSH connection tandem opened: as it is
                 raise
-            from ..onboard.fixes import ssh  # the fix for each way SSH fails, as `fab init` says it
+            from ..reachability import explain  # the fix for each way SSH fails, as `fab init` says it
 
-            say_error(ssh(err.tandem_host, err), errors if values.get("json") else console)
+            say_error(explain(err.tandem_host, err), errors if values.get("json") else console)
             sys.exit(FAILED)
 
     # Fabric reads the task's options from its signature: hide the `hosts` we pass in.

@@ -25,6 +25,7 @@ from ..agent.offsite import target
 from ..cluster import CLUSTER_GROUP, Host
 from ..errors import BadInventory, OptionError
 from ..plan.link import rate_bits
+from ..reachability import require_answering
 from ..recipe import presets, strategies
 from ..recipe.record import REPORTS
 from ..run.checkpoints import BackupPolicy
@@ -78,6 +79,10 @@ def number(above: float = 0.0, at_most: float | None = None, unit: str = "") -> 
 
 
 port = whole(1, 65535)
+# the run's ports, PORT..PORT+3 (rendezvous) and PORT+100..PORT+102 (keepers, etcd), inside what the hosts'
+# firewall lets peers reach (roles/network: network_firewall_ports 29500-29510, 29600-29612); outside,
+# the hosts could not meet, or the firewall would have to be opened wider than the run needs
+guarded_port = whole(29500, 29507)
 seconds = number(unit=" of seconds")
 mbps = number(unit=" of Mbit/s")
 
@@ -243,9 +248,11 @@ SET_TEXT = replace(SET, parse=overrides_text)  # the benchmarks pass --set on as
 DATASET = Option("dataset", "dataset on /data/tandem/datasets (default synthetic)", name)
 PRECISION = Option("precision", "fp32, fp16 or bf16 (the last two on GPU hosts): what the ranks train and "
                                 "all-reduce in; default fp16 on GPU hosts, fp32 on CPU hosts", precision)
-PORT = Option("port", "rendezvous port on the first host (default 29500); the run's generations take turns on "
-                      "PORT..PORT+3, inside the firewall's rendezvous ports (network_firewall_ports: 29500-29510 "
-                      "by default)", port)
+PORT = Option("port", "rendezvous port on the first host, 29500 to 29507 (default 29500): the run's generations "
+                      "take turns on PORT..PORT+3 and its keepers and etcd use PORT+100..PORT+102, all inside the "
+                      "ports the hosts' firewall opens to peers only (network_firewall_ports: 29500-29510, "
+                      "29600-29612)",
+              guarded_port)
 COMM = Option("comm", f"how ranks share updates: {_STRATEGIES} (train/recipe/strategies: one module each), or "
                       "auto (the least invasive that reaches 90% on the measured link; see fab predict)", comm)
 COMM_LIST = Option("comm", f"communication strategies, comma-separated, one training job each: {_STRATEGIES}",
@@ -285,6 +292,13 @@ def overrides_fit_preset(hosts: Sequence[Host], values: Values) -> None:
         presets.resolve(str(values["preset"]), overrides(given) if isinstance(given, str) else given)
     except presets.OverrideError as err:
         raise OptionError("set", err) from None
+
+
+def hosts_answer(hosts: Sequence[Host], values: Values) -> None:
+    """The task's hosts answer SSH, each asked once before the task's own work (train.reachability): a silent
+    host is said as unreachable, never as the file, driver, NIC or root the task would have found missing.
+    The last of a task's checks: bad input is said before any host is reached."""
+    require_answering(hosts)
 
 
 def one_corpus(hosts: Sequence[Host], values: Values) -> None:

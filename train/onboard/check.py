@@ -74,11 +74,10 @@ def assess(hosts: Sequence[Host], results: Mapping[str, HostResult]) -> Report:
     checks, facts = [], {}
     for host in hosts:
         result = results[host.name]
-        problems = fixes.inventory(host)
-        if result.error is not None:
-            problems.append(fixes.ssh(host, result.error))
-            checks.append(HostCheck(host, None, tuple(problems)))
+        if result.error is not None:  # one fix: what the host lacks is said once it answers
+            checks.append(HostCheck(host, None, (fixes.ssh(host, result.error),)))
             continue
+        problems = fixes.inventory(host)
         facts[host.name] = probe.parse(result.stdout)
         if not result.ok:  # the probe always exits 0: the shell itself failed
             problems.append(f"{host.name}: the check's shell line failed there ({result.why})")

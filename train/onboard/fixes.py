@@ -8,18 +8,15 @@ Python), read from the roles' defaults so that the two never disagree.
 from __future__ import annotations
 
 import functools
-import socket
 from collections.abc import Mapping, Sequence
 
-import paramiko
 import yaml
 
 from .. import hostvars
 from ..cluster import TOP, ClusterError, Host
+from ..reachability import explain
 from ..run.preflight import layout_problems
 from .probe import Facts, device_of
-
-CLOUD_USERS = "ubuntu on Ubuntu images, debian on Debian, ec2-user on Amazon Linux"
 
 
 @functools.cache
@@ -32,43 +29,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def known_hosts_file(host: Host) -> str:
-    return host.known_hosts or "~/.ssh/known_hosts"
-
-
-def ssh(host: Host, error: BaseException) -> str:
-    """Why fab cannot log in to `host`, and what to do."""
-    login = f"{host.user}@{host.address}" + (f" (port {host.port})" if host.port != 22 else "")
-    known = known_hosts_file(host)
-    port = f"-p {host.port} " if host.port != 22 else ""
-    if isinstance(error, paramiko.BadHostKeyException):
-        return (f"{host.name}: {login} shows another host key than {known} holds (a new VM at that address?): "
-                f"if that is expected, `ssh-keygen -R {host.address} -f {known}`, then add its new key: "
-                f"`ssh-keyscan {port}{host.address} >> {known}`")
-    if isinstance(error, paramiko.SSHException) and "not found in known_hosts" in str(error):
-        return (f"{host.name}: its SSH host key is not in {known} (fab checks it): compare "
-                f"`ssh-keyscan {port}{host.address}` with the fingerprint in the provider's console, then "
-                f"`ssh-keyscan {port}{host.address} >> {known}`")
-    if isinstance(error, paramiko.SSHException) and "protocol banner" in str(error):
-        return (f"{host.name}: something answers at {login} but not as SSH ({error}): check the address and port "
-                "(ansible_host, ansible_port), and that no firewall cuts the connection; a VM still booting says "
-                "nothing until its sshd is up: retry in a minute")
-    if isinstance(error, paramiko.PasswordRequiredException):
-        return (f"{host.name}: the key {host.key} has a passphrase: load it into the agent (`ssh-add {host.key}`); "
-                "fab and Ansible use the agent")
-    if isinstance(error, paramiko.AuthenticationException):
-        key = f"the key {host.key}" if host.key else "your SSH keys (no ansible_ssh_private_key_file given)"
-        return (f"{host.name}: {login} refused {key}: check the login user ({CLOUD_USERS}) and that the key is "
-                "the one the VM was created with (ansible_ssh_private_key_file, fab init --key)")
-    if isinstance(error, FileNotFoundError):
-        return (f"{host.name}: the key file {host.key} does not exist: fix ansible_ssh_private_key_file "
-                "(fab init --key)")
-    if isinstance(error, socket.gaierror):
-        return f"{host.name}: {host.address} does not resolve ({error}): fix ansible_host"
-    if isinstance(error, (TimeoutError, paramiko.ssh_exception.NoValidConnectionsError, ConnectionError)):
-        return (f"{host.name}: nothing answers SSH at {login} ({error}): check the VM is running, the address "
-                "(ansible_host), and that its firewall / security group lets SSH in from this machine")
-    return f"{host.name}: SSH to {login} failed ({type(error).__name__}: {error}): try `ssh {port}{login}` by hand"
+ssh = explain  # why fab cannot log in, and what to do: every task says it the same way (train.reachability)
 
 
 def inventory(host: Host) -> list[str]:

@@ -4,6 +4,7 @@
              [--port 22] [--names gpu1,gpu2] [--gpus 1] [--cluster-at 10.0.0.10,10.0.0.11] [--data-device none] \\
              [--hourly-usd 2.5] [--known-hosts FILE] [--out inventory/mine.yml] [--force]
     fab init --check          the inventory fab reads (train.onboard.inventory)
+    fab init --from HOST --user ubuntu [--key ...]   another laptop's: from the cluster's record (train.onboard.follow)
 
 The options are checked first (train.onboard.spec); then the hosts are asked, once, all at once
 (train.onboard.check). Each host is written with what it shows where no option said it: its GPUs
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -26,8 +28,9 @@ from rich.markup import escape
 from .. import hostvars
 from ..cluster import CLUSTER_GROUP, TOP, GroupResult, Host, load_hosts
 from ..errors import DONE, FAILED, OptionError
+from ..hosts import cluster_record
 from . import check as hostcheck
-from . import inventory, peer_address, probe
+from . import follow, inventory, peer_address, probe
 from .spec import Found, InventorySpec, spec_from_options
 
 DEFAULT_OUT = inventory.DEFAULT  # what fab reads when FABRIC_INVENTORY names nothing
@@ -55,7 +58,7 @@ def layout(spec: InventorySpec) -> tuple[dict, dict, dict[str, dict]]:
             entry["cluster_nic"] = host.nic
         if host.gpus is not None:
             entry["gpus"] = host.gpus
-        entries[host.name] = {**entry, "data_device": spec.data_device}
+        entries[host.name] = {**entry, "data_device": host.data_device or spec.data_device, **dict(host.vars)}
     for name in {*common, *group, *(k for e in entries.values() for k in e)}:
         if not name.startswith("ansible_"):  # Ansible's own stay Ansible's
             hostvars.defined(name)  # a name tandem does not read would be a typo
@@ -87,7 +90,7 @@ def hosts_of(spec: InventorySpec) -> list[Host]:
         variables = {**common, **group, **entry}
         hosts.append(Host(name, entry["ansible_host"], user=spec.user, port=int(variables.get("ansible_port") or 22),
                           key=spec.key, known_hosts=spec.known_hosts, gpus=int(entry.get("gpus") or 0),
-                          nic=entry.get("cluster_nic"), data_device=spec.data_device, vars=variables,
+                          nic=entry.get("cluster_nic"), data_device=str(entry["data_device"]), vars=variables,
                           cluster_address=str(entry.get("cluster_address") or "")))
     return hosts
 
@@ -137,12 +140,14 @@ def write(spec: InventorySpec, path: Path, force: bool = False, shown: str = DEF
 
 
 def init(console, configured: str | None, *, check: bool = False, out: str | None = None, force: bool = False,
-         **options: str | None) -> int:
-    """Write the inventory from `options` (spec_from_options' names), or with `check` take the configured
-    one; check every host; the exit status (train.errors). A bad option raises OptionError before anything
-    is written or reached; an inventory tandem cannot read (a value of the wrong type) raises ClusterError."""
+         from_host: str | None = None, **options: str | None) -> int:
+    """Write the inventory from `options` (spec_from_options' names), or from the cluster's record on
+    `from_host` (train.onboard.follow), or with `check` take the configured one; check every host; the exit
+    status (train.errors). A bad option raises OptionError before anything is written or reached; an
+    inventory tandem cannot read (a value of the wrong type) raises ClusterError."""
     if check:
-        if given := [f"--{o.replace('_', '-')}" for o, v in {**options, "out": out}.items() if v]:
+        if given := [f"--{o.replace('_', '-')}" for o, v in {**options, "out": out, "from": from_host}.items()
+                     if v]:
             raise OptionError("check", f"checks the inventory you have (FABRIC_INVENTORY, else fabric.yaml's "
                                        f"inventory); {', '.join(given)} write a new one: drop --check or them")
         path = inventory.choose(configured).path  # unnamed and missing: refused with the fix
@@ -152,9 +157,21 @@ def init(console, configured: str | None, *, check: bool = False, out: str | Non
         with console.status(f"asking {len(hosts)} hosts over SSH"):
             results = hostcheck.ask(hosts)
     else:
-        spec, path, shown = spec_from_options(**options), out_path(out), out or DEFAULT_OUT
+        path, shown = out_path(out), out or DEFAULT_OUT
         read_unnamed = not os.environ.get("FABRIC_INVENTORY") and path == unnamed_path(configured)
-        refuse_existing(path, force, shown)
+        if from_host:
+            reading = follow.login(from_host, **options)  # type: ignore[arg-type]
+            refuse_existing(path, force, shown)
+            with console.status(f"reading the cluster's record on {from_host}"):
+                record, private = follow.fetch(reading)
+            spec = follow.spec_of(record, reading)
+            key = follow.write_key(path, record, private, force)
+            console.print(f"cluster key {cluster_record.fingerprint(record.cluster_key)} (checked against the "
+                          f"record's public half): wrote {escape(str(key))}")
+        else:
+            spec = spec_from_options(**options)
+            refuse_example(spec, read_unnamed)
+            refuse_existing(path, force, shown)
         with console.status(f"asking {len(spec.hosts)} hosts over SSH"):
             results = hostcheck.ask(hosts_of(spec))
         write(spec.with_found(found(spec, results)), path, force=True, shown=shown, read_unnamed=read_unnamed)
@@ -162,8 +179,9 @@ def init(console, configured: str | None, *, check: bool = False, out: str | Non
         hosts = load_hosts(path)  # as every fab task will read it
     report = hostcheck.assess(hosts, results)
     hostcheck.show(report, console)
+    silent = [] if check else [name for name, r in results.items() if r.error is not None]
     console.print(summary(report, path, read_unnamed=not os.environ.get("FABRIC_INVENTORY")
-                          and path == unnamed_path(configured)), markup=False)
+                          and path == unnamed_path(configured), silent=silent), markup=False)
     return DONE if report.ok else FAILED
 
 
@@ -173,12 +191,27 @@ def unnamed_path(configured: str | None) -> Path:
     return out_path(configured or inventory.DEFAULT)
 
 
-def summary(report: hostcheck.Report, path: Path, read_unnamed: bool = False) -> str:
-    """The last line: what to run next. FABRIC_INVENTORY only where fab would not read `path` without it."""
+def refuse_example(spec: InventorySpec, read_unnamed: bool) -> None:
+    """The README's documentation addresses (RFC 5737) refused as every other task refuses them: where fab reads
+    the file unnamed (train.onboard.inventory.load); elsewhere, as FABRIC_INVENTORY names it, written."""
+    hosts = hosts_of(spec)
+    if read_unnamed and inventory.placeholders(hosts):
+        at = ", ".join(f"{h.name} {h.address}" for h in hosts)
+        raise OptionError("hosts-at", f"every host is at a documentation address ({at}), the README's example, no "
+                                      "machine of yours: give your VMs' addresses")
+
+
+def summary(report: hostcheck.Report, path: Path, read_unnamed: bool = False, silent: Sequence[str] = ()) -> str:
+    """The last line: what to run next. FABRIC_INVENTORY only where fab would not read `path` without it.
+    `silent`: the hosts that did not answer as the file was written: the same fab init with --force, once they
+    answer, writes what they show (the file says the same); --check writes nothing."""
     shown = os.path.relpath(path, TOP) if path.is_relative_to(TOP) else str(path)
     fab = "fab" if read_unnamed else f"FABRIC_INVENTORY={shown} fab"
     if report.ok:
         return f"every host is ready: ansible-playbook -i {shown} provision.yml, then {fab} info"
     failing = [c.host.name for c in report.hosts if not c.ok]
-    return (f"{len(report.problems)} problem(s){' on ' + ', '.join(failing) if failing else ''}: fix them, then "
-            f"{fab} init --check")
+    found = f"{len(report.problems)} problem(s){' on ' + ', '.join(failing) if failing else ''}"
+    if silent:
+        return (f"{found}: fix them, then run the same fab init with --force: it writes what "
+                f"{', '.join(silent)} show{'s' if len(silent) == 1 else ''} once answering")
+    return f"{found}: fix them, then {fab} init --check"

@@ -29,6 +29,8 @@ class NewHost:
     port: int | None = None  # its SSH port (`host:2222`), None: --port's, else 22
     nic: str | None = None  # cluster_nic, found on the host; None: unknown until it answers
     answered: bool = True  # False: fab init asked it and it did not answer
+    data_device: str | None = None  # None: --data-device's, every host's
+    vars: tuple[tuple[str, object], ...] = ()  # its other host variables (fab init --from: the cluster's record)
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,8 @@ class InventorySpec:
         for h in self.hosts:
             if not h.answered:
                 missing = [v for v, have in (("gpus", h.gpus is not None), ("cluster_nic", h.nic)) if not have]
-                out[h.name] = (f"did not answer: its {', '.join(missing)} unknown (no guess): give them, or run the "
-                               "same fab init with --force once it answers")
+                out[h.name] = (f"did not answer: its {', '.join(missing)} unknown (no guess): run the same fab init "
+                               "with --force once it answers (fab init --check writes nothing)")
             elif not h.nic:
                 out[h.name] = ("showed no route toward its peers: its cluster_nic unknown (fab init --check names its "
                                "NICs: set cluster_nic)")

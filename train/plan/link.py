@@ -25,6 +25,7 @@ import shlex
 from train.agent.measure import iperf as iperf3
 from train.agent.measure.iperf import Pair, link_mbps, ordered_pairs
 from train.cluster import ClusterError, GroupResult, Host, run_each
+from train.reachability import require_answered
 
 __all__ = ["Pair", "link_mbps", "ordered_pairs"]  # the pair figures, for benchmarks.net and predict
 
@@ -103,6 +104,7 @@ def require_sudo(hosts: list[Host]) -> None:
     if not asking:
         return
     answers = run_each(asking, {h.name: "sudo -n true" for h in asking})
+    require_answered(asking, answers)  # a silent host is unreachable, not one where sudo refused
     failed = _failures(asking, answers)
     if failed:
         raise ClusterError("capping the link needs root on every host (tc):\n  " + "\n  ".join(failed))

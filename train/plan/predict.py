@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from train.cluster import ClusterError, GroupResult, Host, run_all, world_size
 from train.hosts.paths import DATA_ROOT
 from train.plan import batching
+from train.reachability import require_answered
 from train.recipe import presets, strategies
 from train.recipe.gpu_defaults import default_precision
 from train.recipe.params import preset_params
@@ -149,6 +150,7 @@ def gpu_memory(hosts: list[Host]) -> dict[str, float]:
 def gpu_memory_of(results: GroupResult, hosts: list[Host]) -> dict[str, float]:
     """gpu_memory from nvidia-smi's answers; a host without one fails naming it and why: pricing
     the other hosts' GPUs would size a batch the silent host's smaller GPU may not hold."""
+    require_answered(hosts, results)  # a silent host is unreachable, not a host with a broken driver
     answers, problems = {}, []
     for host in hosts:
         result = results[host.name]
@@ -307,9 +309,13 @@ def assess(hosts: list[Host], params: int, *, link_mbps: float, link_source: str
 def dataset_vocab(host: Host, dataset: str) -> int:
     """fairseq's dictionary size: the lines of dict.en.txt plus its 4 special symbols."""
     path = f"{DATA_ROOT}/{dataset}/dict.en.txt"
-    result = run_all([host], f"wc -l < {shlex.quote(path)}")[host.name]
-    if not result.ok:
+    results = run_all([host], f"wc -l < {shlex.quote(path)}")
+    require_answered([host], results)  # a silent host is unreachable, not one without the file
+    result = results[host.name]
+    if not result.ok and "No such file" in result.why:
         raise ClusterError(f"{host.name}: no dictionary at {path}: run `fab prepare-data`")
+    if not result.ok:
+        raise ClusterError(f"{host.name}: could not read {path}: {result.why}")
     return int(result.stdout.strip()) + 4
 
 

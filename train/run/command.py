@@ -5,7 +5,7 @@ prints it. For rank 1 of two CPU hosts (tiny preset) it reads:
 
     { [ ! -r /etc/tandem/env ] || { set -a; . /etc/tandem/env; set +a; }; } && \\
     mkdir -p /data/runs/r1/checkpoints && cd /data/runs/r1 && \\
-    { TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0 \\
+    { GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0 \\
     setsid nohup /opt/tandem/venv/bin/torchrun --nnodes 2 --node_rank 1 \\
       --master_addr 10.77.0.11 --master_port 29500 --nproc_per_node 1 \\
       -m train.agent.trainer.fairseq_train /data/synthetic/bin --save-dir /data/runs/r1/checkpoints \\
@@ -53,8 +53,6 @@ from train.recipe import strategies
 from train.recipe.gpu_defaults import ALLOC_CONF, ALLOCATOR, default_precision  # noqa: F401 (its users read them here too)
 from train.recipe.presets import COMMON, TANDEM_OPTIONS, Preset, Value, to_args
 from train.recipe.presets import overridden as presets_overridden
-
-ENV_ALWAYS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
 
 def reading_env_file(env_file: str = ENV_FILE) -> str:
@@ -185,7 +183,7 @@ def environment(launch: Launch, preset: Preset | None = None,
     GPU ranks run torch's allocator with expandable segments (ALLOCATOR: the GPU memory model of
     train.plan.batch assumes it), unless `user_env` (default: the environment `fab train` runs in)
     sets PYTORCH_CUDA_ALLOC_CONF: then the ranks get the user's value (empty: torch's defaults)."""
-    env = dict(ENV_ALWAYS)
+    env: dict[str, str] = {}
     if not launch.cpu:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
         env[ALLOC_CONF] = (os.environ if user_env is None else user_env).get(ALLOC_CONF, ALLOCATOR)
@@ -400,8 +398,10 @@ def batch_line(hosts: int, ranks_per_host: int, max_tokens: int | None, update_f
 
 def generate_argv(venv: str, data_dir: str, checkpoint: str, subset: str, beam: int, batch_size: int, cpu: bool,
                   bpe: str, max_len_a: float, max_len_b: int) -> list[str]:
-    """fairseq-generate's arguments: every sentence kept (batch multiple 1), subwords joined back."""
-    argv = [f"{venv}/bin/fairseq-generate", data_dir, "--path", checkpoint, "--gen-subset", subset,
+    """fairseq-generate's arguments, through tandem's entry point (train/agent/trainer/fairseq_generate.py:
+    the checkpoint loaded as data only): every sentence kept (batch multiple 1), subwords joined back."""
+    argv = [f"{venv}/bin/python", "-m", "train.agent.trainer.fairseq_generate", data_dir, "--path", checkpoint,
+            "--gen-subset", subset,
             "--beam", str(beam), "--batch-size", str(batch_size), "--required-batch-size-multiple", "1",
             "--remove-bpe", bpe, "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b)]
     return [*argv, "--cpu"] if cpu else argv
@@ -436,9 +436,8 @@ def evaluation_command(
     q = shlex.quote
     generate = generate_argv(venv, data_dir, checkpoint, subset, beam, batch_size, cpu, bpe, max_len_a, max_len_b)
     gen, hyp, bleu = out / "generate.txt", out / "hyp.txt", out / "bleu.json"
-    env = " ".join(f"{k}={q(v)}" for k, v in ENV_ALWAYS.items())
     return (
-        f"{reading_env_file(env_file)}mkdir -p {q(str(out))} && {env} {shlex.join(generate)} > {q(str(gen))} && "
+        f"{reading_env_file(env_file)}mkdir -p {q(str(out))} && {shlex.join(generate)} > {q(str(gen))} && "
         f"grep -P '^H-\\d+\\t' {q(str(gen))} | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > {q(str(hyp))} && "
         f"{venv}/bin/sacrebleu {q(reference)} -i {q(str(hyp))} -m bleu -w 2 > {q(str(bleu))} && "
         f"cat {q(str(bleu))}"

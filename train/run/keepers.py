@@ -23,11 +23,12 @@ import time
 from ..agent.keeper.generation import change_line  # noqa: F401 (what following and status say)
 from ..agent.trainer import tracker
 from ..cluster import ClusterError, Host, connect, on_each, run_all, world_size
+from ..hosts.private_files import put_private
 from ..hosts.remote import agent_command
 from ..plan import batching
 from ..recipe import presets
 from ..recipe.record import Run
-from . import interval, offsite
+from . import interval, offsite, tls
 from .elastic import scaled_update_freq
 from .launch import host_commands
 
@@ -70,23 +71,36 @@ def spec(run: Run, hosts: list[Host], reason: str = "start", token: str | None =
             "addresses": {h.name: h.cluster_address for h in hosts}, "port": run.master_port + PORT_OFFSET,
             "token": token or secrets.token_hex(16), "start": f"{time.time():.3f}", "reason": reason,
             "lost_after_s": LOST_AFTER_S, "elastic": elastic, "commands": commands, "update_freq": update_freq,
-            "ranks": ranks, "offsite": offsite.told(run),
+            "ranks": ranks, "offsite": offsite.told(run), "tls_dir": f"{run.remote_dir}/keeper/tls",
             "max_restarts": int(options.get("restarts_per_hour", 3)),  # 0 counts: never restart, never take back
             "max_rejoins": int(options.get("rejoins_per_hour", 6))}
 
 
-def launch_keepers(run: Run, hosts: list[Host], told: dict) -> list[str]:
-    """Each host's spec written (over SFTP: 8 hosts' commands are MBs, beyond one shell argument) and its
-    keeper launched; `host: why` for each that failed."""
+def launch_keepers(run: Run, hosts: list[Host], told: dict, must_hold_ca: bool = False) -> list[str]:
+    """Each host's spec and its certificate of the run's CA (train.run.tls) written (over SFTP: 8 hosts'
+    commands are MBs, beyond one shell argument; 0600 in a 0700 folder) and its keeper launched; `host:
+    why` for each that failed. `must_hold_ca`: the running hosts trust the CA this controller made
+    before; without it here, a new one would leave the joining hosts unable to talk to them."""
     kdir = f"{run.remote_dir}/keeper"
+    if must_hold_ca and not (tls.folder(run.run_id) / "ca.key").exists():
+        raise ClusterError(f"this checkout does not hold {run.run_id}'s certificate authority "
+                           f"({tls.folder(run.run_id)}/, made by the controller that started the run): start the run "
+                           f"again from here (`fab train --run {run.run_id}`: every host gets a certificate of a new "
+                           "one), or copy that folder here")
+    ca = tls.run_ca(run.run_id)
 
     keys = tracker.from_environment(os.environ)  # on the keeper's standard input: never on the hosts' disk
 
     def one(host: Host, conn):
         # the stop and ended marks stay for `keeper launch`: a keeper that ended (fab stop) and still
         # lingers for its peers is told apart by them, and replaced, not taken for this start's keeper
-        conn.run(f"mkdir -p {shlex.quote(kdir)}", hide=True, in_stream=False)
-        conn.put(io.BytesIO(json.dumps({**told, "me": host.name}).encode()), f"{kdir}/spec.json")
+        tls_dir = f"{kdir}/tls"
+        conn.run(f"mkdir -p {shlex.quote(kdir)} && mkdir -p -m 700 {shlex.quote(tls_dir)} && chmod 700 "
+                 f"{shlex.quote(tls_dir)}", hide=True, in_stream=False)
+        put_private(conn, json.dumps({**told, "me": host.name}).encode(), f"{kdir}/spec.json")  # the run's token
+        for name, data in tls.host_files(ca, host.name, host.cluster_address).items():
+            conn.put(io.BytesIO(data), f"{tls_dir}/{name}")
+        conn.run(f"chmod 600 {shlex.quote(kdir + '/spec.json')} {shlex.quote(tls_dir)}/*", hide=True, in_stream=False)
         flags = ["--keys-on-stdin"] if keys else []
         launch = agent_command(host, "keeper.loop", "launch", "--run", run.remote_dir, *flags)
         return conn.run(launch, hide=True, in_stream=io.StringIO(json.dumps(keys) + "\n") if keys else False)
@@ -132,7 +146,8 @@ def add(run: Run, current: list[Host], joining: list[Host]) -> None:
         raise ClusterError(f"{', '.join(strangers)} never trained in {run.run_id} (it started on "
                            f"{', '.join(told['order'])}): `fab stop`, then `fab train --hosts ...` on all of them")
 
-    problems = launch_keepers(run, joining, told)
+    problems = launch_keepers(run, joining, {**told, "tls_dir": f"{kdir}/tls"} if told.get("tls_dir") else told,
+                              must_hold_ca=bool(told.get("tls_dir")))
     if problems:
         raise ClusterError("could not start the keepers of the hosts rejoining:\n  " + "\n  ".join(problems))
 

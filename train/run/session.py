@@ -17,6 +17,7 @@ from ..cluster import ClusterError, Host, placement, select
 from ..errors import OptionError, Refused
 from ..plan import batching, predict
 from ..plan.link import PeerUnreachable
+from ..reachability import require_answering
 from ..recipe import presets, strategies
 from ..recipe.record import Run, new_run_id
 from ..recipe.strategies import CommError
@@ -336,6 +337,7 @@ def keeperless_hosts(run: Run, hosts: list[Host]) -> list[str]:
     def keeps(keeper: dict) -> bool:  # alive, and not ending (an ended keeper lingers a few seconds)
         return bool(keeper.get("keeper")) and not keeper.get("ended")
 
+    require_answering(hosts)  # a silent host is unreachable, said so: its silence is no keeper that stopped
     states = [s for s in launch.states(run, hosts) if s.reachable]
     keeping = [s for s in states if keeps(s.keeper or {})]
     idle = [s.name for s in states if not keeps(s.keeper or {})]

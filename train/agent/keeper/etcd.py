@@ -8,7 +8,8 @@ follow the hosts: the leader removes the member of a host unheard for long and a
 its place (`next_change`, `Agreement.follow`); each keeper asks etcd whether its host is a member
 (`how_to_join`), so a majority of the run's hosts keeps the agreement through one loss after another. Every keeper talks
 to etcd through its v3 JSON gateway (`/v3/kv/range`,
-`/v3/kv/txn`, `/v3/lease/*`: plain HTTP, keys and values base64), its own member first:
+`/v3/kv/txn`, `/v3/lease/*`: keys and values base64; over mutual TLS, clients and peers alike showing
+a certificate of the run's CA: train.agent.keeper.tls), its own member first:
 - the *leader* is the keeper whose lease holds the key `leader`: a txn puts it with the keeper's
   lease only while the key does not exist (create_revision 0). A leader whose host is cut off from
   etcd's majority cannot keep its lease alive: it stops leading when the lease's time is up, and a
@@ -30,6 +31,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from train.agent.keeper import tls
 from train.agent.keeper.generation import Generation
 
 LEADER, GENERATION = "leader", "generation"
@@ -58,11 +60,11 @@ def start_key(spec: dict) -> str:
 
 
 def peer_url(spec: dict, host: str) -> str:
-    return f"http://{spec['addresses'][host]}:{int(spec['port']) + PEER_OFFSET}"
+    return f"{tls.scheme(spec)}://{spec['addresses'][host]}:{int(spec['port']) + PEER_OFFSET}"
 
 
 def client_url(spec: dict, host: str) -> str:
-    return f"http://{spec['addresses'][host]}:{int(spec['port']) + CLIENT_OFFSET}"
+    return f"{tls.scheme(spec)}://{spec['addresses'][host]}:{int(spec['port']) + CLIENT_OFFSET}"
 
 
 def member_command(spec: dict, data_dir: str, etcd: str = "etcd", joining: str | None = None) -> list[str]:
@@ -78,7 +80,7 @@ def member_command(spec: dict, data_dir: str, etcd: str = "etcd", joining: str |
             "--initial-cluster-token", f"tandem-{spec['run_id']}-{start_key(spec)}",
             # a few heartbeats on a LAN; elections within ~1 s of a member's loss
             # (no --log-level: etcd 3.3, Ubuntu 22.04's, does not know it)
-            "--heartbeat-interval", "100", "--election-timeout", "1000"]
+            "--heartbeat-interval", "100", "--election-timeout", "1000", *tls.etcd_flags(spec)]
 
 
 def _b64(text: str) -> str:
@@ -96,8 +98,9 @@ class Agreed:
 class Etcd:
     """A small etcd v3 client over its JSON gateway: the calls tandem makes, no more."""
 
-    def __init__(self, endpoints: list[str], timeout_s: float = 2.0):
-        self.endpoints, self.timeout_s = list(endpoints), timeout_s
+    def __init__(self, endpoints: list[str], timeout_s: float = 2.0, context=None):
+        # `context`: the run's mutual TLS (train.agent.keeper.tls), None for plain HTTP
+        self.endpoints, self.timeout_s, self.context = list(endpoints), timeout_s, context
         self.api = "/v3"  # etcd 3.4+; 3.3 (Ubuntu 22.04's) serves the same calls under /v3beta
 
     def call(self, path: str, body: dict) -> dict:
@@ -106,7 +109,7 @@ class Etcd:
             request = urllib.request.Request(f"{endpoint}{self.api}{path}", data=json.dumps(body).encode(),
                                              headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+                with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.context) as answer:
                     said = json.loads(answer.read())
             except urllib.error.HTTPError as err:
                 if err.code == 404 and self.api == "/v3":
@@ -203,7 +206,8 @@ def next_change(listed: dict[str, bool], live: set[str], gone: set[str], order: 
 def ask_members(spec: dict, timeout_s: float = 2.0) -> tuple[list[dict] | None, bool]:
     """(etcd's members as the other hosts' members list them, None where none answers; whether a majority
     stands behind the answer: a linearizable read). Every host is asked: members change."""
-    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != spec["me"]], timeout_s)
+    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != spec["me"]], timeout_s,
+                   tls.client_context(spec))
     try:
         listed = cluster.member_list()
     except Unavailable:
@@ -247,7 +251,7 @@ def how_to_join(spec: dict, has_data: bool, timeout_s: float = 2.0) -> tuple[boo
         return True, joining_cluster(spec, listed)
     if has_data:
         return True, None
-    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != me], timeout_s)
+    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != me], timeout_s, tls.client_context(spec))
     try:
         cluster.member_remove(own[0]["ID"])
     except Unavailable:
@@ -271,7 +275,7 @@ class Agreement:
         # every host's client port, its own and the first members' first: members follow the hosts
         first = members(spec["order"])
         hosts = sorted(spec["order"], key=lambda h: (h != spec["me"], h not in first))
-        self.etcd = Etcd([client_url(spec, h) for h in hosts])
+        self.etcd = Etcd([client_url(spec, h) for h in hosts], context=tls.client_context(spec))
         self.spec, self.me = spec, spec["me"]
         self.ttl_s = max(2, int(float(spec.get("lost_after_s", 20)) / 2))
         self.lease: int | None = None

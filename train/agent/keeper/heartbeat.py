@@ -1,5 +1,6 @@
-"""The keepers' heartbeat (train.agent.keeper.loop): HTTP on the cluster network at the run's port, each
-request carrying the run's token. GET /state answers a keeper's view of the run
+"""The keepers' heartbeat (train.agent.keeper.loop): HTTPS on the cluster network at the run's port, both
+sides showing a certificate of the run's CA (train.agent.keeper.tls; plain HTTP for a run started
+before), each request carrying the run's token. GET /state answers a keeper's view of the run
 (train.agent.keeper.generation.View, JSON); GET /checkpoint sends this host's snapshot to a peer that copies
 it (409 when its bytes no longer match its manifest)."""
 
@@ -8,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import ssl
 import threading
 import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from train.agent.keeper import replica
+from train.agent.keeper import replica, tls
 from train.agent.keeper.generation import View
 
 
@@ -22,6 +24,13 @@ def serve(spec: dict, run_dir: str, state: Callable[[], dict], serves: Callable[
     the snapshot may be sent."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # a peer that connects and says nothing holds one thread this long, never the server
+
+        def setup(self):
+            super().setup()
+            if isinstance(self.connection, ssl.SSLSocket):
+                self.connection.do_handshake()  # here, in this request's thread: never in accept()
+
         def log_message(self, *args):  # one line a poll would drown the keeper's own log
             pass
 
@@ -55,7 +64,19 @@ def serve(spec: dict, run_dir: str, state: Callable[[], dict], serves: Callable[
             else:
                 self.send_error(404)
 
-    server = ThreadingHTTPServer((spec["addresses"][spec["me"]], int(spec["port"])), Handler)
+    context = tls.server_context(spec)
+
+    class Server(ThreadingHTTPServer):
+        def get_request(self):
+            sock, address = super().get_request()
+            if context is None:
+                return sock, address
+            return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+        def handle_error(self, request, client_address):  # a stranger without the run's certificate: refused
+            pass
+
+    server = Server((spec["addresses"][spec["me"]], int(spec["port"])), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True, name="heartbeat").start()
     return server
@@ -63,10 +84,10 @@ def serve(spec: dict, run_dir: str, state: Callable[[], dict], serves: Callable[
 
 def ask(spec: dict, peer: str) -> View | None:
     """What `peer`'s keeper says, or None when it does not answer."""
-    url = f"http://{spec['addresses'][peer]}:{spec['port']}/state"
+    url = f"{tls.scheme(spec)}://{spec['addresses'][peer]}:{spec['port']}/state"
     request = urllib.request.Request(url, headers={"X-Tandem-Token": spec["token"]})
     try:
-        with urllib.request.urlopen(request, timeout=2) as answer:
+        with urllib.request.urlopen(request, timeout=2, context=tls.client_context(spec)) as answer:
             return View.of(json.loads(answer.read()))
     except (OSError, ValueError, KeyError):
         return None

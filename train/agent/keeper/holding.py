@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from train.agent.keeper import replica
+from train.agent.keeper import replica, tls
 from train.agent.keeper.files import say
 from train.agent.keeper.generation import Checkpoint, Generation, View, copies_from, descends_from, runs_in
 
@@ -199,15 +199,15 @@ class Holding:
         # a copy that failed is tried again later and later (a reset link heals): never refused for good
         if self.ticks() < self.fetch_after or self.no_room(want):
             return
-        url = f"http://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
+        url = f"{tls.scheme(self.spec)}://{self.spec['addresses'][want['host']]}:{self.spec['port']}/checkpoint"
 
         began = self.starts
 
         def fetch() -> None:
             started = time.monotonic()
             try:
-                got = self.store.fetch(url, self.spec["token"], self.run_dir, want,
-                                       keep=lambda: self.starts == began, lock=self.installing)
+                got = self.store.fetch(url, self.spec["token"], self.run_dir, want, keep=lambda: self.starts == began,
+                                       lock=self.installing, context=tls.client_context(self.spec))
                 self.checkpoint, self.fetch_error = Checkpoint.of(got), ""
                 self.fetch_failures.pop(want["sha256"], None)
                 self.seen = self.store.seen_now(self.run_dir)

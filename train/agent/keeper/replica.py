@@ -218,7 +218,7 @@ def received(source, partial: Path, chunk: int = CHUNK) -> tuple[int, str]:
 
 
 def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: float = 30.0,
-          keep=lambda: True, lock: threading.Lock | None = None) -> dict:
+          keep=lambda: True, lock: threading.Lock | None = None, context=None) -> dict:
     """Copy the checkpoint `want` (a manifest: size, sha256, generation, update) from a peer's keeper
     at `url`, verify it, and make it this host's checkpoint. FetchError when it did not arrive whole;
     Superseded when `keep()` says no, asked under `lock` as the copy is put in place (the ranks that
@@ -228,7 +228,7 @@ def fetch(url: str, token: str, run_dir: str | Path, want: dict, timeout_s: floa
     partial = last.with_name(f".{LAST}.incoming")
     request = urllib.request.Request(url, headers={"X-Tandem-Token": token})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as answer:  # context: mutual TLS
             size, sha256 = received(answer, partial)
         if size != want["size"] or sha256 != want["sha256"]:
             raise FetchError(f"{url}: {size:,} bytes, sha256 {sha256[:12]}; the manifest says "

@@ -66,12 +66,20 @@ def skeleton(path: Path) -> dict:
 
 
 def progress(state: dict) -> dict:
-    """The update count, epoch and place in the epoch a fairseq checkpoint resumes from."""
+    """The update count, epoch and place in the epoch a fairseq checkpoint resumes from. ValueError
+    where a field is not what fairseq writes (a stand-in where a dict or a number belongs: a file
+    from a peer or a bucket is read as untrusted)."""
     history = state.get("optimizer_history") or [{}]
-    last = history[-1] if isinstance(history[-1], dict) else {}
-    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
-    return {"update": int(last.get("num_updates", 0) or 0), "epoch": iterator.get("epoch"),
-            "iterations_in_epoch": iterator.get("iterations_in_epoch")}
+    last = history[-1] if isinstance(history, list) and isinstance(history[-1], dict) else {}
+    iterator = _dict(_dict(state.get("extra_state")).get("train_iterator"))
+    update, epoch, place = last.get("num_updates", 0) or 0, iterator.get("epoch"), iterator.get("iterations_in_epoch")
+    if not all(isinstance(n, int | None) for n in (update, epoch, place)):
+        raise ValueError("not a fairseq checkpoint (its update or epoch is no number)")
+    return {"update": update, "epoch": epoch, "iterations_in_epoch": place}
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def read(path: Path, tries: int = 5, pause_s: float = 1.0) -> dict:

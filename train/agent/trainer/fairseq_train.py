@@ -23,6 +23,9 @@ On GPUs Adam's step and fp16's master copy take a few kernels instead of a few p
 
 With TANDEM_PROFILE=FIRST:COUNT:DIR it also profiles a window of updates (train/agent/trainer/profile.py).
 
+Checkpoints (a peer's, a bucket's) load as data only: a pickle that would run code is refused
+by name (train/agent/trainer/checkpoints_as_data.py).
+
 SIGUSR2 to rank 0's process saves checkpoint_last at the end of its update and trains on: a spot
 VM's notice (train.agent.keeper.preemption) ends a host's part in the run from a fresh save (below).
 
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import os
 
-from train.agent.trainer import compiled_layers, fast_steps, fused_loss
+from train.agent.trainer import checkpoints_as_data, compiled_layers, fast_steps, fused_loss
 
 
 def bf16_on_gpu(args):
@@ -450,6 +453,7 @@ def main() -> None:
     # fairseq_cli.train sets up fairseq's log format when imported: before anything else logs.
     from fairseq_cli.train import cli_main
 
+    checkpoints_as_data.install()
     patch_parser()
     ddp_on_cpu()
     attention_without_cudnn()

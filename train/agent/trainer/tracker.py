@@ -3,10 +3,11 @@ environment to the ranks' without being written to a host's disk.
 
 `fab train` sends the keys it finds in its own environment to each keeper's launch on its standard
 input; the keeper's supervisor holds them in its environment (memory, /proc readable by its user
-alone), the keeper and the ranks inherit them. Nothing in spec.json, the command lines or a log has
-them. A keeper started again by tandem-boot after a reboot has none: its ranks then log to W&B
-offline (`WANDB_MODE=offline`, kept in the run's wandb/ directory; `wandb sync` sends it later)
-rather than fail at wandb.init without a key.
+alone), the keeper and the ranks inherit them. Where systemd supervises the keeper, they reach its
+unit through a 0600 file in the runtime directory, in memory too (train.agent.keeper.supervision).
+Nothing in spec.json, the command lines or a log has them. A keeper started again by tandem-boot
+after a reboot has none: its ranks then log to W&B offline (`WANDB_MODE=offline`, kept in the run's
+wandb/ directory; `wandb sync` sends it later) rather than fail at wandb.init without a key.
 """
 
 from __future__ import annotations

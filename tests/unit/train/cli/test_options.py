@@ -139,7 +139,7 @@ def test_a_shared_option_gives_a_task_its_help_with_its_parser(context):
 
     assert body.help == {"port": options.PORT.help, "precision": options.PRECISION.help,
                          "dataset": options.DATASET.help + "; the run's own", "lines": "lines per host"}
-    assert body.body(context, port="29600", dataset="wmt16") == (29600, "wmt16")
+    assert body.body(context, port="29504", dataset="wmt16") == (29504, "wmt16")
     assert ended(body.body, context, port="0") == 2
     with pytest.raises(TypeError, match="--port given --comm's"):
         cluster_task(port=options.COMM)(lambda c, hosts, port=None: None)

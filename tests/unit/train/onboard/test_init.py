@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from train import hostvars
-from train.cluster import ClusterError, GroupResult, Host, HostResult, load_hosts
+from train.cluster import ClusterError, GroupResult, Host, HostResult, load_hosts, parse_inventory
 from train.errors import OptionError
 from train.onboard import check, init
 from train.onboard.init import render, write
@@ -34,11 +34,12 @@ def key(tmp_path) -> str:
 def test_the_written_inventory_is_what_fab_and_ansible_read(tmp_path, key):
     spec = spec_from_options("203.0.113.10,203.0.113.11", "ubuntu", key, "gpu1,gpu2", "10.0.0.10,10.0.0.11", "2",
                              "/dev/nvme1n1", "2.5")
-    hosts = load_hosts(write(spec, tmp_path / "mine.yml"))
+    hosts = load_hosts(written := write(spec, tmp_path / "mine.yml"))
     assert [(h.name, h.address, h.cluster_address, h.user, h.key, h.gpus, h.data_device) for h in hosts] == [
         ("gpu1", "203.0.113.10", "10.0.0.10", "ubuntu", key, 2, "/dev/nvme1n1"),
         ("gpu2", "203.0.113.11", "10.0.0.11", "ubuntu", key, 2, "/dev/nvme1n1")]
-    assert [h.var("hourly_usd") for h in hosts] == [2.5, 2.5] and hosts[0].vars["ansible_become"] is True
+    assert [h.var("hourly_usd") for h in hosts] == [2.5, 2.5]
+    assert dict(parse_inventory(written))["gpu1"]["ansible_become"] is True  # Ansible's; fab keeps only its own
 
 
 def test_vars_sets_any_of_tandems_host_variables_typed_for_every_host(tmp_path):
@@ -121,8 +122,9 @@ def test_the_hosts_own_known_hosts_file_is_the_one_fab_and_ansible_check(tmp_pat
     known = tmp_path / "known_hosts"
     known.write_text("")
     spec = spec_from_options("203.0.113.10", "ubuntu", key, gpus="1", known_hosts=str(known))
-    host = load_hosts(write(spec, tmp_path / "k.yml"))[0]
-    assert host.known_hosts == str(known) and host.vars["ansible_ssh_common_args"] == f"-o UserKnownHostsFile={known}"
+    host = load_hosts(written := write(spec, tmp_path / "k.yml"))[0]
+    assert host.known_hosts == str(known)
+    assert dict(parse_inventory(written))[host.name]["ansible_ssh_common_args"] == f"-o UserKnownHostsFile={known}"
 
 
 def answers(shown: dict[str, str]) -> GroupResult:
@@ -198,12 +200,15 @@ def test_fab_init_writes_each_hosts_gpus_as_it_shows_them_and_checks_the_written
     hosts = load_hosts(out)
     assert [(h.name, h.gpus) for h in hosts] == [("a", 2), ("b", 0)]  # a: 2 on its PCI bus
     assert [hostvars.given(h, "gpus") for h in hosts] == [True, False]  # b: unknown, not a guessed `gpus: 1`
-    assert "# b did not answer: its gpus, cluster_nic unknown (no guess)" in out.read_text()
+    assert ("# b did not answer: its gpus, cluster_nic unknown (no guess): run the same fab init with --force once it "
+            "answers (fab init --check writes nothing)") in out.read_text()
     said = console.export_text()
     assert f"wrote {out}: 2 hosts" in said and "none (driver not installed yet: provisioning installs it); 2 on" in said
-    assert "b: nothing answers SSH at debian@10.0.0.2 (timed out)" in said
-    assert "b: the inventory gives no `gpus`: set how many GPUs the VM has" in said
-    assert said.strip().splitlines()[-1] == f"2 problem(s) on b: fix them, then FABRIC_INVENTORY={out} fab init --check"
+    assert "b: nothing answers SSH at debian@10.0.0.2 port 22 (timed out)" in said
+    assert "the inventory gives no `gpus`" not in said  # one fix for a host that did not answer: the file's
+    assert said.strip().splitlines()[-1] == ("1 problem(s) on b: fix them, then run the same fab init with --force: "
+                                             "it writes what b shows once answering")
+    assert "fab init --check" not in said.strip().splitlines()[-1]  # --check would never write b's gpus
 
 
 def test_fab_init_refuses_an_existing_file_before_asking_a_host(tmp_path, monkeypatch):

@@ -62,7 +62,7 @@ def test_several_gpus_per_host_take_their_rank_from_torchrun():
 
 def test_environment_and_detaching():
     line = training_command(TINY, _launches(2)[0])
-    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in line
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in line  # checkpoints load as data only (issue 54)
     assert "GLOO_SOCKET_IFNAME=eth1" in line and "NCCL_SOCKET_IFNAME=eth1" in line
     assert "setsid nohup" in line and "> /data/runs/r1/train.log 2>&1 < /dev/null &" in line
     assert "echo $! > /data/runs/r1/train.pid" in line
@@ -109,7 +109,7 @@ def test_the_line_runs_detached_with_its_arguments_intact(tmp_path):
     fake.write_text(
         "#!/bin/bash\n"
         f'printf "%s\\n" "$@" > {record}.tmp\n'
-        f'echo "ENV $TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD $GLOO_SOCKET_IFNAME" >> {record}.tmp\n'
+        f'echo "ENV ${{TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD:-unset}} $GLOO_SOCKET_IFNAME" >> {record}.tmp\n'
         f'echo "SID $(ps -o sid= -p $$) PID $$" >> {record}.tmp\n'
         'echo "to the log"\n'
         f"mv {record}.tmp {record}\n"
@@ -129,13 +129,14 @@ def test_the_line_runs_detached_with_its_arguments_intact(tmp_path):
         str(venv),
     )
     started = time.monotonic()
-    subprocess.run(["bash", "-c", training_command(TINY, launch)], check=True, timeout=10)
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
+    subprocess.run(["bash", "-c", training_command(TINY, launch)], check=True, timeout=10, env=env)
     while not record.exists() and time.monotonic() - started < 10:
         time.sleep(0.05)
     lines = record.read_text().splitlines()
     assert lines[lines.index("--adam-betas") + 1] == "(0.9, 0.98)"
     assert lines[lines.index("--distributed-rank") + 1] == "1"
-    assert "ENV 1 lo" in lines
+    assert "ENV unset lo" in lines
     sid, pid = lines[-1].split()[1], lines[-1].split()[3]
     assert sid == pid, "torchrun leads its own session (setsid): kill -- -PID stops all of it"
     assert (tmp_path / "run/train.pid").read_text().strip() == pid
@@ -152,10 +153,12 @@ def test_evaluation_command():
         out_dir="/data/runs/r1/eval",
         venv="/opt/venv",
     )
-    assert "fairseq-generate /data/bin --path /data/runs/r1/checkpoints/checkpoint_best.pt" in line
+    # tandem's entry point: the checkpoint (a peer's copy, a bucket's) loads as data only
+    assert ("/opt/venv/bin/python -m train.agent.trainer.fairseq_generate /data/bin "
+            "--path /data/runs/r1/checkpoints/checkpoint_best.pt") in line
     assert "--required-batch-size-multiple 1" in line and "--remove-bpe sentencepiece" in line
     assert "/opt/venv/bin/sacrebleu /data/raw/test.de" in line
-    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in line
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in line
 
 
 def test_parse_bleu():

@@ -167,7 +167,7 @@ def test_launch_collect_keepers_and_checkpoints_quote_the_run_dir_on_a_connectio
     monkeypatch.setattr(launch, "connect", lambda host: Conn(sent))
     launch.read_log(HOSTS[0], ODD)
     monkeypatch.setattr(keepers, "connect", lambda host: Conn(sent))
-    monkeypatch.setattr(keepers, "launch_keepers", lambda *_: [])
+    monkeypatch.setattr(keepers, "launch_keepers", lambda *_, **__: [])
     keepers.add(ODD, HOSTS[:1], HOSTS[:1])
     monkeypatch.setattr(checkpoints, "connect", lambda host: Conn(sent))
     checkpoints.fetch_checkpoints(HOSTS[0], f"{ODD.remote_dir}/checkpoints", tmp_path)

@@ -9,7 +9,7 @@ from train.cluster import ClusterError, Host
 from train.errors import OptionError
 from train.recipe import logformat, record
 from train.report import members
-from train.run import rejoin, session
+from train.run import launch, rejoin, session
 
 START = {"hosts": ["v100a", "v100b", "v100c"], "from_update": 0, "why": "start", "update_freq": 1}
 LOST_C = {"hosts": ["v100a", "v100b"], "from_update": 30, "why": "v100c lost at update 34 (unreachable)",
@@ -170,9 +170,12 @@ def test_fab_train_grows_to_hosts_the_run_lost_and_refuses_others(lost_c):
         session.pick_run(three[:1], session.TrainRequest(), "fp32")
 
 
-def test_rejoin_picks_every_host_the_run_lost_that_the_inventory_has(lost_c):
+def test_rejoin_picks_every_host_the_run_lost_that_the_inventory_has(lost_c, monkeypatch):
     known = [HOSTS["v100c"], HOSTS["v100b"], HOSTS["v100a"]]
     assert [h.name for h in session.rejoin_hosts(known, None)] == ["v100a", "v100b", "v100c"]
+    monkeypatch.setattr(session, "require_answering", lambda hosts: None)  # both answer, both keep the run
+    monkeypatch.setattr(launch, "states", lambda run, hosts: [
+        launch.HostState(h.name, True, True, None, [], keeper={"keeper": True}) for h in hosts])
     with pytest.raises(ClusterError, match="lost no host the inventory has"):
         session.rejoin_hosts(known[1:], None)
 

@@ -52,3 +52,16 @@ def test_plain_names_are_fetched(tmp_path):
     url = planted(tmp_path / "share", "checkpoint_last.pt", also={"run.json": b"{}"})
     offsite_copies.fetch(url, tmp_path / "dest")
     assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == ["checkpoint_last.pt", "run.json"]
+
+
+def test_the_issues_climb_out_of_the_store_is_refused_and_nothing_lands_where_it_points(tmp_path):
+    """issue 54's own manifest: `"/.." * 16 + path` climbs out of any destination to an absolute path."""
+    aimed = tmp_path / "home" / ".ssh" / "authorized_keys"
+    copy = tmp_path / "share" / "r1" / "u10"
+    copy.mkdir(parents=True)
+    name = "/.." * 16 + str(aimed)
+    (copy / "manifest.json").write_text(json.dumps({"run": "r1", "update": 10, "files": {
+        name: {"size": len(BODY), "sha256": hashlib.sha256(BODY).hexdigest()}}}))
+    with pytest.raises(offsite_copies.OffsiteError, match="plain file name"):
+        offsite_copies.fetch(str(copy), tmp_path / "dest")
+    assert not aimed.exists() and not (tmp_path / "dest").exists()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 from fairseq import checkpoint_utils
 from fairseq.logging import meters
@@ -59,3 +60,11 @@ def test_the_command_line_prints_one_json_line(tmp_path, capsys):
     fairseq_checkpoint(path, updates=7, epoch=1, iterations=7, mb=1)
     assert checkpoint_info.main([str(path)]) == 0
     assert json.loads(capsys.readouterr().out)["update"] == 7
+
+
+def test_a_field_that_is_no_number_is_an_error_not_a_traceback():
+    """A file from a peer or a bucket: a class where fairseq writes a number reads as a stand-in."""
+    stand_in = type("system", (), {})()  # what the reader makes of posix.system: a stand-in, never called
+    with pytest.raises(ValueError, match="not a fairseq checkpoint"):
+        checkpoint_info.progress({"optimizer_history": [{"num_updates": stand_in}]})
+    assert checkpoint_info.progress({"extra_state": stand_in, "optimizer_history": stand_in})["update"] == 0
