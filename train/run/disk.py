@@ -8,8 +8,8 @@ measure), and rank 0 keeps several: last, best, `keep_best_checkpoints` best_los
 written (fairseq saves to a temporary name, then renames). Every host is counted as rank 0: after a
 loss any survivor may become it, and peers hold rank 0's copies (host to host). The keepers add the
 history set aside after a split (train.agent.keeper.replica.SET_ASIDE_KEPT) and, when the run copies its
-checkpoints off the cluster (--checkpoints-to), the one an upload under way keeps (a hard link to a
-save fairseq has replaced since: train.agent.offsite.schedule).
+checkpoints off the cluster (--checkpoints-to), the two an upload under way keeps (hard links to the
+last and best saves fairseq has replaced since: train.agent.offsite.schedule).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from ..recipe.params import preset_params
 # the histories the keepers set aside after a split (a copy arriving from a peer lands on a host that
 # is not rank 0's, which holds fewer files than the count below)
 KEEPER_FILES = SET_ASIDE_KEPT
-OFFSITE_FILES = 1  # the save an upload off the cluster sends, held (hard link) while fairseq writes the next
+# an upload off the cluster holds (hard links) the saves it sends while fairseq writes the next: its
+# checkpoint_last and its checkpoint_best, both staged in one job (train.agent.offsite.schedule.due)
+OFFSITE_FILES = 2
 
 # bytes a parameter in a checkpoint: fp32 weights + the optimizer's state (Adam: two moments)
 CHECKPOINT_BYTES_PER_PARAM = {"adam": 12, "nag": 8, "sgd": 8, "adagrad": 8}
@@ -57,7 +59,7 @@ def checkpoint_bytes(options: Mapping[str, object], vocab: int) -> float:
 
 def checkpoint_files(options: Mapping[str, object], offsite: bool = False) -> int:
     """How many checkpoint files rank 0 holds at once at most (fairseq's keep_* rules, + 1 being written,
-    + the keepers' set-aside, + the one an upload off the cluster holds when `offsite`); none when the run
+    + the keepers' set-aside, + the two an upload off the cluster holds when `offsite`); none when the run
     saves none (`no_save`: bench-step's runs)."""
     if options.get("no_save") in (True, "true", "True", 1):
         return 0

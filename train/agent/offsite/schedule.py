@@ -175,10 +175,14 @@ class Uploads:
                 self.say(f"the save for {soon['why']} (update {held['update']}) goes off the cluster at once")
         best = Path(self.run_dir) / "checkpoints" / "checkpoint_best.pt"
         stamp = _stamp(best)
-        if stamp and stamp != (uploaded.get("best") or {}).get("stamp"):
+        # checkpoint_best at most once an interval too (it changes at most every validation; a copy of
+        # GBs each time would fill the store and the link: 10 in 90 min at a 30-min interval before)
+        best_due = final or self.clock() - self.state.get("best_started", 0) >= float(self.config.get("every_s", 1800))
+        if stamp and stamp != (uploaded.get("best") or {}).get("stamp") and best_due:
             update = checkpoint_info.read(best, tries=1).get("update")
             if update is not None:
                 items.append(self.stage(folder, "best", best, update, {}, staged) | {"stamp": stamp})
+                self.state["best_started"] = self.clock()
         if not items:
             return None
         return {"id": f"{self.spec['run_id']}-{self.clock():.3f}", "url": self.config["url"],

@@ -94,6 +94,31 @@ def test_rank_0s_host_uploads_when_the_interval_is_due_and_best_when_it_changes(
     assert not list((run / "checkpoints" / offsite_schedule.STAGED).iterdir())  # staged links gone
 
 
+def test_checkpoint_best_goes_off_the_cluster_at_most_once_an_interval(tmp_path):
+    """Issue 53, 8: a best that changes at every validation went up each time (10 uploads in 90 min at
+    a 30-min interval); now it waits for its interval as checkpoint_last does, and goes at the run's end."""
+    share, run = tmp_path / "share", tmp_path / "run"
+    share.mkdir()
+    hold(run, b"update 10 " * 1000, 1, 10)
+    clock = Clock()
+    up = uploads(run, share, clock)
+    best = run / "checkpoints" / "checkpoint_best.pt"
+    checkpoint(best, 10)
+    up.tick(["v100a"])
+    settle(up)
+    assert offsite_copies.newest(str(share), "r1", kind="best")["update"] == 10
+    for update in (20, 30):  # two validations within the interval: neither goes
+        clock.now += 20
+        checkpoint(best, update)
+        up.tick(["v100a"])
+        settle(up)
+        assert offsite_copies.newest(str(share), "r1", kind="best")["update"] == 10
+    clock.now += 25  # the interval passed: the newest best goes, once
+    up.tick(["v100a"])
+    settle(up)
+    assert offsite_copies.newest(str(share), "r1", kind="best")["update"] == 30
+
+
 def test_only_the_generations_first_host_uploads(tmp_path):
     share, run = tmp_path / "share", tmp_path / "run"
     share.mkdir()
