@@ -7,6 +7,7 @@ the URL, which holds no secret (train.agent.offsite.target refuses one).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -73,9 +74,32 @@ def problems(answers, url: str) -> list[str]:
     return out
 
 
-def check(run: Run, hosts: list[Host]) -> None:
-    """Write, read back and delete a small object from every host, with each host's credentials;
-    Refused (exit 3) naming each host that cannot, what failed and the fix."""
+# how long each cloud's notice leaves before the VM goes (train.agent.keeper.preemption watches them)
+NOTICE_WINDOWS_S = {"AWS spot's 2-min interruption notice": 120, "GCP's 30-s preemption notice": 30,
+                    "Azure's Preempt event (30 s at least)": 30}
+
+
+def copy_time_line(rates: dict[str, float], checkpoint_bytes: float, every_min: float) -> str | None:
+    """What the check's probe says of a checkpoint's copy: its time at the slowest host's speed, and which
+    clouds' notices leave room for the save made at one (a copy that cannot make it leaves the newest
+    copy up to --checkpoints-every old)."""
+    if not rates or not checkpoint_bytes:
+        return None
+    host, mb_s = min(rates.items(), key=lambda kv: kv[1])
+    seconds = checkpoint_bytes / 1e6 / max(mb_s, 1e-3)
+    short = [name for name, window in NOTICE_WINDOWS_S.items() if seconds > window]
+    line = (f"a probe copy went up at {mb_s:g} MB/s from the slowest host ({host}): one checkpoint "
+            f"({checkpoint_bytes / 1e9:.2f} GB) takes ~{seconds:.0f} s off the cluster")
+    if short:
+        line += (f"; too long for {', '.join(short)}: there the save made at the notice does not make it, and the "
+                 f"newest copy may be up to {every_min:g} min old")
+    return line
+
+
+def check(run: Run, hosts: list[Host]) -> dict[str, float]:
+    """The upload's own path end to end (a probe copy made, listed, fetched back and deleted: upload.py
+    check) from every host, with each host's credentials; {host: its write speed in MB/s}. Refused (exit
+    3) naming each host that cannot, what failed and the fix."""
     url = run.checkpoints_to
     commands = {h.name: agent_command(h, "offsite.upload", "check", url, "--host", h.name) for h in hosts}
     answers = run_each(hosts, commands, timeout=CHECK_TIMEOUT_S)
@@ -83,6 +107,11 @@ def check(run: Run, hosts: list[Host]) -> None:
         raise Refused(f"checkpoint copies cannot go to {url} from every host, nothing started:\n  "
                       + "\n  ".join(failed) + "\nfix it, or start without --checkpoints-to (--checkpoints-to off "
                       "for a run that had one)")
+    rates = {}
+    for name, result in answers.items():
+        with contextlib.suppress(ValueError, IndexError, KeyError, TypeError):
+            rates[name] = float(json.loads(result.stdout.strip().splitlines()[-1])["mb_s"])
+    return rates
 
 
 def start_line(run: Run) -> str:

@@ -113,9 +113,13 @@ def train(request: TrainRequest, hosts: list[Host], known: list[Host], console) 
         raise ClusterError("preflight failed, nothing started:\n  " + "\n  ".join(problems))
     console.print(f"[green]✓[/] preflight passed on {', '.join(h.name for h in hosts)}")
     if run.checkpoints_to:
-        with console.status(f"checking {run.checkpoints_to} from every host (write, read back, delete)"):
-            offsite.check(run, hosts)
+        with console.status(f"checking {run.checkpoints_to} from every host (a probe copy made, listed, fetched "
+                            "back, deleted)"):
+            rates = offsite.check(run, hosts)
         console.print(f"✓ {offsite.start_line(run)}", markup=False)
+        if said := offsite.copy_time_line(rates, planned.disk_need.checkpoint_bytes if planned.disk_need else 0,
+                                          run.checkpoints_every_min or offsite.DEFAULT_EVERY_MIN):
+            console.print(f"  {said}", markup=False)
     verdict = network_check(run, hosts, request.accept_slow_network, console,
                             auto=request.comm == "auto" and not resuming)
     run.link_mbps = verdict.link_mbps if verdict else None

@@ -16,10 +16,12 @@ destination.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +32,7 @@ MANIFEST = "manifest.json"
 KEEP = 2  # whole copies of each kind kept in the store (the newest first)
 BLOCK = 8 << 20  # bytes read and written at a time
 KINDS = {"last": "", "best": "best"}  # a kind of copy -> its folder under RUN/
+PROBE_BYTES = 8 << 20  # the check's probe copy: enough to time the store, little to pay for
 COPY = re.compile(r"u(\d+)")
 # what a manifest may name: a file in the copy's own folder, as tandem names them (checkpoint_last.pt,
 # run.json); never a path, `..`, an absolute or hidden name (the fetch's own `.NAME.incoming`)
@@ -241,25 +244,42 @@ def fetch(copy_url: str, dest: str | Path) -> dict:
     return {**manifest, "where": copy_url}
 
 
-def check(url: str, host: str = "") -> None:
-    """Write a small object under the target, read it back, delete it; OffsiteError saying what failed and
-    the fix (`host`: whose credentials were used)."""
+def check(url: str, host: str = "", probe_bytes: int = PROBE_BYTES) -> dict:
+    """The upload's own path, end to end, with this host's credentials: a probe copy of `probe_bytes`
+    made as `upload` makes one (the folder made, the file streamed, the manifest written, the run's
+    copies listed and pruned), listed as a resume lists copies, fetched back with its sha256 checked,
+    then deleted. {"mb_s": the write's speed} (the controller times a checkpoint's copy by it);
+    OffsiteError saying which step failed and the fix (`host`: whose credentials were used). A role
+    that may put and get objects but not list them passed a put-get-delete check, and then no copy
+    was ever made (issue 53, 3): its listing fails here."""
     target = parse(url)
     if target.scheme == "file" and not os.path.isdir(target.root):  # an unmounted share: never the local disk
         raise OffsiteError(f"{target.url}: no such directory on {host or 'the host'}: {target.fix(host or 'the host')}"
                            " (tandem creates folders under it, never the directory itself)")
-    probe = target.path(f".tandem-check-{host or 'host'}-{os.getpid()}-{int(time.time())}")
-    body = f"tandem check from {host or 'a host'} at {time.time():.0f}\n".encode()
-    step = "opening"
-    try:
-        fs = target.filesystem()
-        step = "writing"
-        fs.pipe_file(probe, body)
-        step = "reading back"
-        if fs.cat_file(probe) != body:
-            raise OffsiteError("read back other bytes than written")
-        step = "deleting"
-        fs.rm_file(probe)
-    except Exception as err:  # every store raises its own: said with the fix
-        raise OffsiteError(f"{target.url}: {said(err)} {step} {probe.rsplit('/', 1)[-1]}: "
-                           f"{target.fix(host or 'the host', err)}") from err
+    probe_run = f"tandem-check-{host or 'host'}-{os.getpid()}-{int(time.time())}"
+    step, fs, took = "opening", None, 0.0
+    with tempfile.TemporaryDirectory(prefix="tandem-check-") as here:
+        local = Path(here) / "checkpoint_last.pt"
+        with local.open("wb") as f:
+            f.write(os.urandom(min(probe_bytes, 1 << 20)))
+            f.truncate(probe_bytes)  # sparse beyond its first MB: no disk, the same bytes on the wire
+        try:
+            fs = target.filesystem()
+            step = "writing a probe copy"
+            started = time.monotonic()
+            upload(target, probe_run, "last", 0, {"checkpoint_last.pt": local}, fs=fs)
+            took = time.monotonic() - started
+            step = "listing the copies of"
+            if not whole_copies(url, probe_run):
+                raise OffsiteError("the probe copy written is not listed")
+            step = "reading back"
+            fetch(target.url_of(probe_run, KINDS["last"], "u0"), Path(here) / "back")
+            step = "deleting"
+            fs.rm(target.path(probe_run), recursive=True)
+        except Exception as err:  # every store raises its own: said with the fix
+            with contextlib.suppress(Exception):
+                if fs is not None and step != "deleting":
+                    fs.rm(target.path(probe_run), recursive=True)
+            raise OffsiteError(f"{target.url}: {said(err)} {step} {probe_run}: "
+                               f"{target.fix(host or 'the host', err)}") from err
+    return {"mb_s": round(probe_bytes / 1e6 / max(took, 1e-3), 1)}

@@ -1,6 +1,7 @@
 """Checkpoint copies off the cluster, on a host (`fab train --checkpoints-to URL`).
 
-    python -m train.agent.offsite.upload check URL [--host NAME]   (fab train, on every host: write, read, delete)
+    python -m train.agent.offsite.upload check URL [--host NAME]   (fab train, on every host: a probe copy made,
+                                                                    listed, fetched back, deleted; its speed)
     python -m train.agent.offsite.upload runs URL                   (each run's newest whole copy, or URL's own copy)
     python -m train.agent.offsite.upload fetch URL RUN DEST [--update N]  (RUN's newest copy whose every sha256
                                                                     matches, into DEST; the refused ones said)
@@ -82,7 +83,7 @@ def tidy(fs, target, run_id: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.agent.offsite.upload", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
-    c = sub.add_parser("check", help="write, read back and delete a small object under URL")
+    c = sub.add_parser("check", help="a probe copy made, listed, fetched back and deleted under URL; its write speed")
     c.add_argument("url")
     c.add_argument("--host", default="", help="this host's name in the run (said in the fix)")
     n = sub.add_parser("runs", help="each run's newest whole copy under URL (URL a copy's folder: that copy)")
@@ -97,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.what == "check":
-            copies.check(args.url, args.host)
-            print(json.dumps({"ok": True, "url": redacted(args.url)}))
+            print(json.dumps({"ok": True, "url": redacted(args.url), **copies.check(args.url, args.host)}))
         elif args.what == "runs":
             print(json.dumps(copies.listed(args.url)))
         elif args.what == "fetch":

@@ -20,6 +20,7 @@ import pytest
 from train.agent.offsite import copies as offsite_copies
 from train.agent.offsite import upload as offsite
 from train.agent.offsite.target import BadTarget, parse
+from train.run import offsite as offsite_run
 
 BIG = 24 << 20  # several of the uploader's blocks
 
@@ -191,6 +192,32 @@ def test_the_check_writes_reads_and_deletes_and_refuses_naming_what_failed(store
     assert code == 1 and "no such directory on v100b" in said["error"] and "mount the share on v100b" in said["error"]
     code, said = check("sftp://u:pw@h/p", "v100b")
     assert code == 2 and "password" in said["error"] and "pw" not in said["error"].replace("password", "")
+
+
+def test_the_check_makes_a_copy_as_uploads_do_and_times_it(store):
+    """The check runs the upload's own path (a probe copy made, listed, fetched back, deleted) and says
+    its write speed, which fab train turns into a checkpoint's copy time (issue 53, 3)."""
+    said = offsite_copies.check(store, "v100a", probe_bytes=2 << 20)
+    assert said["mb_s"] > 0 and offsite_copies.listed(store) == []  # nothing left behind
+    line = offsite_run.copy_time_line({"v100a": 50.0, "v100b": 10.0}, 2.53e9, 30)
+    assert line.startswith("a probe copy went up at 10 MB/s from the slowest host (v100b): one checkpoint "
+                           "(2.53 GB) takes ~253 s off the cluster; too long for AWS spot's 2-min"), line
+    assert "30-s preemption notice" not in offsite_run.copy_time_line({"v100a": 500.0}, 2.53e9, 30)
+
+
+def test_the_check_refuses_a_store_that_takes_objects_but_cannot_list_them(tmp_path, monkeypatch):
+    """A role allowed Put/Get/DeleteObject but not s3:ListBucket passed a put-get-delete check, and then no
+    copy was ever made in 3 days (issue 53, 3): its listing now fails the check, naming the step."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    def denied(self, path, detail=True, **kwargs):
+        raise PermissionError("AccessDenied: not authorized to perform s3:ListBucket")
+
+    monkeypatch.setattr(LocalFileSystem, "ls", denied)
+    (tmp_path / "share").mkdir()
+    refused = "PermissionError: AccessDenied.*(writing a probe copy|listing)"
+    with pytest.raises(offsite_copies.OffsiteError, match=refused):
+        offsite_copies.check(str(tmp_path / "share"), "v100b", probe_bytes=1 << 20)
 
 
 def test_the_check_refuses_an_unreachable_store_naming_the_host(s3):
