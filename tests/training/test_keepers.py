@@ -17,8 +17,10 @@ FAB = str(TOP / ".venv/bin/fab")
 
 
 def ranks(cfg, host: str, run_id: str) -> set[str]:
-    """The pids of the run's processes on `host` (every one names the run's save dir)."""
-    out = ssh(cfg, host, f"pgrep -f 'runs/{run_id}/checkpoint[s]' || true").stdout  # [s]: not itself
+    """The pids of the run's ranks on `host` (torchrun and its workers, each naming the run's save dir): not
+    a copy that reads the checkpoints (the follower's backup, a peer's fetch), which comes and goes (CI, 29 Nov)."""
+    pattern = f"(torchrun|torch[.]distributed[.]run|fairseq_train).*runs/{run_id}/checkpoint[s]"  # [s]: not itself
+    out = ssh(cfg, host, f"pgrep -f '{pattern}' || true").stdout
     return set(out.split())
 
 
