@@ -7,16 +7,20 @@ it (409 when its bytes no longer match its manifest)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import ssl
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from train.agent.keeper import replica, tls
 from train.agent.keeper.generation import View
+
+BIND_WAIT_S = 20.0  # an ending keeper answers its peers a few polls longer (loop.linger_s: 7 s by default)
 
 
 def serve(spec: dict, run_dir: str, state: Callable[[], dict], serves: Callable[[], bool]) -> ThreadingHTTPServer:
@@ -76,7 +80,16 @@ def serve(spec: dict, run_dir: str, state: Callable[[], dict], serves: Callable[
         def handle_error(self, request, client_address):  # a stranger without the run's certificate: refused
             pass
 
-    server = Server((spec["addresses"][spec["me"]], int(spec["port"])), Handler)
+    address = (spec["addresses"][spec["me"]], int(spec["port"]))
+    deadline = time.monotonic() + BIND_WAIT_S
+    while True:
+        try:
+            server = Server(address, Handler)
+            break
+        except OSError as err:  # the run's last keeper still lingers on the port for its peers: a few seconds
+            if err.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True, name="heartbeat").start()
     return server

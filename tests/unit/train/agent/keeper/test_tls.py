@@ -113,3 +113,25 @@ def test_the_runs_etcd_takes_writes_from_its_hosts_only(tmp_path):
         for pid in pids.values():
             if pid:
                 consensus.stop_etcd_member(pid)
+
+
+def test_a_keeper_waits_for_the_last_keeper_lingering_on_its_port_instead_of_crashing(tmp_path):
+    """A new start's keeper while the run's last keeper still answers its peers on the heartbeat port for a
+    few seconds: it waits for the port (CI, 29 Nov: it exited with `Address already in use` and its
+    supervisor started it again and again, each a failed start toward its limit)."""
+    import socket
+    import threading
+
+    specs = certified(tmp_path)
+    lingering = socket.socket()
+    lingering.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server's: past an earlier TIME_WAIT
+    lingering.bind(("127.0.0.1", specs["a"]["port"]))
+    lingering.listen()
+    threading.Timer(1.5, lingering.close).start()
+    started = time.monotonic()
+    server = heartbeat.serve(specs["a"], str(tmp_path / "a"), lambda: {"host": "a"}, lambda: False)
+    try:
+        assert 1.0 < time.monotonic() - started < heartbeat.BIND_WAIT_S
+    finally:
+        server.shutdown()
+        server.server_close()
