@@ -203,11 +203,15 @@ def next_change(listed: dict[str, bool], live: set[str], gone: set[str], order: 
     return remove, add
 
 
+def the_others(spec: dict, timeout_s: float = 2.0) -> Etcd:
+    """A client of the run's etcd through every other host's member (this host's own may be the one gone)."""
+    return Etcd([client_url(spec, h) for h in spec["order"] if h != spec["me"]], timeout_s, tls.client_context(spec))
+
+
 def ask_members(spec: dict, timeout_s: float = 2.0) -> tuple[list[dict] | None, bool]:
     """(etcd's members as the other hosts' members list them, None where none answers; whether a majority
     stands behind the answer: a linearizable read). Every host is asked: members change."""
-    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != spec["me"]], timeout_s,
-                   tls.client_context(spec))
+    cluster = the_others(spec, timeout_s)
     try:
         listed = cluster.member_list()
     except Unavailable:
@@ -251,7 +255,7 @@ def how_to_join(spec: dict, has_data: bool, timeout_s: float = 2.0) -> tuple[boo
         return True, joining_cluster(spec, listed)
     if has_data:
         return True, None
-    cluster = Etcd([client_url(spec, h) for h in spec["order"] if h != me], timeout_s, tls.client_context(spec))
+    cluster = the_others(spec, timeout_s)
     try:
         cluster.member_remove(own[0]["ID"])
     except Unavailable:

@@ -33,6 +33,7 @@ KEEP = 2  # whole copies of each kind kept in the store (the newest first)
 BLOCK = 8 << 20  # bytes read and written at a time
 KINDS = {"last": "", "best": "best"}  # a kind of copy -> its folder under RUN/
 PROBE_BYTES = 8 << 20  # the check's probe copy: enough to time the store, little to pay for
+PROBE_PREFIX = "tandem-check-"  # its run's name: never listed as a run to resume
 COPY = re.compile(r"u(\d+)")
 # what a manifest may name: a file in the copy's own folder, as tandem names them (checkpoint_last.pt,
 # run.json); never a path, `..`, an absolute or hidden name (the fetch's own `.NAME.incoming`)
@@ -147,10 +148,12 @@ def prune(fs, target: Target, run_id: str, kind: str, keep: int = KEEP) -> None:
 
 
 def runs(fs, target: Target) -> list[str]:
+    """The runs under the store's root; a check's probe a killed check left behind is none of them."""
     try:
-        return [Path(n.rstrip("/")).name for n in fs.ls(target.root, detail=False)]
+        names = [Path(n.rstrip("/")).name for n in fs.ls(target.root, detail=False)]
     except (FileNotFoundError, NotADirectoryError):
         return []
+    return [n for n in names if not n.startswith(PROBE_PREFIX)]
 
 
 def whole_copies(url: str, run_id: str | None = None, kind: str = "last") -> list[dict]:
@@ -256,7 +259,7 @@ def check(url: str, host: str = "", probe_bytes: int = PROBE_BYTES) -> dict:
     if target.scheme == "file" and not os.path.isdir(target.root):  # an unmounted share: never the local disk
         raise OffsiteError(f"{target.url}: no such directory on {host or 'the host'}: {target.fix(host or 'the host')}"
                            " (tandem creates folders under it, never the directory itself)")
-    probe_run = f"tandem-check-{host or 'host'}-{os.getpid()}-{int(time.time())}"
+    probe_run = f"{PROBE_PREFIX}{host or 'host'}-{os.getpid()}-{int(time.time())}"
     step, fs, took = "opening", None, 0.0
     with tempfile.TemporaryDirectory(prefix="tandem-check-") as here:
         local = Path(here) / "checkpoint_last.pt"

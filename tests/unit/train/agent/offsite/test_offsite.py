@@ -205,6 +205,15 @@ def test_the_check_makes_a_copy_as_uploads_do_and_times_it(store):
     assert "30-s preemption notice" not in offsite_run.copy_time_line({"v100a": 500.0}, 2.53e9, 30)
 
 
+def test_a_probe_a_killed_check_left_is_no_run_to_resume(tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    target = parse(str(share))
+    offsite_copies.upload(target, "tandem-check-v100a-1-2", "last", 0, files(tmp_path, 0))
+    offsite_copies.upload(target, "r1", "last", 5, files(tmp_path, 5))
+    assert [r["run"] for r in offsite_copies.listed(str(share))] == ["r1"]
+
+
 def test_the_check_refuses_a_store_that_takes_objects_but_cannot_list_them(tmp_path, monkeypatch):
     """A role allowed Put/Get/DeleteObject but not s3:ListBucket passed a put-get-delete check, and then no
     copy was ever made in 3 days (issue 53, 3): its listing now fails the check, naming the step."""
